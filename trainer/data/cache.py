@@ -1,0 +1,52 @@
+"""On-disk cache of preprocessed arrays: one .npz per key, written atomically (no partial files)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CACHE_ENV = "NEUROFED_CACHE"
+
+
+def cache_dir() -> Path:
+    """``$NEUROFED_CACHE`` or ``~/.cache/neurofed``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "neurofed")
+
+
+def make_key(**parts: Any) -> str:
+    """Hash of every part (JSON, sorted keys)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def load(key: str) -> dict[str, np.ndarray] | None:
+    """Arrays stored under ``key``, or None (a damaged entry is removed and counts as a miss)."""
+    path = cache_dir() / f"{key}.npz"
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception:  # damaged cache entry: drop it, recompute
+        path.unlink(missing_ok=True)
+        return None
+
+
+def save(key: str, arrays: dict[str, np.ndarray]) -> Path:
+    """Write atomically: a temporary file in the same folder, then ``os.replace``."""
+    d = cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{key}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, d / f"{key}.npz")
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return d / f"{key}.npz"

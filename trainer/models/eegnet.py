@@ -1,0 +1,78 @@
+"""EEGNet (Lawhern et al., 2018) with a selectable BatchNorm mode."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from trainer.errors import ModelConfigError
+from trainer.models.bn import BNMode, make_bn
+
+
+def _same_pad(kernel: int) -> nn.ZeroPad2d:
+    """Explicit 'same' padding along time (works for even kernels and exports cleanly to ONNX)."""
+    left = (kernel - 1) // 2
+    return nn.ZeroPad2d((left, kernel - 1 - left, 0, 0))
+
+
+class EEGNet(nn.Module):
+    """EEGNet-F1,D: temporal conv -> depthwise spatial conv -> separable conv -> linear.
+
+    Parameters
+    ----------
+    n_channels : int
+        EEG channels.
+    n_classes : int
+    n_times : int
+        Samples per trial.
+    sfreq : float
+        Sampling rate; the temporal kernel is ``sfreq / 2`` samples (as in FedBS).
+    bn_mode : {"standard", "batch_specific"}
+    F1, D, F2 : int
+        Temporal filters, depth multiplier, pointwise filters (8, 2, 16).
+    dropout : float
+        Dropout probability (0.5).
+    """
+
+    def __init__(
+        self,
+        n_channels: int,
+        n_classes: int,
+        n_times: int,
+        sfreq: float,
+        bn_mode: BNMode = "batch_specific",
+        *,
+        F1: int = 8,
+        D: int = 2,
+        F2: int = 16,
+        dropout: float = 0.5,
+    ) -> None:
+        super().__init__()
+        if n_times < 32:
+            raise ModelConfigError(f"EEGNet needs at least 32 samples per trial (pooling 4x8), got {n_times}")
+        k = max(2, int(round(sfreq / 2)))
+        self.n_channels, self.n_classes, self.n_times, self.sfreq = n_channels, n_classes, n_times, sfreq
+        self.temporal = nn.Sequential(_same_pad(k), nn.Conv2d(1, F1, (1, k), bias=False))
+        self.bnorm_temporal = make_bn(F1, bn_mode)
+        self.conv_spatial = nn.Conv2d(F1, F1 * D, (n_channels, 1), groups=F1, bias=False)
+        self.bnorm_1 = make_bn(F1 * D, bn_mode)
+        self.pool_1 = nn.Sequential(nn.ELU(), nn.AvgPool2d((1, 4)), nn.Dropout(dropout))
+        self.conv_separable = nn.Sequential(
+            _same_pad(16),
+            nn.Conv2d(F1 * D, F1 * D, (1, 16), groups=F1 * D, bias=False),
+            nn.Conv2d(F1 * D, F2, (1, 1), bias=False),
+        )
+        self.bnorm_2 = make_bn(F2, bn_mode)
+        self.pool_2 = nn.Sequential(nn.ELU(), nn.AvgPool2d((1, 8)), nn.Dropout(dropout))
+        self.classifier = nn.Linear(F2 * ((n_times // 4) // 8), n_classes)
+
+    def features(self, x: Tensor) -> Tensor:
+        """Flattened features before the classifier (MOON uses them as its representation)."""
+        x = x.unsqueeze(1)
+        x = self.bnorm_temporal(self.temporal(x))
+        x = self.pool_1(self.bnorm_1(self.conv_spatial(x)))
+        x = self.pool_2(self.bnorm_2(self.conv_separable(x)))
+        return x.flatten(1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x``: (batch, channels, times) -> logits (batch, classes)."""
+        return self.classifier(self.features(x))
