@@ -1,0 +1,35 @@
+"""The ``edge-client`` command (headset-side host): record, join, infer.
+
+Each feature module adds its commands with ``register(app)``: one line per module below.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(name="edge-client", help="NeuroFed headset-side client: capture trials, train with the federation, decode live.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.callback()
+def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+# --- feature modules register their commands here (one line each) ---
+
+
+def main() -> None:
+    """Entry point: NeuroFed's own errors print one clear line and exit 2."""
+    from trainer.errors import NeuroFedError
+
+    try:
+        app()
+    except NeuroFedError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        sys.exit(2)

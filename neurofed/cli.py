@@ -1,0 +1,61 @@
+"""The ``neurofed`` command: each package contributes its commands through ``register(app, bench)``.
+
+Errors NeuroFed raises on purpose (:class:`trainer.errors.NeuroFedError`) print one clear line
+and exit 2, never a bare traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+import typer
+from rich.console import Console
+
+from neurofed import __version__
+
+app = typer.Typer(
+    name="neurofed", help="Federated, attack-robust motor-imagery BCI: train, federate, export, benchmark.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+bench = typer.Typer(help="Benchmarks: results go to docs/bench/*.json and are summarised in docs/BENCHMARKS.md.",
+                    no_args_is_help=True)
+app.add_typer(bench, name="bench")
+
+#: Packages that contribute commands, in help order.
+COMMAND_MODULES = ("trainer.cli", "broker.cli", "export.cli")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"neurofed {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
+) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+for _mod in COMMAND_MODULES:
+    importlib.import_module(_mod).register(app, bench)
+
+
+def main() -> None:
+    """Entry point: run the CLI, turning NeuroFed's own errors into one clear line."""
+    from trainer.errors import NeuroFedError
+
+    try:
+        app()
+    except NeuroFedError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

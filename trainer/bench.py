@@ -1,0 +1,124 @@
+"""``neurofed bench data`` and ``neurofed bench train``: pipeline and training-step benchmarks."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+
+BENCH_DIR = Path("docs/bench")
+
+
+def write_result(name: str, result: dict, out_dir: Path = BENCH_DIR) -> Path:
+    """Write a benchmark's JSON (with machine facts) to ``docs/bench/<name>.json``."""
+    import platform
+
+    import torch
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                          "python": platform.python_version(), "torch": torch.__version__,
+                          "torch_threads": torch.get_num_threads()}, **result}
+    p = out_dir / f"{name}.json"
+    p.write_text(json.dumps(result, indent=1))
+    return p
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def bench_data(
+    subjects: Annotated[str, typer.Option(help="subjects to time")] = "1-5",
+    channels: Annotated[str, typer.Option()] = "sensorimotor21",
+    resample: Annotated[Optional[float], typer.Option()] = 80.0,
+    data_dir: Annotated[Optional[str], typer.Option(envvar="NEUROFED_DATA")] = None,
+    out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
+) -> None:
+    """EDF load + preprocess time per subject, cold (empty cache) vs cached."""
+    from trainer.cli import parse_subjects
+    from trainer.data import PreprocessConfig, load_eegmmidb_subject
+
+    cfg = PreprocessConfig.from_preset(channels, resample=resample)
+    subs = parse_subjects(subjects, data_dir)
+    cold, warm = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["NEUROFED_CACHE"] = tmp
+        for s in subs:
+            t = time.perf_counter()
+            load_eegmmidb_subject(s, cfg, data_dir)
+            cold.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            load_eegmmidb_subject(s, cfg, data_dir)
+            warm.append(time.perf_counter() - t)
+    res = {"command": f"neurofed bench data --subjects {subjects} --channels {channels} --resample {resample}",
+           "subjects": subs, "cold_s_per_subject": float(np.mean(cold)), "cached_s_per_subject": float(np.mean(warm)),
+           "speedup": float(np.mean(cold) / np.mean(warm)), "cold_all": cold, "cached_all": warm,
+           "peak_rss_mb": peak_rss_mb()}
+    p = write_result("data", res, out_dir)
+    typer.echo(f"cold {res['cold_s_per_subject'] * 1000:.0f} ms/subject, cached {res['cached_s_per_subject'] * 1000:.1f} "
+               f"ms/subject ({res['speedup']:.0f}x) -> {p}")
+
+
+def _time_steps(step, n: int) -> float:
+    step()  # warm-up
+    t = time.perf_counter()
+    for _ in range(n):
+        step()
+    return (time.perf_counter() - t) / n
+
+
+def bench_train(
+    threads: Annotated[int, typer.Option(help="torch threads")] = 1,
+    batch_size: Annotated[int, typer.Option()] = 32,
+    steps: Annotated[int, typer.Option()] = 30,
+    out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
+) -> None:
+    """Training throughput (trials/s) per model and step cost of SAM and SAFE relative to SGD."""
+    import torch
+
+    from trainer.fl.local import LocalConfig, train_local
+    from trainer.fl.strategies import get_strategy
+    from trainer.models import build_model, count_parameters
+
+    torch.set_num_threads(threads)
+    shapes = {"21ch x 80Hz x 4s": (21, 320, 80.0), "64ch x 160Hz x 4s": (64, 640, 160.0)}
+    rows = []
+    rng = np.random.default_rng(0)
+    for shape_name, (c, t, sf) in shapes.items():
+        X = rng.standard_normal((batch_size * 4, c, t)).astype(np.float32)
+        y = rng.integers(0, 2, len(X))
+        for model_name in ("eegnet", "shallow", "deep"):
+            if model_name == "deep" and t < 441:
+                continue
+            timings = {}
+            for alg in ("fedavg", "fedbs", "safe"):
+                strat = get_strategy(alg)
+                model = build_model(model_name, c, 2, t, sf, strat.bn_mode)
+                cfg = LocalConfig(batch_size=batch_size, local_epochs=1)
+                xb, yb = X[:batch_size], y[:batch_size]
+                timings[alg] = _time_steps(lambda: train_local(model, xb, yb, strat, cfg, 0), steps)
+            rows.append({"shape": shape_name, "model": model_name, "params": count_parameters(model),
+                         "sgd_step_ms": 1000 * timings["fedavg"], "sgd_trials_per_s": batch_size / timings["fedavg"],
+                         "sam_over_sgd": timings["fedbs"] / timings["fedavg"],
+                         "safe_over_sgd": timings["safe"] / timings["fedavg"]})
+            typer.echo(f"{shape_name:18s} {model_name:8s} SGD {rows[-1]['sgd_step_ms']:.1f} ms/step "
+                       f"({rows[-1]['sgd_trials_per_s']:.0f} trials/s)  SAM x{rows[-1]['sam_over_sgd']:.2f}  "
+                       f"SAFE x{rows[-1]['safe_over_sgd']:.2f}")
+    res = {"command": f"neurofed bench train --threads {threads} --batch-size {batch_size} --steps {steps}",
+           "batch_size": batch_size, "threads": threads, "rows": rows, "peak_rss_mb": peak_rss_mb()}
+    typer.echo(f"-> {write_result('train', res, out_dir)}")
+
+
+def register(bench: typer.Typer) -> None:
+    bench.command("data")(bench_data)
+    bench.command("train")(bench_train)

@@ -1,0 +1,50 @@
+"""Evaluation: predictions with a fixed test batch (batch-specific BN), BCA, attacked BCA."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from sklearn.metrics import balanced_accuracy_score
+from torch import nn
+
+from trainer.attacks import ATTACKS
+
+
+def bca(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Balanced classification accuracy: mean per-class recall (``sklearn.metrics.balanced_accuracy_score``)."""
+    return float(balanced_accuracy_score(np.asarray(y_true), np.asarray(y_pred)))
+
+
+def predict(model: nn.Module, X: np.ndarray, batch_size: int = 8) -> np.ndarray:
+    """Class predictions in eval mode, in consecutive batches of ``batch_size`` (trial order kept).
+
+    With batch-specific BN a trial's output depends on its batch, so the test batch size is part
+    of the protocol (8, as in FedBS/SAFE).
+    """
+    return logits(model, X, batch_size).argmax(1)
+
+
+def logits(model: nn.Module, X: np.ndarray, batch_size: int = 8) -> np.ndarray:
+    """Logits in eval mode, in consecutive batches of ``batch_size``."""
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(X), batch_size):
+            out.append(model(torch.as_tensor(X[i : i + batch_size])).numpy())
+    return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+
+
+def attacked_predict(
+    model: nn.Module, X: np.ndarray, y: np.ndarray, attack: str, eps: float, batch_size: int = 8, seed: int = 0,
+) -> np.ndarray:
+    """Predictions on adversarial examples built batch by batch (white-box, eval mode)."""
+    fn = ATTACKS[attack]
+    model.eval()
+    preds = []
+    for b, i in enumerate(range(0, len(X), batch_size)):
+        xb = torch.as_tensor(X[i : i + batch_size])
+        yb = torch.as_tensor(y[i : i + batch_size])
+        xa = fn(model, xb, yb, eps) if attack == "fgsm" else fn(model, xb, yb, eps, seed=seed + b)
+        with torch.no_grad():
+            preds.append(model(xa).argmax(1).numpy())
+    return np.concatenate(preds)

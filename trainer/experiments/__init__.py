@@ -1,0 +1,1 @@
+"""In-process experiments: centralised and federated training, LOSO / subject k-fold, robustness."""

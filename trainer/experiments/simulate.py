@@ -1,0 +1,167 @@
+"""``neurofed simulate``: folds x seeds of CT or a federated strategy, resumable, with results.json."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from trainer.checkpoint import ModelMeta, save_checkpoint
+from trainer.data import PreprocessConfig, load_subjects
+from trainer.experiments.protocol import make_folds
+from trainer.experiments.runner import EvalSpec, evaluate_subjects, global_state_of, run_centralised, run_federated
+from trainer.fl.local import LocalConfig
+from trainer.fl.strategies import get_strategy
+
+logger = logging.getLogger("neurofed.trainer")
+
+
+@dataclass
+class SimConfig:
+    """A whole experiment.
+
+    ``rounds`` are communication rounds (federated) or epochs (CT). ``strategy_overrides`` switch
+    parts of a strategy on/off (ablations), e.g. ``{"sam_rho": 0.0}``.
+    """
+
+    algorithm: str = "fedbs"
+    model: str = "eegnet"
+    subjects: list[int] = field(default_factory=list)
+    protocol: str = "loso"
+    rounds: int = 100
+    fraction: float = 0.5
+    seeds: list[int] = field(default_factory=lambda: [0])
+    local: dict = field(default_factory=lambda: LocalConfig().to_dict())
+    ct_batch_size: int = 64
+    preprocess: dict = field(default_factory=lambda: PreprocessConfig().to_dict())
+    test_batch: int = 8
+    eval_every: int = 10
+    attacks: list[list] = field(default_factory=list)  # [["pgd", 0.03], ...]
+    strategy_overrides: dict = field(default_factory=dict)
+    data_dir: str | None = None
+    fold_seed: int = 0
+
+    def strategy(self):
+        return get_strategy(self.algorithm, **self.strategy_overrides)
+
+
+def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out_path: str, threads: int) -> dict:
+    """One (fold, seed): train, evaluate, write its JSON atomically. Runs in a worker process."""
+    torch.set_num_threads(threads)
+    cfg = SimConfig(**cfg_dict)
+    pre = PreprocessConfig.from_dict(cfg.preprocess)
+    train_ids = [s for s in cfg.subjects if s not in test_subjects]
+    train = load_subjects(train_ids, pre, cfg.data_dir)
+    test = load_subjects(test_subjects, pre, cfg.data_dir)
+    strategy = cfg.strategy()
+    spec = EvalSpec(test=test, test_batch=cfg.test_batch, every=cfg.eval_every,
+                    attacks=[(a, float(e)) for a, e in cfg.attacks])
+    t0 = time.time()
+    if cfg.algorithm == "ct":
+        local = LocalConfig(**{**cfg.local, "batch_size": cfg.ct_batch_size})
+        model, info = run_centralised(train, cfg.model, strategy, local, cfg.rounds, seed, spec)
+    else:
+        local = LocalConfig(**cfg.local)
+        model, info = run_federated({sd.subject: sd for sd in train}, cfg.model, strategy, local,
+                                    cfg.rounds, cfg.fraction, seed, spec)
+    seconds = time.time() - t0
+    result = {
+        "fold": fold_idx, "seed": seed, "test_subjects": [sd.subject for sd in test],
+        "per_subject": evaluate_subjects(model, spec, seed) if test else {},
+        "curve": info["curve"], "participation": info.get("participation", {}), "seconds": seconds,
+        "data_hashes": {k: v for sd in train + test for k, v in sd.file_hashes.items()},
+    }
+    if not test:  # deployment mode: save the global model
+        ref = train[0]
+        meta = ModelMeta(cfg.model, ref.X.shape[1], len(ref.classes), ref.X.shape[2], ref.sfreq, strategy.bn_mode,
+                         list(ref.ch_names), list(ref.classes), pre.to_dict(), cfg.algorithm, cfg.test_batch,
+                         result["data_hashes"], {"seed": seed, "rounds": cfg.rounds})
+        ckpt = Path(out_path).with_suffix(".safetensors")
+        save_checkpoint(ckpt, global_state_of(model), meta)
+        result["checkpoint"] = str(ckpt)
+    tmp = out_path + ".tmp"
+    Path(tmp).write_text(json.dumps(result))
+    os.replace(tmp, out_path)
+    return result
+
+
+def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
+    """Aggregate per-(fold, seed) results into results.json content."""
+    per_seed: dict[int, dict[str, dict]] = {}
+    for j in jobs:
+        per_seed.setdefault(j["seed"], {}).update(j["per_subject"])
+    metrics = sorted({m for ps in per_seed.values() for row in ps.values() for m in row})
+    subjects = sorted({s for ps in per_seed.values() for s in ps})
+    per_subject = {s: {m: float(np.mean([per_seed[sd][s][m] for sd in per_seed if s in per_seed[sd]]))
+                       for m in metrics} for s in subjects}
+    summary = {}
+    for m in metrics:
+        seed_means = [float(np.mean([row[m] for row in ps.values()])) for ps in per_seed.values()]
+        subj = [per_subject[s][m] for s in subjects]
+        summary[m] = {"mean": float(np.mean(subj)), "std_subjects": float(np.std(subj)),
+                      "std_seeds": float(np.std(seed_means)), "per_seed": seed_means}
+    rounds = sorted({p["round"] for j in jobs for p in j["curve"] if "bca" in p})
+    curve = [{"round": r, "bca": float(np.mean([p["bca"] for j in jobs for p in j["curve"]
+                                                 if p["round"] == r and "bca" in p]))} for r in rounds]
+    hashes = {}
+    for j in jobs:
+        hashes.update(j["data_hashes"])
+    return {
+        "algorithm": cfg.algorithm, "model": cfg.model, "config": asdict(cfg),
+        "strategy": cfg.strategy().to_dict(), "summary": summary, "per_subject": per_subject,
+        "per_seed": {str(k): v for k, v in per_seed.items()}, "curve": curve,
+        "seconds": float(sum(j["seconds"] for j in jobs)), "data_hashes": hashes,
+        "checkpoints": [j["checkpoint"] for j in jobs if "checkpoint" in j],
+        "torch": torch.__version__,
+    }
+
+
+def run_simulation(
+    cfg: SimConfig, out_dir: str | os.PathLike, workers: int = 1,
+    on_done: Callable[[dict, int, int], None] | None = None,
+) -> dict:
+    """Run every (fold, seed) job not already finished in ``out_dir`` (resume), then write results.json."""
+    out = Path(out_dir)
+    (out / "jobs").mkdir(parents=True, exist_ok=True)
+    cfg_path = out / "config.json"
+    cfg_json = json.dumps(asdict(cfg), indent=1, sort_keys=True)
+    if cfg_path.exists() and json.loads(cfg_path.read_text()) != json.loads(cfg_json):
+        raise ValueError(f"{out} holds a run with a different configuration; use another --out or delete it")
+    cfg_path.write_text(cfg_json)
+    folds = make_folds(cfg.subjects, cfg.protocol, cfg.fold_seed)
+    todo, done = [], []
+    for seed in cfg.seeds:
+        for k, fold in enumerate(folds):
+            p = out / "jobs" / f"seed{seed}_fold{k:02d}.json"
+            if p.exists():
+                done.append(json.loads(p.read_text()))
+            else:
+                todo.append((k, fold, seed, str(p)))
+    total = len(todo) + len(done)
+    if todo:
+        threads = max(1, (os.cpu_count() or 1) // max(workers, 1))
+        if workers <= 1:
+            for k, fold, seed, p in todo:
+                done.append(_job(asdict(cfg), k, fold, seed, p, threads))
+                if on_done:
+                    on_done(done[-1], len(done), total)
+        else:
+            with ProcessPoolExecutor(workers) as ex:
+                futs = [ex.submit(_job, asdict(cfg), k, fold, seed, p, threads) for k, fold, seed, p in todo]
+                for f in as_completed(futs):
+                    done.append(f.result())
+                    if on_done:
+                        on_done(done[-1], len(done), total)
+    results = summarise(cfg, sorted(done, key=lambda j: (j["seed"], j["fold"])))
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=1))
+    os.replace(tmp, out / "results.json")
+    return results
