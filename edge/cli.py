@@ -9,7 +9,6 @@ import logging
 import sys
 
 import typer
-from rich.console import Console
 
 app = typer.Typer(name="edge-client", help="NeuroFed headset-side client: capture trials, train with the federation, decode live.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -31,5 +30,5 @@ def main() -> None:
     try:
         app()
     except NeuroFedError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -11,7 +11,6 @@ import logging
 import sys
 
 import typer
-from rich.console import Console
 
 from neurofed import __version__
 
@@ -53,7 +52,7 @@ def main() -> None:
     try:
         app()
     except NeuroFedError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+        print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
 
 

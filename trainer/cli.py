@@ -140,9 +140,35 @@ def simulate(
     console.print(f"results: {out / 'results.json'}")
 
 
+data_app = typer.Typer(help="Find, check and download EEG recordings.", no_args_is_help=True)
+
+
+@data_app.command("info")
+def data_info(data_dir: Annotated[Optional[str], typer.Option(envvar="NEUROFED_DATA")] = None) -> None:
+    """Where the data is and which subjects have all left/right imagery runs."""
+    from trainer.data import list_subjects, resolve_data_dir
+
+    d = resolve_data_dir(data_dir)
+    subs = list_subjects(d)
+    console.print(f"data folder: {d}\nsubjects with runs 4/8/12 ({len(subs)}): {', '.join(map(str, subs))}")
+
+
+@data_app.command("download")
+def data_download(
+    subjects: Annotated[str, typer.Option(help="e.g. 1-10")] = "1",
+    path: Annotated[Optional[str], typer.Option(help="MNE data folder (default ~/mne_data)")] = None,
+) -> None:
+    """Download EEGMMIDB runs 4/8/12 with MNE (needs the network; fails in seconds when offline)."""
+    from trainer.data.eegmmidb import download
+
+    files = download(parse_subjects(subjects, None) if subjects != "all" else range(1, 110), path=path)
+    console.print(f"{len(files)} files ready")
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add trainer commands and benchmarks."""
     app.command("simulate")(simulate)
+    app.add_typer(data_app, name="data")
     from trainer import bench as trainer_bench
     from trainer import report as trainer_report
 

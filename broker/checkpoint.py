@@ -1,0 +1,64 @@
+"""Coordinator checkpoints: the full server state after every round, one atomic safetensors file.
+
+Tensors are :meth:`trainer.fl.server.ServerState.to_tensors`; everything else (round, registry,
+per-round metrics, config fingerprint) is JSON under the safetensors metadata key
+``neurofed_server``. The file is written to a temporary name and renamed (atomic on POSIX).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from trainer.errors import NeuroFedError
+from trainer.fl.server import ServerState
+
+CHECKPOINT_NAME = "server_state.safetensors"
+META_KEY = "neurofed_server"
+
+
+class CheckpointError(NeuroFedError):
+    """A coordinator checkpoint is missing, unreadable, or belongs to another configuration."""
+
+
+def save_server_checkpoint(out_dir: str | os.PathLike, server: ServerState, info: dict[str, Any]) -> Path:
+    """Atomically write ``out_dir/server_state.safetensors``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / CHECKPOINT_NAME
+    meta = json.dumps({"round": server.round, **info})
+    tensors = {k: v.detach().contiguous().cpu() for k, v in server.to_tensors().items()}
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{CHECKPOINT_NAME}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={META_KEY: meta})
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_server_checkpoint(out_dir: str | os.PathLike) -> tuple[ServerState, dict[str, Any]] | None:
+    """``(ServerState, info)`` from ``out_dir``, or None when there is no checkpoint yet."""
+    path = Path(out_dir) / CHECKPOINT_NAME
+    if not path.exists():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get(META_KEY)
+        flat = load_file(str(path))
+    except Exception as exc:
+        raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from None
+    if raw is None:
+        raise CheckpointError(f"{path}: not a NeuroFed coordinator checkpoint (no {META_KEY} metadata)")
+    info = json.loads(raw)
+    return ServerState.from_tensors(flat, int(info["round"])), info

@@ -1,0 +1,187 @@
+"""Coordinator configuration: ``federation.toml`` -> validated, frozen pydantic models (unknown keys rejected).
+
+Example::
+
+    [federation]
+    name = "demo"
+    rounds = 3
+    fraction = 0.5
+    seed = 0
+    min_clients = 4
+    round_deadline_s = 60
+    strategy = "fedbs"
+
+    [model]
+    name = "eegnet"
+    classes = ["left_fist", "right_fist"]
+    source_sfreq = 160.0
+
+    [preprocess]
+    channels = "sensorimotor21"
+    resample = 80.0
+
+    [local]
+    batch_size = 32
+    local_epochs = 2
+
+    [validation]
+    max_message_mb = 16
+    norm_bound = 0.0          # L2 bound on (update - global); 0 = off
+    norm_action = "clip"      # or "reject"
+
+    [output]
+    dir = "runs/federation"
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from broker.protocol import NAME_PATTERN, ModelSpec
+from trainer.errors import NeuroFedError
+
+
+class ConfigError(NeuroFedError, ValueError):
+    """federation.toml is missing, unreadable or invalid."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class FederationSection(_Frozen):
+    name: str = Field(default="neurofed", pattern=NAME_PATTERN)
+    rounds: int = Field(default=3, ge=1, le=100_000)
+    fraction: float = Field(default=0.5, gt=0, le=1)
+    seed: int = Field(default=0, ge=0)
+    min_clients: int = Field(default=2, ge=1)
+    join_timeout_s: float = Field(default=300.0, gt=0)
+    round_deadline_s: float = Field(default=120.0, gt=0)
+    min_updates: int = Field(default=1, ge=1)
+    max_round_retries: int = Field(default=3, ge=0)
+    strategy: str = "fedbs"
+    strategy_overrides: dict[str, bool | int | float | str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _strategy_exists(self) -> "FederationSection":
+        from trainer.fl.strategies import get_strategy
+
+        try:
+            get_strategy(self.strategy, **self.strategy_overrides)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"strategy: {exc}") from None
+        return self
+
+
+class ModelSection(_Frozen):
+    name: Literal["eegnet", "shallow", "deep"] = "eegnet"
+    classes: list[str] = Field(default_factory=lambda: ["left_fist", "right_fist"], min_length=2)
+    source_sfreq: float = Field(default=160.0, gt=0, description="recording rate, used when preprocess.resample is unset")
+    test_batch_size: int = Field(default=8, ge=1)
+
+
+class ValidationSection(_Frozen):
+    max_message_mb: float = Field(default=16.0, gt=0)
+    norm_bound: float = Field(default=0.0, ge=0)
+    norm_action: Literal["clip", "reject"] = "clip"
+
+
+class OutputSection(_Frozen):
+    dir: str = "runs/federation"
+    checkpoint_every: int = Field(default=1, ge=1)
+
+
+class FederationConfig(_Frozen):
+    """The whole coordinator configuration."""
+
+    federation: FederationSection = FederationSection()
+    model: ModelSection = ModelSection()
+    preprocess: dict[str, Any] = Field(default_factory=lambda: {"channels": "sensorimotor21", "resample": 80.0})
+    local: dict[str, float | int] = Field(default_factory=dict)
+    validation: ValidationSection = ValidationSection()
+    output: OutputSection = OutputSection()
+
+    @field_validator("preprocess")
+    @classmethod
+    def _pre(cls, v: dict[str, Any]) -> dict[str, Any]:
+        _preprocess_config(v)
+        return v
+
+    @field_validator("local")
+    @classmethod
+    def _local(cls, v: dict[str, float | int]) -> dict[str, float | int]:
+        from trainer.fl.local import LocalConfig
+
+        try:
+            LocalConfig(**v)
+        except TypeError as exc:
+            raise ValueError(f"unknown key in [local]: {exc}") from None
+        return v
+
+    # ------------------------------------------------------------------ derived objects
+    def preprocess_config(self):
+        return _preprocess_config(self.preprocess)
+
+    def strategy(self):
+        from trainer.fl.strategies import get_strategy
+
+        return get_strategy(self.federation.strategy, **self.federation.strategy_overrides)
+
+    def local_config(self):
+        from trainer.fl.local import LocalConfig
+
+        return LocalConfig(**self.local)
+
+    def model_spec(self) -> ModelSpec:
+        """Shape of the federation's model, derived from preprocessing."""
+        pre = self.preprocess_config()
+        sfreq = float(pre.resample or self.model.source_sfreq)
+        if pre.channels is None:
+            raise ConfigError("[preprocess] channels must be listed (or a preset) so the model shape is known")
+        return ModelSpec(
+            model=self.model.name, n_channels=len(pre.channels), n_classes=len(self.model.classes),
+            n_times=int(round((pre.tmax - pre.tmin) * sfreq)), sfreq=sfreq, bn_mode=self.strategy().bn_mode,
+            ch_names=list(pre.channels), classes=list(self.model.classes), preprocess=pre.to_dict(),
+            strategy=self.federation.strategy,
+        )
+
+
+def _preprocess_config(d: dict[str, Any]):
+    from trainer.data.config import PreprocessConfig
+
+    d = dict(d)
+    try:
+        ch = d.pop("channels", None)
+        if isinstance(ch, str):
+            return PreprocessConfig.from_preset(ch, **d)
+        if ch is not None:
+            d["channels"] = tuple(ch)
+        return PreprocessConfig(**d)
+    except TypeError as exc:
+        raise ValueError(f"unknown key in [preprocess]: {exc}") from None
+
+
+def load_config(path: str | Path | None) -> FederationConfig:
+    """Read and validate a federation TOML file (None = all defaults); every problem in one error."""
+    if path is None:
+        return FederationConfig()
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such configuration file") from None
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read TOML ({exc})") from None
+    return config_from_dict(raw, str(p))
+
+
+def config_from_dict(raw: dict[str, Any], where: str = "config") -> FederationConfig:
+    try:
+        return FederationConfig.model_validate(raw)
+    except ValidationError as exc:
+        probs = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{where}: {probs}") from None

@@ -1,0 +1,295 @@
+"""The federation coordinator: registry, rounds over MQTT, aggregation via trainer.fl, checkpoints.
+
+All learning maths is :mod:`trainer.fl.server` (``select_clients``, ``downlink``, ``server_update``);
+this module only moves messages, enforces deadlines, validates, and persists.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from broker import logger
+from broker.checkpoint import CheckpointError, load_server_checkpoint, save_server_checkpoint
+from broker.config import FederationConfig
+from broker.protocol import (
+    COORDINATOR_ID, ErrorMsg, ModelMsg, ProtocolError, ResultMsg, StatusMsg, TaskMsg, Topics, decode, encode,
+    new_id, pack, state_sha256,
+)
+from broker.registry import Registry
+from broker.rounds import RoundState, SeenIds
+from broker.transport import Incoming, MqttTransport, TransportError
+from broker.validation import Rejected, UpdateRules, check_envelope, check_join, expected_extras, tensor_specs
+from trainer.checkpoint import ModelMeta, save_checkpoint
+from trainer.errors import NeuroFedError
+from trainer.fl.server import ServerState, downlink, select_clients, server_extras_for_clients, server_update
+from trainer.models import build_model
+
+
+class FederationError(NeuroFedError):
+    """The federation cannot go on (not enough clients, rounds failing repeatedly)."""
+
+
+def initial_model(cfg: FederationConfig) -> torch.nn.Module:
+    """The initial global model, drawn exactly as :func:`trainer.experiments.runner.init_model` draws it."""
+    spec = cfg.model_spec()
+    torch.manual_seed(cfg.federation.seed)
+    return build_model(spec.model, spec.n_channels, spec.n_classes, spec.n_times, spec.sfreq, spec.bn_mode)
+
+
+class Coordinator:
+    """Runs one federation to completion (or resumes it).
+
+    Parameters
+    ----------
+    cfg : FederationConfig
+    broker_url : str
+    out_dir : path, optional
+        Checkpoints, metrics.json and the final model (default ``cfg.output.dir``).
+    resume : bool
+        Continue from ``out_dir``'s checkpoint (refused if the configuration differs).
+    """
+
+    def __init__(self, cfg: FederationConfig, broker_url: str, out_dir: str | Path | None = None,
+                 resume: bool = False, **transport_kw: Any) -> None:
+        self.cfg, self.fed = cfg, cfg.federation
+        self.topics = Topics(self.fed.name)
+        self.spec = cfg.model_spec()
+        self.strategy, self.local = cfg.strategy(), cfg.local_config()
+        self.out = Path(out_dir or cfg.output.dir)
+        self.model = initial_model(cfg)
+        self.server = ServerState({k: v.detach().clone() for k, v in self.model.state_dict().items()})
+        self.registry = Registry()
+        self.metrics: list[dict[str, Any]] = []
+        self.rejections: Counter[str] = Counter()
+        self.seen = SeenIds()
+        self.current: RoundState | None = None
+        self._task_payload: bytes | None = None
+        self._model_payload: bytes | None = None
+        self.max_bytes = int(cfg.validation.max_message_mb * (1 << 20))
+        self.fingerprint = cfg.model_dump_json()
+        if resume:
+            self._resume()
+        will = (self.topics.status(COORDINATOR_ID), self._status("offline"))
+        self.transport = MqttTransport(broker_url, f"{self.fed.name}-{COORDINATOR_ID}", will=will, **transport_kw)
+
+    # ------------------------------------------------------------------ persistence
+    def _resume(self) -> None:
+        got = load_server_checkpoint(self.out)
+        if got is None:
+            logger.info("no checkpoint in %s: starting from round 0", self.out)
+            return
+        server, info = got
+        if info.get("fingerprint") != self.fingerprint:
+            raise CheckpointError(f"{self.out}: checkpoint was made with a different federation config; refusing to resume")
+        self.server, self.metrics = server, info.get("metrics", [])
+        self.registry = Registry.from_json(info.get("registry", []))
+        logger.info("resumed %s at round %d with %d known clients", self.fed.name, server.round, len(self.registry))
+
+    def _checkpoint(self) -> None:
+        info = {"fingerprint": self.fingerprint, "registry": self.registry.to_json(), "metrics": self.metrics}
+        save_server_checkpoint(self.out, self.server, info)
+        tmp = self.out / "metrics.json.tmp"
+        tmp.write_text(json.dumps({"federation": self.fed.name, "rounds": self.metrics,
+                                   "rejections": dict(self.rejections)}, indent=1))
+        tmp.replace(self.out / "metrics.json")
+
+    # ------------------------------------------------------------------ messages out
+    def _status(self, state: str) -> bytes:
+        return encode(StatusMsg(federation=self.fed.name, sender=COORDINATOR_ID, state=state))  # type: ignore[arg-type]
+
+    def _publish_model(self, final: bool = False) -> None:
+        msg = ModelMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=self.server.round, final=final, meta=self.spec)
+        self._model_payload = encode(msg, self.server.global_state)
+        self.transport.publish(self.topics.model, self._model_payload, retain=True)
+
+    def _on_connected(self) -> None:
+        """(Re)announce after every (re)connect: the broker may have restarted without retained messages."""
+        self.transport.publish(self.topics.status(COORDINATOR_ID), self._status("online"), retain=True, wait=None)
+        if self._model_payload is not None:
+            self.transport.publish(self.topics.model, self._model_payload, retain=True, wait=None)
+        if self._task_payload is not None:
+            self.transport.publish(self.topics.task, self._task_payload, retain=True, wait=None)
+
+    # ------------------------------------------------------------------ messages in
+    def _reject(self, sender: str, code: str, detail: str) -> None:
+        self.rejections[code] += 1
+        if sender in self.registry:
+            self.registry.clients[sender].rejected += 1
+        log = logger.warning if self.rejections[code] <= 20 else logger.debug
+        log("rejected message from %s: %s (%s)", sender[:64], code, detail[:200])
+
+    def handle(self, item: Incoming) -> None:
+        """Process one incoming item; invalid input is logged and dropped, never raised."""
+        if item.event == "connected":
+            self._on_connected()
+            return
+        if item.event != "message":
+            return
+        try:
+            kind, cid = self.topics.parse(item.topic)
+        except ProtocolError as exc:
+            self._reject("?", "bad_topic", str(exc))
+            return
+        if kind in ("task", "model", "result") or cid == COORDINATOR_ID or not item.payload:
+            return
+        try:
+            msg, tensors = decode(item.payload, self.max_bytes)
+            check_envelope(kind, cid, msg, self.fed.name)
+            if kind == "join":
+                check_join(msg, self.spec)
+                new = msg.sender not in self.registry
+                self.registry.join(msg)
+                if new:
+                    logger.info("client %s joined (%d trials); %d known", msg.sender, msg.n_trials, len(self.registry))
+            elif kind == "status":
+                self.registry.set_online(msg.sender, msg.state != "offline")
+                if self.current is not None and msg.state == "offline":
+                    self.current.offline.add(msg.sender)
+                elif self.current is not None:
+                    self.current.offline.discard(msg.sender)
+            elif kind == "error":
+                logger.warning("client %s reports %s: %s", msg.sender, msg.code, msg.message[:200])
+            elif kind == "update":
+                if self.current is None:
+                    raise Rejected("late", f"update for round {msg.round} while no round is open")
+                self.current.offer(msg, tensors, len(item.payload), self.seen)
+                logger.info("round %d: update from %s (%d/%d)", self.current.index, msg.sender,
+                            len(self.current.updates), len(self.current.selected))
+        except ProtocolError as exc:
+            self._reject(cid or "?", "bad_message", str(exc))
+        except Rejected as exc:
+            self._reject(cid or "?", exc.code, exc.detail)
+            if cid and exc.code not in ("spoofed_sender", "replay"):
+                self._tell(cid, exc)
+        except Exception as exc:  # noqa: BLE001 - a malformed message must never stop the federation
+            self._reject(cid or "?", "internal", f"{type(exc).__name__}: {exc}")
+
+    def _tell(self, cid: str, exc: Rejected) -> None:
+        msg = ErrorMsg(federation=self.fed.name, sender=COORDINATOR_ID, code=exc.code[:32], message=exc.detail[:1000],
+                       round=self.current.index if self.current else None)
+        try:
+            self.transport.publish(self.topics.error(cid), encode(msg), wait=None)
+        except (TransportError, ProtocolError):
+            pass
+
+    def pump(self, until, timeout: float, stop: threading.Event | None = None) -> bool:
+        """Handle incoming items until ``until()`` is true (True) or ``timeout`` seconds pass (False)."""
+        end = time.monotonic() + timeout
+        while not until():
+            if stop is not None and stop.is_set():
+                raise FederationError("stopped")
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            item = self.transport.get(min(left, 0.2))
+            if item is not None:
+                self.handle(item)
+        return True
+
+    # ------------------------------------------------------------------ rounds
+    def _open_round(self) -> RoundState:
+        r = self.server.round
+        chosen = select_clients(self.registry.candidates(), self.fed.fraction, r, self.fed.seed)
+        down = downlink(self.server.global_state, self.strategy, self.model)
+        extras = server_extras_for_clients(self.server)
+        task = TaskMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=r, rounds_total=self.fed.rounds,
+                       task_id=new_id(), selected=chosen, deadline_s=self.fed.round_deadline_s, seed=self.fed.seed,
+                       strategy=self.fed.strategy, strategy_overrides=dict(self.fed.strategy_overrides),
+                       local=self.local.to_dict())
+        rules = UpdateRules(
+            round=r, task_id=task.task_id, base_sha256=state_sha256(down), selected=frozenset(chosen),
+            state_specs=tensor_specs(self.server.global_state), extra_specs=expected_extras(self.model, self.strategy),
+            global_state=self.server.global_state,
+            n_trials={c: i.n_trials for c, i in self.registry.clients.items()},
+            norm_bound=self.cfg.validation.norm_bound, norm_action=self.cfg.validation.norm_action,
+        )
+        self._task_payload = encode(task, pack({"down": down, "extra": extras}))
+        rs = RoundState(r, task.task_id, chosen, rules, self.fed.round_deadline_s)
+        rs.bytes_down = len(self._task_payload)
+        self.current = rs
+        self.transport.publish(self.topics.task, self._task_payload, retain=True)
+        logger.info("[ROUND %d/%d] task %s to %s", r + 1, self.fed.rounds, task.task_id[:8], ", ".join(chosen))
+        return rs
+
+    def run_round(self, stop: threading.Event | None = None) -> dict[str, Any]:
+        """Open, collect (deadline, retries), aggregate, checkpoint, publish; returns the round metrics."""
+        t0 = time.monotonic()
+        for attempt in range(self.fed.max_round_retries + 1):
+            rs = self._open_round()
+            self.pump(lambda: rs.complete(self.fed.min_updates), self.fed.round_deadline_s + 1.0, stop)
+            if len(rs.updates) >= self.fed.min_updates:
+                break
+            logger.warning("round %d: %d update(s) by the deadline (< min_updates %d); retry %d",
+                           rs.index, len(rs.updates), self.fed.min_updates, attempt + 1)
+        else:
+            raise FederationError(f"round {rs.index}: fewer than {self.fed.min_updates} updates after "
+                                  f"{self.fed.max_round_retries + 1} attempts")
+        t_last = max(rs.arrival.values())
+        self.current = None
+        updates = rs.ordered()
+        self.server = server_update(self.server, updates, self.strategy, max(len(self.registry), 1))
+        for cid, _ in updates:
+            self.registry.clients[cid].rounds_done += 1
+        loss = [u.metrics.get("loss") for _, u in updates if "loss" in u.metrics]
+        m = {"round": self.server.round, "selected": rs.selected, "participants": [c for c, _ in updates],
+             "stragglers": rs.missing(), "rejected": len(rs.rejected), "bytes_down": rs.bytes_down,
+             "bytes_up": rs.bytes_up, "seconds": time.monotonic() - t0,
+             "loss": float(sum(loss) / len(loss)) if loss else None}
+        if self.server.round % self.cfg.output.checkpoint_every == 0 or self.server.round == self.fed.rounds:
+            self._checkpoint_with(m)
+        else:
+            self.metrics.append(m)
+        final = self.server.round >= self.fed.rounds
+        self._publish_model(final)
+        m["publish_latency_s"] = time.monotonic() - t_last
+        res = ResultMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=self.server.round,
+                        participants=m["participants"], rejected=m["rejected"], bytes_down=m["bytes_down"],
+                        bytes_up=m["bytes_up"], seconds=m["seconds"], loss=m["loss"], final=final,
+                        model_sha256=state_sha256(self.server.global_state))
+        self.transport.publish(self.topics.result, encode(res), retain=True)
+        logger.info("[ROUND %d/%d] %d updates, %d rejected, loss %s, %.2f s", self.server.round, self.fed.rounds,
+                    len(updates), m["rejected"], m["loss"], m["seconds"])
+        return m
+
+    def _checkpoint_with(self, m: dict[str, Any]) -> None:
+        self.metrics.append(m)
+        self._checkpoint()
+
+    def run(self, stop: threading.Event | None = None) -> ServerState:
+        """Connect, wait for ``min_clients``, run the remaining rounds, save the final model."""
+        self.transport.connect()
+        try:
+            for t in (self.topics.join, self.topics.status("+"), self.topics.update("+"), self.topics.error("+")):
+                self.transport.subscribe(t)
+            self._on_connected()
+            self._publish_model(final=self.server.round >= self.fed.rounds)
+            need = self.fed.min_clients
+            if not self.pump(lambda: len(self.registry.candidates()) >= need, self.fed.join_timeout_s, stop):
+                raise FederationError(f"only {len(self.registry.candidates())} of {need} clients joined within "
+                                      f"{self.fed.join_timeout_s:.0f} s")
+            while self.server.round < self.fed.rounds:
+                self.run_round(stop)
+            self.save_final()
+            self.transport.publish(self.topics.task, b"", retain=True)  # clear the retained task
+            self._task_payload = None
+            self.transport.publish(self.topics.status(COORDINATOR_ID), self._status("done"), retain=True)
+        finally:
+            self.transport.close()
+        return self.server
+
+    def save_final(self) -> Path:
+        s = self.spec
+        meta = ModelMeta(s.model, s.n_channels, s.n_classes, s.n_times, s.sfreq, s.bn_mode, list(s.ch_names),
+                         list(s.classes), dict(s.preprocess), s.strategy, self.cfg.model.test_batch_size, {},
+                         {"federation": self.fed.name, "rounds": self.server.round, "seed": self.fed.seed,
+                          "transport": "mqtt"})
+        path = save_checkpoint(self.out / "global_model.safetensors", self.server.global_state, meta)
+        logger.info("final global model saved to %s", path)
+        return path

@@ -1,0 +1,355 @@
+"""The NeuroFed wire protocol: topics, versioned message schemas, framing (imported by broker/ and edge/).
+
+No other module builds topic strings or message bytes. A message on the wire is::
+
+    b"NF" | version (1 byte) | flags (1 byte) | header length (uint32 big-endian) | header JSON | body
+
+The header is one of the pydantic models below (``extra='forbid'``, no NaN/inf); the body, when
+present, is a safetensors file (``safetensors.torch.save``; never pickle) whose length and
+SHA-256 are in the header. Flag bit 0 means the body is zlib-compressed (hash of the raw body).
+See ``docs/protocol.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import time
+import uuid
+import zlib
+from typing import Annotated, Any, Literal, Union
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import Tensor
+
+from trainer.errors import NeuroFedError
+
+SCHEMA_VERSION = 1
+MAGIC = b"NF"
+FLAG_ZLIB = 0x01
+_PREFIX = struct.Struct(">2sBBI")
+MAX_HEADER_BYTES = 1 << 20
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+COORDINATOR_ID = "coordinator"
+NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
+HEX64 = r"^([0-9a-f]{64})?$"
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+Scalar = Union[bool, int, float, str]
+
+
+class ProtocolError(NeuroFedError, ValueError):
+    """A payload is not a valid NeuroFed message (bad framing, schema, hash or tensors)."""
+
+
+# ----------------------------------------------------------------------------- topics
+class Topics:
+    """Topic builders for one federation: everything lives under ``neurofed/<federation>/``."""
+
+    KINDS_PER_CLIENT = ("status", "update", "error")
+
+    def __init__(self, federation: str) -> None:
+        if not isinstance(federation, str) or not _is_name(federation):
+            raise ProtocolError(f"federation name {federation!r} must match {NAME_PATTERN}")
+        self.federation = federation
+        self.root = f"neurofed/{federation}"
+
+    @property
+    def join(self) -> str:
+        return f"{self.root}/join"
+
+    @property
+    def task(self) -> str:
+        return f"{self.root}/task"
+
+    @property
+    def model(self) -> str:
+        return f"{self.root}/model"
+
+    @property
+    def result(self) -> str:
+        return f"{self.root}/result"
+
+    def status(self, client_id: str) -> str:
+        return f"{self.root}/status/{_checked(client_id)}"
+
+    def update(self, client_id: str) -> str:
+        return f"{self.root}/update/{_checked(client_id)}"
+
+    def error(self, client_id: str) -> str:
+        return f"{self.root}/error/{_checked(client_id)}"
+
+    def all(self) -> str:
+        return f"{self.root}/#"
+
+    def parse(self, topic: str) -> tuple[str, str | None]:
+        """``(kind, client_id or None)`` of a topic of this federation; raises ProtocolError otherwise."""
+        parts = topic.split("/")
+        if len(parts) < 3 or parts[0] != "neurofed" or parts[1] != self.federation:
+            raise ProtocolError(f"topic {topic!r} is not in federation {self.federation!r}")
+        rest = parts[2:]
+        if len(rest) == 1 and rest[0] in ("join", "task", "model", "result"):
+            return rest[0], None
+        if len(rest) == 2 and rest[0] in self.KINDS_PER_CLIENT and _is_name(rest[1]):
+            return rest[0], rest[1]
+        raise ProtocolError(f"unknown topic {topic!r}")
+
+
+def _is_name(s: str) -> bool:
+    import re
+
+    return bool(re.fullmatch(NAME_PATTERN, s))
+
+
+def _checked(client_id: str) -> str:
+    if not isinstance(client_id, str) or not _is_name(client_id):
+        raise ProtocolError(f"client id {client_id!r} must match {NAME_PATTERN}")
+    return client_id
+
+
+# ----------------------------------------------------------------------------- schemas
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=False)
+
+    v: Literal[1] = SCHEMA_VERSION
+    federation: Name
+    sender: Name
+    msg_id: str = Field(default_factory=lambda: uuid.uuid4().hex, pattern=r"^[0-9a-f]{32}$")
+    sent_at: float = Field(default_factory=time.time, ge=0)
+    body_len: int = Field(default=0, ge=0)
+    body_sha256: str = Field(default="", pattern=HEX64)
+
+
+class ModelSpec(BaseModel):
+    """How to build the federation's model and feed it (a subset of :class:`trainer.checkpoint.ModelMeta`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    model: Literal["eegnet", "shallow", "deep"]
+    n_channels: int = Field(ge=1, le=1024)
+    n_classes: int = Field(ge=2, le=64)
+    n_times: int = Field(ge=1, le=100_000)
+    sfreq: float = Field(gt=0, le=100_000)
+    bn_mode: Literal["standard", "batch_specific"]
+    ch_names: list[Annotated[str, Field(max_length=32)]] = Field(max_length=1024)
+    classes: list[Annotated[str, Field(max_length=64)]] = Field(max_length=64)
+    preprocess: dict[str, Any] = Field(default_factory=dict)
+    strategy: str = Field(default="", max_length=32)
+
+
+class JoinMsg(_Msg):
+    """A client announces itself: what data it holds (counts and shape only, never samples)."""
+
+    kind: Literal["join"] = "join"
+    n_trials: int = Field(ge=0, le=1_000_000)
+    n_channels: int = Field(ge=1, le=1024)
+    n_times: int = Field(ge=1, le=100_000)
+    sfreq: float = Field(gt=0, le=100_000)
+    classes: list[Annotated[str, Field(max_length=64)]] = Field(max_length=64)
+    capabilities: dict[Annotated[str, Field(max_length=64)], Scalar] = Field(default_factory=dict, max_length=32)
+
+
+class StatusMsg(_Msg):
+    """Heartbeat / presence (``offline`` is the last will)."""
+
+    kind: Literal["status"] = "status"
+    state: Literal["online", "offline", "idle", "training", "done"]
+    round: int | None = Field(default=None, ge=0)
+
+
+class TaskMsg(_Msg):
+    """Round ``round``: the selected clients train from the body (``down.*`` + ``extra.*``) and upload."""
+
+    kind: Literal["task"] = "task"
+    round: int = Field(ge=0, le=1_000_000)
+    rounds_total: int = Field(ge=1, le=1_000_000)
+    task_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    selected: list[Name] = Field(max_length=1_000_000)
+    deadline_s: float = Field(gt=0, le=86_400)
+    seed: int = Field(ge=0, lt=2**63)
+    strategy: Name
+    strategy_overrides: dict[Annotated[str, Field(max_length=32)], Scalar] = Field(default_factory=dict, max_length=32)
+    local: dict[Annotated[str, Field(max_length=32)], float | int] = Field(default_factory=dict, max_length=16)
+
+
+class UpdateMsg(_Msg):
+    """A client's round result; body ``state.*`` (full state dict) + ``extra.*`` (strategy extras)."""
+
+    kind: Literal["update"] = "update"
+    round: int = Field(ge=0, le=1_000_000)
+    task_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    n_samples: int = Field(ge=1, le=1_000_000)
+    base_sha256: str = Field(pattern=HEX64)
+    metrics: dict[Annotated[str, Field(max_length=32)], float] = Field(default_factory=dict, max_length=16)
+
+
+class ErrorMsg(_Msg):
+    """Either side reports a problem instead of going silent."""
+
+    kind: Literal["error"] = "error"
+    round: int | None = Field(default=None, ge=0)
+    code: Annotated[str, Field(pattern=r"^[a-z_]{1,32}$")]
+    message: str = Field(max_length=1000)
+
+
+class ResultMsg(_Msg):
+    """Per-round summary published by the coordinator."""
+
+    kind: Literal["result"] = "result"
+    round: int = Field(ge=0)
+    participants: list[Name]
+    rejected: int = Field(ge=0)
+    bytes_down: int = Field(ge=0)
+    bytes_up: int = Field(ge=0)
+    seconds: float = Field(ge=0)
+    loss: float | None = None
+    final: bool = False
+    model_sha256: str = Field(pattern=HEX64)
+
+
+class ModelMsg(_Msg):
+    """Retained global model (full state dict incl. aggregated BN) after ``round`` completed rounds."""
+
+    kind: Literal["model"] = "model"
+    round: int = Field(ge=0)
+    final: bool = False
+    meta: ModelSpec
+
+
+Message = Annotated[Union[JoinMsg, StatusMsg, TaskMsg, UpdateMsg, ErrorMsg, ResultMsg, ModelMsg],
+                    Field(discriminator="kind")]
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
+#: message kind -> whether it must carry a safetensors body
+BODY_REQUIRED = {"join": False, "status": False, "task": True, "update": True, "error": False,
+                 "result": False, "model": True}
+
+
+# ----------------------------------------------------------------------------- tensors
+def tensors_to_bytes(tensors: dict[str, Tensor]) -> bytes:
+    """safetensors bytes of a flat tensor dict (contiguous CPU copies)."""
+    return st_save({k: v.detach().contiguous().cpu() for k, v in tensors.items()})
+
+
+def bytes_to_tensors(data: bytes) -> dict[str, Tensor]:
+    try:
+        return st_load(bytes(data))
+    except Exception as exc:  # safetensors raises its own error types
+        raise ProtocolError(f"body is not a valid safetensors file ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+
+def pack(groups: dict[str, dict[str, Tensor]]) -> dict[str, Tensor]:
+    """``{"down": {...}, "extra": {...}}`` -> ``{"down.k": ..., "extra.k": ...}``."""
+    return {f"{g}.{k}": v for g, d in groups.items() for k, v in d.items()}
+
+
+def unpack(flat: dict[str, Tensor], allowed: tuple[str, ...]) -> dict[str, dict[str, Tensor]]:
+    """Inverse of :func:`pack`; a key outside ``allowed`` groups raises ProtocolError."""
+    out: dict[str, dict[str, Tensor]] = {g: {} for g in allowed}
+    for k, v in flat.items():
+        g, _, rest = k.partition(".")
+        if g not in out or not rest:
+            raise ProtocolError(f"unexpected tensor name {k[:80]!r} (allowed groups: {allowed})")
+        out[g][rest] = v
+    return out
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def state_sha256(tensors: dict[str, Tensor]) -> str:
+    """Content hash of a tensor dict (of its canonical safetensors bytes)."""
+    return sha256(tensors_to_bytes(tensors))
+
+
+# ----------------------------------------------------------------------------- framing
+def encode(msg: _Msg, tensors: dict[str, Tensor] | None = None, compress: bool = False) -> bytes:
+    """Frame ``msg`` (and its tensors) for the wire; fills ``body_len``/``body_sha256``."""
+    body = tensors_to_bytes(tensors) if tensors is not None else b""
+    if BODY_REQUIRED.get(msg.kind) and tensors is None:  # type: ignore[attr-defined]
+        raise ProtocolError(f"a {msg.kind} message needs tensors")  # type: ignore[attr-defined]
+    msg = msg.model_copy(update={"body_len": len(body), "body_sha256": sha256(body) if body else ""})
+    header = msg.model_dump_json(exclude_none=False).encode()
+    flags = 0
+    if compress and body:
+        body, flags = zlib.compress(body, 6), FLAG_ZLIB
+    return _PREFIX.pack(MAGIC, SCHEMA_VERSION, flags, len(header)) + header + body
+
+
+def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[Any, dict[str, Tensor] | None]:
+    """Parse and verify a framed message: ``(message model, tensors or None)``.
+
+    Raises
+    ------
+    ProtocolError
+        Oversized payload, bad magic/version/flags, header not valid JSON or not a known schema,
+        body length or SHA-256 mismatch, body not safetensors, body missing or unexpected.
+    """
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise ProtocolError("payload is not bytes")
+    payload = bytes(payload)
+    if len(payload) > max_bytes:
+        raise ProtocolError(f"payload of {len(payload)} bytes exceeds the limit of {max_bytes}")
+    if len(payload) < _PREFIX.size:
+        raise ProtocolError(f"payload of {len(payload)} bytes is shorter than the frame prefix")
+    magic, version, flags, hlen = _PREFIX.unpack_from(payload)
+    if magic != MAGIC:
+        raise ProtocolError("bad magic: not a NeuroFed message")
+    if version != SCHEMA_VERSION:
+        raise ProtocolError(f"unsupported schema version {version} (this build speaks {SCHEMA_VERSION})")
+    if flags & ~FLAG_ZLIB:
+        raise ProtocolError(f"unknown frame flags {flags:#x}")
+    if hlen > MAX_HEADER_BYTES or _PREFIX.size + hlen > len(payload):
+        raise ProtocolError(f"header length {hlen} does not fit the payload")
+    raw = payload[_PREFIX.size:_PREFIX.size + hlen]
+    body = payload[_PREFIX.size + hlen:]
+    try:
+        doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        msg = _ADAPTER.validate_python(doc)
+    except ProtocolError:
+        raise
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ProtocolError(f"header is not valid JSON ({type(exc).__name__})") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise ProtocolError(f"header fails the schema at {where or '<root>'}: {first.get('msg')}") from None
+    if flags & FLAG_ZLIB:
+        try:
+            d = zlib.decompressobj()
+            body = d.decompress(body, max_bytes)
+            if d.unconsumed_tail:
+                raise ProtocolError("compressed body expands beyond the size limit")
+        except zlib.error as exc:
+            raise ProtocolError(f"compressed body is corrupt ({exc})") from None
+    if len(body) != msg.body_len:
+        raise ProtocolError(f"body is {len(body)} bytes, header says {msg.body_len}")
+    if not body:
+        if BODY_REQUIRED[msg.kind]:
+            raise ProtocolError(f"a {msg.kind} message must carry tensors")
+        return msg, None
+    if not BODY_REQUIRED[msg.kind]:
+        raise ProtocolError(f"a {msg.kind} message must not carry a body")
+    if sha256(body) != msg.body_sha256:
+        raise ProtocolError("body SHA-256 does not match the header (corrupt or tampered)")
+    return msg, bytes_to_tensors(body)
+
+
+def _reject_constant(name: str) -> None:
+    raise ProtocolError(f"header contains {name}, which is not allowed")
+
+
+def new_id() -> str:
+    """A fresh 32-hex message / task id."""
+    return uuid.uuid4().hex
+
+
+__all__ = [
+    "SCHEMA_VERSION", "COORDINATOR_ID", "ProtocolError", "Topics", "ModelSpec", "JoinMsg", "StatusMsg", "TaskMsg",
+    "UpdateMsg", "ErrorMsg", "ResultMsg", "ModelMsg", "encode", "decode", "pack", "unpack", "tensors_to_bytes",
+    "bytes_to_tensors", "sha256", "state_sha256", "new_id",
+]

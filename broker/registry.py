@@ -1,0 +1,69 @@
+"""Registry of the clients that joined a federation: trial counts, capabilities, presence, history."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from broker.protocol import JoinMsg
+
+
+@dataclass
+class ClientInfo:
+    """What the coordinator knows about one client (never its data)."""
+
+    client_id: str
+    n_trials: int
+    capabilities: dict[str, Any] = field(default_factory=dict)
+    joined_at: float = 0.0
+    last_seen: float = 0.0
+    online: bool = True
+    rounds_done: int = 0
+    rejected: int = 0
+
+
+class Registry:
+    """Joined clients by id. ``candidates()`` (sorted online ids) feeds client selection."""
+
+    def __init__(self) -> None:
+        self.clients: dict[str, ClientInfo] = {}
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    def __contains__(self, cid: object) -> bool:
+        return cid in self.clients
+
+    def join(self, msg: JoinMsg) -> ClientInfo:
+        """Add or refresh a client (a rejoin after a reconnect keeps its history)."""
+        now = time.time()
+        info = self.clients.get(msg.sender)
+        if info is None:
+            info = self.clients[msg.sender] = ClientInfo(msg.sender, msg.n_trials, dict(msg.capabilities), now, now)
+        info.n_trials, info.capabilities = msg.n_trials, dict(msg.capabilities)
+        info.online, info.last_seen = True, now
+        return info
+
+    def set_online(self, cid: str, online: bool) -> None:
+        info = self.clients.get(cid)
+        if info is not None:
+            info.online, info.last_seen = online, time.time()
+
+    def candidates(self) -> list[str]:
+        return sorted(c for c, i in self.clients.items() if i.online)
+
+    def ids(self) -> list[str]:
+        return sorted(self.clients)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [asdict(self.clients[c]) for c in self.ids()]
+
+    @classmethod
+    def from_json(cls, rows: list[dict[str, Any]]) -> "Registry":
+        reg = cls()
+        for row in rows:
+            info = ClientInfo(**row)
+            info.online = False  # presence is re-learned from retained status messages
+            reg.clients[info.client_id] = info
+        return reg

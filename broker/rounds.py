@@ -1,0 +1,87 @@
+"""Book-keeping of one round: who was asked, what arrived, what was rejected, when it ends."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from broker.protocol import UpdateMsg
+from broker.validation import Rejected, UpdateRules, check_update
+from trainer.fl.client import ClientUpdate
+
+
+class SeenIds:
+    """Bounded memory of message ids (replay protection across rounds)."""
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self.limit = limit
+
+    def __contains__(self, mid: object) -> bool:
+        return mid in self._ids
+
+    def add(self, mid: str) -> None:
+        self._ids[mid] = None
+        if len(self._ids) > self.limit:
+            self._ids.popitem(last=False)
+
+
+@dataclass
+class RoundState:
+    """One round in progress.
+
+    The round is complete when every selected client delivered, or when every selected client
+    that has not delivered is offline (and ``min_updates`` arrived), or at the deadline.
+    """
+
+    index: int
+    task_id: str
+    selected: list[str]
+    rules: UpdateRules
+    deadline_s: float
+    started: float = field(default_factory=time.monotonic)
+    updates: dict[str, ClientUpdate] = field(default_factory=dict)
+    arrival: dict[str, float] = field(default_factory=dict)
+    rejected: list[tuple[str, str, str]] = field(default_factory=list)
+    offline: set[str] = field(default_factory=set)
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+    @property
+    def deadline(self) -> float:
+        return self.started + self.deadline_s
+
+    def offer(self, msg: UpdateMsg, tensors: dict[str, Tensor] | None, nbytes: int, seen: SeenIds) -> ClientUpdate:
+        """Validate and keep an update; raises :class:`Rejected` (recorded) otherwise."""
+        try:
+            upd = check_update(msg, tensors, self.rules, set(self.updates), seen)  # type: ignore[arg-type]
+        except Rejected as exc:
+            self.rejected.append((msg.sender, exc.code, exc.detail))
+            raise
+        finally:
+            seen.add(msg.msg_id)
+        self.updates[msg.sender] = upd
+        self.arrival[msg.sender] = time.monotonic()
+        self.bytes_up += nbytes
+        return upd
+
+    def reject(self, sender: str, code: str, detail: str) -> None:
+        self.rejected.append((sender, code, detail))
+
+    def missing(self) -> list[str]:
+        return [c for c in self.selected if c not in self.updates]
+
+    def complete(self, min_updates: int, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        missing = self.missing()
+        if not missing:
+            return True
+        if len(self.updates) >= min_updates and all(c in self.offline for c in missing):
+            return True
+        return now >= self.deadline
+
+    def ordered(self) -> list[tuple[str, ClientUpdate]]:
+        return sorted(self.updates.items())

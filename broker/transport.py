@@ -1,0 +1,289 @@
+"""MQTT transport: the only module that imports paho.
+
+MQTT v5 where the broker speaks it, 3.1.1 otherwise (amqtt is 3.1.1 only); QoS 1 everywhere;
+automatic reconnection with exponential backoff; subscriptions are renewed on every (re)connect;
+incoming messages and connection events go to a thread-safe queue that the caller polls with a
+timeout (no application logic runs in paho's network thread). Library errors become
+:class:`TransportError`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import unquote, urlsplit
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.reasoncodes import ReasonCode
+
+from broker import logger
+from trainer.errors import NeuroFedError
+
+Protocol = Literal["auto", "5", "3.1.1"]
+
+
+class TransportError(NeuroFedError, ConnectionError):
+    """The broker cannot be reached, refused us, or a publish was not acknowledged in time."""
+
+
+class AuthError(TransportError):
+    """The broker refused our credentials or client id."""
+
+
+@dataclass(frozen=True)
+class BrokerURL:
+    """``mqtt://[user[:password]@]host[:port]`` or ``mqtts://...`` (TLS, default port 8883)."""
+
+    host: str
+    port: int
+    tls: bool = False
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def parse(cls, url: str) -> "BrokerURL":
+        parts = urlsplit(url if "://" in url else f"mqtt://{url}")
+        if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
+            raise TransportError(f"broker URL {url!r}: scheme must be mqtt:// or mqtts://")
+        tls = parts.scheme in ("mqtts", "ssl")
+        try:
+            port = parts.port or (8883 if tls else 1883)
+        except ValueError:
+            raise TransportError(f"broker URL {url!r}: bad port") from None
+        if not parts.hostname:
+            raise TransportError(f"broker URL {url!r}: no host")
+        user = unquote(parts.username) if parts.username else os.environ.get("NEUROFED_MQTT_USERNAME")
+        pw = unquote(parts.password) if parts.password else os.environ.get("NEUROFED_MQTT_PASSWORD")
+        return cls(parts.hostname, port, tls, user, pw)
+
+    def redacted(self) -> str:
+        who = f"{self.username}:***@" if self.username else ""
+        return f"{'mqtts' if self.tls else 'mqtt'}://{who}{self.host}:{self.port}"
+
+
+@dataclass
+class Incoming:
+    """One item from the transport queue: a message, or a ``connected``/``disconnected`` event."""
+
+    event: Literal["message", "connected", "disconnected"]
+    topic: str = ""
+    payload: bytes = b""
+    retain: bool = False
+
+
+class MqttTransport:
+    """A paho client with a message queue.
+
+    Parameters
+    ----------
+    url : str or BrokerURL
+    client_id : str
+    will : (topic, payload), optional
+        Last will, published retained by the broker if we vanish without DISCONNECT.
+    keepalive : int
+        Seconds; a vanished peer is detected after about 1.5 x keepalive.
+    protocol : {"auto", "5", "3.1.1"}
+    ca_certs, certfile, keyfile : str, optional
+        TLS files (``mqtts://``); the system CA store when ``ca_certs`` is None.
+    max_queue : int
+        Incoming messages kept before the oldest are dropped (logged).
+    """
+
+    def __init__(self, url: str | BrokerURL, client_id: str, *, will: tuple[str, bytes] | None = None,
+                 keepalive: int = 10, protocol: Protocol = "auto", ca_certs: str | None = None,
+                 certfile: str | None = None, keyfile: str | None = None, max_queue: int = 100_000,
+                 reconnect_max_s: int = 8) -> None:
+        self.url = url if isinstance(url, BrokerURL) else BrokerURL.parse(url)
+        self.client_id = client_id
+        self.will = will
+        self.keepalive = keepalive
+        self.protocol = protocol
+        self.tls_files = (ca_certs, certfile, keyfile)
+        self.reconnect_max_s = reconnect_max_s
+        self.queue: queue.Queue[Incoming] = queue.Queue(max_queue)
+        self.subscriptions: list[str] = []
+        self.mqtt_version: str | None = None
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self._client: mqtt.Client | None = None
+        self._connected = threading.Event()
+        self._refusal: str | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ connection
+    def _make(self, v5: bool) -> mqtt.Client:
+        proto = mqtt.MQTTv5 if v5 else mqtt.MQTTv311
+        kw = {} if v5 else {"clean_session": True}
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=proto, **kw)
+        c.max_queued_messages_set(0)
+        c.max_inflight_messages_set(100)
+        c.reconnect_delay_set(1, self.reconnect_max_s)
+        if self.url.username:
+            c.username_pw_set(self.url.username, self.url.password)
+        if self.url.tls:
+            ca, cert, key = self.tls_files
+            try:
+                c.tls_set(ca_certs=ca, certfile=cert, keyfile=key, cert_reqs=ssl.CERT_REQUIRED)
+            except (OSError, ValueError, ssl.SSLError) as exc:
+                raise TransportError(f"TLS setup failed: {exc}") from None
+        if self.will:
+            c.will_set(self.will[0], self.will[1], qos=1, retain=True)
+        c.on_connect = self._on_connect
+        c.on_disconnect = self._on_disconnect
+        c.on_message = self._on_message
+        return c
+
+    def connect(self, timeout: float = 10.0) -> "MqttTransport":
+        """Connect (MQTT v5 first under ``auto``), start the network thread, wait for CONNACK."""
+        versions = {"auto": [True, False], "5": [True], "3.1.1": [False]}[self.protocol]
+        last = "no attempt"
+        for v5 in versions:
+            self._refusal = None
+            self._connected.clear()
+            c = self._make(v5)
+            try:
+                c.connect(self.url.host, self.url.port, keepalive=self.keepalive)
+            except (OSError, ssl.SSLError) as exc:
+                raise TransportError(f"cannot reach broker {self.url.redacted()}: {exc}") from None
+            c.loop_start()
+            deadline = time.monotonic() + (timeout if not v5 or len(versions) == 1 else min(timeout, 3.0))
+            while time.monotonic() < deadline and not self._connected.is_set() and self._refusal is None:
+                time.sleep(0.01)
+            if self._connected.is_set():
+                self._client = c
+                self.mqtt_version = "5" if v5 else "3.1.1"
+                logger.debug("%s connected to %s over MQTT %s", self.client_id, self.url.redacted(), self.mqtt_version)
+                return self
+            c.loop_stop()
+            c.disconnect()
+            last = self._refusal or "no CONNACK in time"
+            if self._refusal and _is_auth_refusal(self._refusal):
+                raise AuthError(f"broker {self.url.redacted()} refused client {self.client_id!r}: {self._refusal}")
+        raise TransportError(f"broker {self.url.redacted()} did not accept client {self.client_id!r}: {last}")
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties=None) -> None:  # paho thread
+        if reason_code.is_failure if isinstance(reason_code, ReasonCode) else reason_code != 0:
+            self._refusal = str(reason_code)
+            client.disconnect()
+            return
+        for topic in list(self.subscriptions):
+            client.subscribe(topic, qos=1)
+        self._connected.set()
+        self._put(Incoming("connected"))
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties=None) -> None:
+        if self._connected.is_set():
+            self._connected.clear()
+            self._put(Incoming("disconnected"))
+            logger.debug("%s lost the broker (%s); reconnecting with backoff", self.client_id, reason_code)
+
+    def _on_message(self, client, userdata, msg) -> None:
+        self.bytes_in += len(msg.payload)
+        self._put(Incoming("message", msg.topic, bytes(msg.payload), bool(msg.retain)))
+
+    def _put(self, item: Incoming) -> None:
+        try:
+            self.queue.put_nowait(item)
+        except queue.Full:
+            logger.warning("%s: incoming queue full, dropping a message on %s", self.client_id, item.topic)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self._connected.wait(timeout)
+
+    # ------------------------------------------------------------------ pub/sub
+    def subscribe(self, topic: str) -> None:
+        """Subscribe at QoS 1 now and after every reconnect."""
+        with self._lock:
+            if topic not in self.subscriptions:
+                self.subscriptions.append(topic)
+        c = self._require()
+        if self.connected:
+            rc, _ = c.subscribe(topic, qos=1)
+            if rc != mqtt.MQTT_ERR_SUCCESS and rc != mqtt.MQTT_ERR_NO_CONN:
+                raise TransportError(f"subscribe to {topic!r} failed: {mqtt.error_string(rc)}")
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False, wait: float | None = 10.0) -> bool:
+        """Publish at QoS 1; with ``wait``, block until the broker acknowledged (or raise)."""
+        c = self._require()
+        try:
+            info = c.publish(topic, payload, qos=1, retain=retain)
+        except (ValueError, OSError) as exc:
+            raise TransportError(f"publish to {topic!r} failed: {exc}") from None
+        self.bytes_out += len(payload)
+        if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+            raise TransportError(f"publish to {topic!r} failed: {mqtt.error_string(info.rc)}")
+        if wait is None:
+            return False
+        deadline = time.monotonic() + wait
+        while not info.is_published() and time.monotonic() < deadline:
+            info.wait_for_publish(0.05) if self.connected else time.sleep(0.05)
+        if not info.is_published():
+            raise TransportError(f"publish to {topic!r} not acknowledged within {wait:.1f} s")
+        return True
+
+    def get(self, timeout: float = 0.1) -> Incoming | None:
+        """Next incoming item, or None after ``timeout`` seconds."""
+        try:
+            return self.queue.get(timeout=max(timeout, 0.0))
+        except queue.Empty:
+            return None
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Disconnect cleanly (the last will is not sent) and stop the network thread."""
+        c, self._client = self._client, None
+        if c is None:
+            return
+        try:
+            c.disconnect()
+        finally:
+            c.loop_stop()
+        self._connected.clear()
+
+    def _require(self) -> mqtt.Client:
+        if self._client is None:
+            raise TransportError(f"{self.client_id}: transport is not connected (call connect() first)")
+        return self._client
+
+    def __enter__(self) -> "MqttTransport":
+        return self if self._client is not None else self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _is_auth_refusal(reason: str) -> bool:
+    r = reason.lower()
+    return any(s in r for s in ("not authori", "bad user", "password", "identifier", "banned"))
+
+
+def connect_with_backoff(make: "callable", attempts: int = 0, first: float = 0.5, cap: float = 8.0,
+                         stop: threading.Event | None = None) -> MqttTransport:
+    """Call ``make().connect()`` until it works (``attempts`` 0 = forever), doubling the wait up to ``cap``.
+
+    Authentication refusals are not retried.
+    """
+    delay, n = first, 0
+    while True:
+        n += 1
+        try:
+            return make().connect()
+        except AuthError:
+            raise
+        except TransportError as exc:
+            if attempts and n >= attempts:
+                raise
+            logger.info("broker not reachable (%s); retrying in %.1f s", exc, delay)
+            if stop is not None and stop.wait(delay):
+                raise TransportError("stopped while waiting for the broker") from None
+            if stop is None:
+                time.sleep(delay)
+            delay = min(delay * 2, cap)

@@ -1,0 +1,154 @@
+"""Checks every incoming message must pass before it touches coordinator state.
+
+Each check raises :class:`Rejected` with a short machine ``code`` and a human ``detail``; the
+coordinator logs it, counts it, and carries on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from broker.protocol import COORDINATOR_ID, JoinMsg, ModelSpec, UpdateMsg, unpack
+from trainer.errors import NeuroFedError
+from trainer.fl.client import ClientUpdate
+from trainer.fl.strategies import Strategy
+
+#: kinds each topic may carry, and who may send them
+CLIENT_KINDS = {"join": "join", "status": "status", "update": "update", "error": "error"}
+
+
+class Rejected(NeuroFedError):
+    """An incoming message failed validation (never fatal to the coordinator)."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code, self.detail = code, detail
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def tensor_specs(tensors: dict[str, Tensor]) -> dict[str, TensorSpec]:
+    return {k: TensorSpec(tuple(v.shape), v.dtype) for k, v in tensors.items()}
+
+
+def expected_extras(model: nn.Module, strategy: Strategy) -> dict[str, TensorSpec]:
+    """Extras a client must upload: SCAFFOLD's ``scaffold_dc.<param>``, else nothing."""
+    if not strategy.scaffold:
+        return {}
+    return {f"scaffold_dc.{n}": TensorSpec(tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
+
+
+def check_envelope(kind: str, topic_client: str | None, msg: object, federation: str) -> None:
+    """Schema kind fits the topic, the federation matches, the sender is who the topic says."""
+    if kind not in CLIENT_KINDS or getattr(msg, "kind", None) != CLIENT_KINDS[kind]:
+        raise Rejected("wrong_kind", f"a {getattr(msg, 'kind', '?')} message on a {kind} topic")
+    if msg.federation != federation:  # type: ignore[attr-defined]
+        raise Rejected("wrong_federation", f"message for federation {msg.federation!r}")  # type: ignore[attr-defined]
+    sender = msg.sender  # type: ignore[attr-defined]
+    if sender == COORDINATOR_ID:
+        raise Rejected("spoofed_sender", "clients may not send as the coordinator")
+    if topic_client is not None and sender != topic_client:
+        raise Rejected("spoofed_sender", f"sender {sender!r} published on {topic_client!r}'s topic")
+
+
+def check_join(msg: JoinMsg, spec: ModelSpec) -> None:
+    """A client's data must fit the federation's model."""
+    if msg.n_channels != spec.n_channels or msg.n_times != spec.n_times:
+        raise Rejected("incompatible", f"data {msg.n_channels}x{msg.n_times}, model needs {spec.n_channels}x{spec.n_times}")
+    if abs(msg.sfreq - spec.sfreq) > 1e-6:
+        raise Rejected("incompatible", f"sampling rate {msg.sfreq} Hz, model needs {spec.sfreq} Hz")
+    if list(msg.classes) != list(spec.classes):
+        raise Rejected("incompatible", f"classes {msg.classes}, federation uses {spec.classes}")
+    if msg.n_trials < 2:
+        raise Rejected("too_few_trials", f"{msg.n_trials} trials (need >= 2)")
+
+
+@dataclass
+class UpdateRules:
+    """What a valid update looks like this round."""
+
+    round: int
+    task_id: str
+    base_sha256: str
+    selected: frozenset[str]
+    state_specs: dict[str, TensorSpec]
+    extra_specs: dict[str, TensorSpec]
+    global_state: dict[str, Tensor]
+    n_trials: dict[str, int] = field(default_factory=dict)
+    norm_bound: float = 0.0
+    norm_action: str = "clip"
+
+
+def check_update(msg: UpdateMsg, tensors: dict[str, Tensor] | None, rules: UpdateRules,
+                 accepted: set[str], seen_ids: set[str]) -> ClientUpdate:
+    """Validate an update and turn it into a :class:`ClientUpdate` (clipped if the rules say so)."""
+    cid = msg.sender
+    if msg.msg_id in seen_ids:
+        raise Rejected("replay", f"message id {msg.msg_id} was already received")
+    if msg.round != rules.round:
+        code = "late" if msg.round < rules.round else "future_round"
+        raise Rejected(code, f"update for round {msg.round} during round {rules.round}")
+    if msg.task_id != rules.task_id:
+        raise Rejected("wrong_task", f"task id {msg.task_id} is not this round's {rules.task_id}")
+    if cid not in rules.selected:
+        raise Rejected("not_selected", f"{cid} was not selected for round {rules.round}")
+    if cid in accepted:
+        raise Rejected("duplicate", f"{cid} already delivered round {rules.round}")
+    if msg.base_sha256 != rules.base_sha256:
+        raise Rejected("wrong_base", "update was trained from a different global model")
+    limit = rules.n_trials.get(cid)
+    if limit is not None and msg.n_samples > limit:
+        raise Rejected("bad_count", f"claims {msg.n_samples} samples, joined with {limit}")
+    if tensors is None:
+        raise Rejected("no_body", "update carries no tensors")
+    try:
+        groups = unpack(tensors, ("state", "extra"))
+    except NeuroFedError as exc:
+        raise Rejected("bad_tensors", str(exc)) from None
+    state, extras = groups["state"], groups["extra"]
+    _match(state, rules.state_specs, "state")
+    _match(extras, rules.extra_specs, "extra")
+    for k, v in {**state, **extras}.items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise Rejected("non_finite", f"tensor {k} has NaN or inf")
+    if rules.norm_bound > 0:
+        state = _bound(state, rules)
+    return ClientUpdate(state, int(msg.n_samples), extras, dict(msg.metrics))
+
+
+def _match(got: dict[str, Tensor], want: dict[str, TensorSpec], group: str) -> None:
+    if got.keys() != want.keys():
+        missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
+        raise Rejected("bad_tensors", f"{group}: missing {missing[:3]}, unexpected {[e[:60] for e in extra[:3]]}")
+    for k, spec in want.items():
+        v = got[k]
+        if tuple(v.shape) != spec.shape or v.dtype != spec.dtype:
+            raise Rejected("bad_tensors", f"{group}.{k}: {tuple(v.shape)} {v.dtype}, expected {spec.shape} {spec.dtype}")
+
+
+def update_norm(state: dict[str, Tensor], global_state: dict[str, Tensor]) -> float:
+    """L2 norm of (update - global) over floating entries."""
+    sq = 0.0
+    for k, v in state.items():
+        if v.is_floating_point():
+            sq += float(((v.double() - global_state[k].double()) ** 2).sum())
+    return math.sqrt(sq)
+
+
+def _bound(state: dict[str, Tensor], rules: UpdateRules) -> dict[str, Tensor]:
+    norm = update_norm(state, rules.global_state)
+    if norm <= rules.norm_bound:
+        return state
+    if rules.norm_action == "reject":
+        raise Rejected("norm_bound", f"update norm {norm:.4g} exceeds bound {rules.norm_bound:.4g}")
+    scale = rules.norm_bound / norm
+    return {k: (rules.global_state[k] + (v - rules.global_state[k]) * scale).to(v.dtype) if v.is_floating_point() else v
+            for k, v in state.items()}

@@ -1,0 +1,126 @@
+"""Metadata embedded in exported ONNX models (``metadata_props``, key ``neurofed``, JSON).
+
+Everything a consumer needs to feed the model correctly travels inside the ``.onnx`` file:
+channel order, sampling rate, band-pass, window, class names, preprocessing/EA policy, test
+batch size (batch-specific BN), strategy, training data hashes and a hash of the weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Mapping
+
+import onnx
+import torch
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from trainer.errors import NeuroFedError
+
+META_KEY = "neurofed"
+INPUT_NAME = "x"
+OUTPUT_NAME = "logits"
+
+
+class OnnxModelMeta(BaseModel):
+    """Validated NeuroFed metadata of an exported model."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+    model: str
+    bn_mode: str
+    n_channels: int
+    n_classes: int
+    n_times: int
+    sfreq: float
+    ch_names: list[str]
+    classes: list[str]
+    bandpass: tuple[float, float]
+    window: tuple[float, float]
+    preprocess: dict[str, Any]
+    ea_policy: dict[str, Any]
+    test_batch_size: int = 8
+    strategy: str = ""
+    data_hashes: dict[str, str] = {}
+    model_hash: str
+    neurofed_version: str
+    input_name: str = INPUT_NAME
+    output_name: str = OUTPUT_NAME
+    quantized: str | None = None
+
+    @field_validator("test_batch_size")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("test_batch_size must be >= 1")
+        return v
+
+    @property
+    def ea(self) -> bool:
+        """Whether the model expects Euclidean-aligned input."""
+        return bool(self.preprocess.get("ea", False))
+
+
+def model_hash(state: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 of the weights: every tensor (sorted by key) as name, dtype, shape and raw bytes."""
+    h = hashlib.sha256()
+    for k in sorted(state):
+        t = state[k].detach().cpu().contiguous()
+        h.update(k.encode())
+        h.update(str(t.dtype).encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
+    return h.hexdigest()
+
+
+def build_meta(ckpt_meta: Any, state: Mapping[str, torch.Tensor]) -> OnnxModelMeta:
+    """ONNX metadata from a :class:`trainer.checkpoint.ModelMeta` and the model's state dict."""
+    from neurofed import __version__
+
+    pre = dict(ckpt_meta.preprocess or {})
+    ea = bool(pre.get("ea", False))
+    ea_policy = (
+        {"train": "per-subject: R^-1/2 of the mean covariance of all of that subject's trials",
+         "online": "running mean of the covariances of the user's own windows (identity or an offline "
+                   "reference first; ABAT-style)"}
+        if ea else {"train": "none", "online": "none"}
+    )
+    return OnnxModelMeta(
+        model=ckpt_meta.model, bn_mode=ckpt_meta.bn_mode, n_channels=ckpt_meta.n_channels,
+        n_classes=ckpt_meta.n_classes, n_times=ckpt_meta.n_times, sfreq=ckpt_meta.sfreq,
+        ch_names=list(ckpt_meta.ch_names), classes=list(ckpt_meta.classes),
+        bandpass=(float(pre.get("fmin", 0.0)), float(pre.get("fmax", 0.0))),
+        window=(float(pre.get("tmin", 0.0)), float(pre.get("tmax", 0.0))),
+        preprocess=pre, ea_policy=ea_policy, test_batch_size=ckpt_meta.test_batch_size,
+        strategy=ckpt_meta.strategy, data_hashes=dict(ckpt_meta.data_hashes),
+        model_hash=model_hash(state), neurofed_version=__version__,
+    )
+
+
+def embed_meta(model: onnx.ModelProto, meta: OnnxModelMeta) -> None:
+    """Write ``meta`` as JSON under ``metadata_props['neurofed']`` (replacing any previous one)."""
+    keep = [p for p in model.metadata_props if p.key != META_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(keep)
+    onnx.helper.set_model_props(model, {**{p.key: p.value for p in keep}, META_KEY: meta.model_dump_json()})
+
+
+def meta_from_model(model: onnx.ModelProto, source: str = "model") -> OnnxModelMeta:
+    """Parse and validate the NeuroFed metadata of an in-memory ONNX model."""
+    props = {p.key: p.value for p in model.metadata_props}
+    if META_KEY not in props:
+        raise NeuroFedError(f"{source}: ONNX model has no '{META_KEY}' metadata; export it with `neurofed export`")
+    try:
+        return OnnxModelMeta.model_validate(json.loads(props[META_KEY]))
+    except (ValidationError, json.JSONDecodeError) as exc:
+        raise NeuroFedError(f"{source}: invalid NeuroFed metadata ({exc})") from None
+
+
+def read_onnx_meta(path: str | os.PathLike) -> OnnxModelMeta:
+    """Metadata of an exported ``.onnx`` file (weights are not loaded into a session)."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise NeuroFedError(f"{path}: not a readable ONNX model ({exc})") from None
+    return meta_from_model(model, str(path))

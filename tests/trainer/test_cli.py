@@ -1,0 +1,51 @@
+"""The ``neurofed simulate`` / ``report`` commands on real data, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from neurofed.cli import app
+
+
+def test_simulate_ct_loso_writes_results_and_resumes(tmp_path, data_dir):
+    out = tmp_path / "run"
+    args = ["simulate", "--algorithm", "ct", "--subjects", "1-3", "--rounds", "2", "--eval-every", "1",
+            "--data-dir", str(data_dir), "--out", str(out), "--attack", "fgsm:0.03"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    r = json.loads((out / "results.json").read_text())
+    assert sorted(r["per_subject"]) == ["S001", "S002", "S003"]
+    assert 0.0 <= r["summary"]["bca"]["mean"] <= 1.0 and "fgsm@0.03" in r["summary"]
+    assert r["config"]["seeds"] == [0] and len(r["data_hashes"]) == 9
+    assert "mean ± std" in res.output
+    # a rerun resumes: nothing is retrained, same results
+    jobs = sorted(p.stat().st_mtime_ns for p in (out / "jobs").iterdir())
+    res2 = CliRunner().invoke(app, args)
+    assert res2.exit_code == 0
+    assert sorted(p.stat().st_mtime_ns for p in (out / "jobs").iterdir()) == jobs
+    assert json.loads((out / "results.json").read_text())["per_subject"] == r["per_subject"]
+    rep = CliRunner().invoke(app, ["report", str(out), "--out", str(tmp_path / "rep")])
+    assert rep.exit_code == 0 and (tmp_path / "rep" / "per_subject_bca.png").stat().st_size > 1000
+
+
+def test_simulate_without_held_out_saves_checkpoint(tmp_path, data_dir):
+    out = tmp_path / "deploy"
+    res = CliRunner().invoke(app, ["simulate", "--algorithm", "fedbs", "--subjects", "1-4", "--rounds", "1",
+                                   "--test-subjects", "none", "--data-dir", str(data_dir), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    r = json.loads((out / "results.json").read_text())
+    from trainer.checkpoint import load_checkpoint
+
+    model, meta = load_checkpoint(r["checkpoints"][0])
+    assert meta.strategy == "fedbs" and meta.bn_mode == "batch_specific" and meta.n_channels == 21
+
+
+def test_bad_data_dir_is_one_clear_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "neurofed.cli", "simulate", "--data-dir", str(tmp_path / "missing"),
+                           "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
