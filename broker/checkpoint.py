@@ -11,13 +11,19 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from trainer.checkpoint import ModelMeta, save_checkpoint
 from trainer.errors import NeuroFedError
 from trainer.fl.server import ServerState
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from broker.protocol import ModelSpec
 
 CHECKPOINT_NAME = "server_state.safetensors"
 META_KEY = "neurofed_server"
@@ -62,3 +68,12 @@ def load_server_checkpoint(out_dir: str | os.PathLike) -> tuple[ServerState, dic
         raise CheckpointError(f"{path}: not a NeuroFed coordinator checkpoint (no {META_KEY} metadata)")
     info = json.loads(raw)
     return ServerState.from_tensors(flat, int(info["round"])), info
+
+
+def save_final_model(path: str | os.PathLike, state: dict[str, Tensor], spec: ModelSpec, test_batch_size: int,
+                     extra: dict[str, Any]) -> Path:
+    """The federation's final global model as a :func:`trainer.checkpoint.save_checkpoint` file."""
+    meta = ModelMeta(spec.model, spec.n_channels, spec.n_classes, spec.n_times, spec.sfreq, spec.bn_mode,
+                     list(spec.ch_names), list(spec.classes), dict(spec.preprocess), spec.strategy, test_batch_size,
+                     {}, extra)
+    return save_checkpoint(path, state, meta)

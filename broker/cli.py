@@ -1,9 +1,88 @@
-"""Commands that broker/ adds to ``neurofed``."""
+"""Commands that broker/ adds to ``neurofed``: broker, coordinator, broker-config, bench mqtt."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
+def broker_cmd(
+    port: Annotated[int, typer.Option(help="TCP port (0 = a free one).")] = 1883,
+    host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
+) -> None:
+    """Run the embedded pure-Python MQTT 3.1.1 broker (amqtt) until Ctrl-C."""
+    from broker.embedded import EmbeddedBroker
+
+    b = EmbeddedBroker(host, port or None)
+    typer.echo(f"broker listening on {b.url}")
+    b.serve_forever()
+
+
+def coordinator_cmd(
+    broker: Annotated[str, typer.Option(help="Broker URL mqtt://host:port or mqtts://host:port.")] = "mqtt://127.0.0.1:1883",
+    config: Annotated[Path | None, typer.Option(help="federation.toml (defaults when omitted).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder (overrides output.dir of the config).")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in the output folder.")] = False,
+    ca_certs: Annotated[Path | None, typer.Option(help="CA file for mqtts://.")] = None,
+    keepalive: Annotated[int, typer.Option(help="MQTT keepalive seconds.")] = 10,
+) -> None:
+    """Coordinate a federation: rounds, deadlines, validation, aggregation, checkpoints, final model."""
+    import torch
+
+    from broker.config import load_config
+    from broker.coordinator import Coordinator
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    cfg = load_config(config)
+    coord = Coordinator(cfg, broker, out, resume=resume, keepalive=keepalive,
+                        ca_certs=str(ca_certs) if ca_certs else None)
+    coord.run()
+    typer.echo(f"federation {cfg.federation.name}: {coord.server.round} rounds; model in {coord.out}/global_model.safetensors")
+
+
+def broker_config_cmd(
+    out: Annotated[Path, typer.Option(help="Folder for mosquitto.conf, passwd, acl.")] = Path("mosquitto"),
+    federation: Annotated[str, typer.Option(help="Federation name (topics neurofed/<name>/...).")] = "neurofed",
+    clients: Annotated[str, typer.Option(help="Comma-separated client ids.")] = "",
+    port: Annotated[int, typer.Option(help="Listener port.")] = 1883,
+    bind: Annotated[str, typer.Option(help="Listener address.")] = "127.0.0.1",
+    password_env: Annotated[str, typer.Option(help="Read '<id>=<password>,...' from this env var (else generated).")] = "",
+    tls_cert: Annotated[Path | None, typer.Option(help="Server certificate (enables TLS).")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="Server key.")] = None,
+    tls_ca: Annotated[Path | None, typer.Option(help="CA file.")] = None,
+) -> None:
+    """Write a locked-down mosquitto.conf, password file and per-client ACL for a federation."""
+    import os
+
+    from broker.secure import SecureBrokerSpec, write_broker_config
+
+    ids = [c.strip() for c in clients.split(",") if c.strip()]
+    given = {}
+    if password_env:
+        given = dict(kv.split("=", 1) for kv in os.environ.get(password_env, "").split(",") if "=" in kv)
+    spec = SecureBrokerSpec(federation, ids, port=port, bind=bind, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca)
+    files = write_broker_config(spec, out, given)
+    typer.echo(f"wrote {files.conf}, {files.passwd}, {files.acl}; credentials in {files.credentials} (mode 600)")
+
+
+def bench_mqtt_cmd(
+    out: Annotated[Path, typer.Option(help="JSON results.")] = Path("docs/bench/mqtt.json"),
+    data_dir: Annotated[Path | None, typer.Option(help="EEGMMIDB folder.")] = None,
+    many: Annotated[int, typer.Option(help="Simulated lightweight clients for the scale test.")] = 500,
+    broker: Annotated[str, typer.Option(help="'mosquitto' (127.0.0.1:1883) or 'embedded'.")] = "mosquitto",
+) -> None:
+    """Wire bytes vs raw tensor bytes, MQTT vs in-process round overhead, N-client round, publish latency."""
+    from broker.bench import run_bench
+
+    res = run_bench(out, data_dir, many, broker)
+    typer.echo(f"wrote {out}: " + ", ".join(f"{k}={v}" for k, v in res["summary"].items()))
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this package's commands (and benchmarks) to the CLI."""
+    app.command("broker")(broker_cmd)
+    app.command("coordinator")(coordinator_cmd)
+    app.command("broker-config")(broker_config_cmd)
+    bench.command("mqtt")(bench_mqtt_cmd)

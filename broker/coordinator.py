@@ -16,19 +16,41 @@ from typing import Any
 import torch
 
 from broker import logger
-from broker.checkpoint import CheckpointError, load_server_checkpoint, save_server_checkpoint
+from broker.checkpoint import (
+    CheckpointError,
+    load_server_checkpoint,
+    save_final_model,
+    save_server_checkpoint,
+)
 from broker.config import FederationConfig
 from broker.protocol import (
-    COORDINATOR_ID, ErrorMsg, ModelMsg, ProtocolError, ResultMsg, StatusMsg, TaskMsg, Topics, decode, encode,
-    new_id, pack, state_sha256,
+    COORDINATOR_ID,
+    ErrorMsg,
+    ModelMsg,
+    ProtocolError,
+    ResultMsg,
+    StatusMsg,
+    TaskMsg,
+    Topics,
+    decode,
+    encode,
+    new_id,
+    pack,
+    state_sha256,
 )
 from broker.registry import Registry
 from broker.rounds import RoundState, SeenIds
 from broker.transport import Incoming, MqttTransport, TransportError
 from broker.validation import Rejected, UpdateRules, check_envelope, check_join, expected_extras, tensor_specs
-from trainer.checkpoint import ModelMeta, save_checkpoint
 from trainer.errors import NeuroFedError
-from trainer.fl.server import ServerState, downlink, select_clients, server_extras_for_clients, server_update
+from trainer.fl.server import (
+    ServerState,
+    WeightedSum,
+    downlink,
+    select_clients,
+    server_extras_for_clients,
+    server_update,
+)
 from trainer.models import build_model
 
 
@@ -70,6 +92,8 @@ class Coordinator:
         self.rejections: Counter[str] = Counter()
         self.seen = SeenIds()
         self.current: RoundState | None = None
+        self.handled = 0
+        self.connects = 0
         self._task_payload: bytes | None = None
         self._model_payload: bytes | None = None
         self.max_bytes = int(cfg.validation.max_message_mb * (1 << 20))
@@ -106,24 +130,37 @@ class Coordinator:
 
     def _publish_model(self, final: bool = False) -> None:
         msg = ModelMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=self.server.round, final=final, meta=self.spec)
-        self._model_payload = encode(msg, self.server.global_state)
-        self.transport.publish(self.topics.model, self._model_payload, retain=True)
+        self._model_payload = encode(msg, self.server.global_state, compress=self.fed.compress)
+        self._pub(self.topics.model, self._model_payload, retain=True)
+
+    def _pub(self, topic: str, payload: bytes, retain: bool = False, wait: float | None = 10.0) -> None:
+        """Publish; while the broker is away paho queues it (and retained state is re-sent on reconnect)."""
+        try:
+            self.transport.publish(topic, payload, retain=retain, wait=wait)
+        except TransportError as exc:
+            logger.warning("%s (queued; will be re-sent after reconnecting)", exc)
 
     def _on_connected(self) -> None:
         """(Re)announce after every (re)connect: the broker may have restarted without retained messages."""
-        self.transport.publish(self.topics.status(COORDINATOR_ID), self._status("online"), retain=True, wait=None)
+        self.connects += 1
+        if self.connects > 1:
+            logger.info("reconnected to the broker (#%d): re-publishing status, model and open task", self.connects - 1)
+        self._pub(self.topics.status(COORDINATOR_ID), self._status("online"), retain=True, wait=None)
         if self._model_payload is not None:
-            self.transport.publish(self.topics.model, self._model_payload, retain=True, wait=None)
+            self._pub(self.topics.model, self._model_payload, retain=True, wait=None)
         if self._task_payload is not None:
-            self.transport.publish(self.topics.task, self._task_payload, retain=True, wait=None)
+            self._pub(self.topics.task, self._task_payload, retain=True, wait=None)
 
     # ------------------------------------------------------------------ messages in
     def _reject(self, sender: str, code: str, detail: str) -> None:
         self.rejections[code] += 1
         if sender in self.registry:
             self.registry.clients[sender].rejected += 1
-        log = logger.warning if self.rejections[code] <= 20 else logger.debug
-        log("rejected message from %s: %s (%s)", sender[:64], code, detail[:200])
+        n = self.rejections[code]
+        if n <= 20:
+            logger.warning("rejected message from %s: %s (%s)", sender[:64], code, detail[:200])
+        elif n % 1000 == 0:  # flooding: summarise instead of logging each one
+            logger.warning("rejected %d %s messages so far (latest from %s: %s)", n, code, sender[:64], detail[:200])
 
     def handle(self, item: Incoming) -> None:
         """Process one incoming item; invalid input is logged and dropped, never raised."""
@@ -132,6 +169,7 @@ class Coordinator:
             return
         if item.event != "message":
             return
+        self.handled += 1
         try:
             kind, cid = self.topics.parse(item.topic)
         except ProtocolError as exc:
@@ -202,7 +240,7 @@ class Coordinator:
         task = TaskMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=r, rounds_total=self.fed.rounds,
                        task_id=new_id(), selected=chosen, deadline_s=self.fed.round_deadline_s, seed=self.fed.seed,
                        strategy=self.fed.strategy, strategy_overrides=dict(self.fed.strategy_overrides),
-                       local=self.local.to_dict())
+                       local=self.local.to_dict(), compress=self.fed.compress)
         rules = UpdateRules(
             round=r, task_id=task.task_id, base_sha256=state_sha256(down), selected=frozenset(chosen),
             state_specs=tensor_specs(self.server.global_state), extra_specs=expected_extras(self.model, self.strategy),
@@ -210,11 +248,12 @@ class Coordinator:
             n_trials={c: i.n_trials for c, i in self.registry.clients.items()},
             norm_bound=self.cfg.validation.norm_bound, norm_action=self.cfg.validation.norm_action,
         )
-        self._task_payload = encode(task, pack({"down": down, "extra": extras}))
-        rs = RoundState(r, task.task_id, chosen, rules, self.fed.round_deadline_s)
+        self._task_payload = encode(task, pack({"down": down, "extra": extras}), compress=self.fed.compress)
+        rs = RoundState(r, task.task_id, chosen, rules, self.fed.round_deadline_s,
+                        stream=WeightedSum() if self.fed.aggregation == "streaming" else None)
         rs.bytes_down = len(self._task_payload)
         self.current = rs
-        self.transport.publish(self.topics.task, self._task_payload, retain=True)
+        self._pub(self.topics.task, self._task_payload, retain=True)
         logger.info("[ROUND %d/%d] task %s to %s", r + 1, self.fed.rounds, task.task_id[:8], ", ".join(chosen))
         return rs
 
@@ -223,7 +262,7 @@ class Coordinator:
         t0 = time.monotonic()
         for attempt in range(self.fed.max_round_retries + 1):
             rs = self._open_round()
-            self.pump(lambda: rs.complete(self.fed.min_updates), self.fed.round_deadline_s + 1.0, stop)
+            self.pump(lambda rs=rs: rs.complete(self.fed.min_updates), self.fed.round_deadline_s + 1.0, stop)
             if len(rs.updates) >= self.fed.min_updates:
                 break
             logger.warning("round %d: %d update(s) by the deadline (< min_updates %d); retry %d",
@@ -234,7 +273,10 @@ class Coordinator:
         t_last = max(rs.arrival.values())
         self.current = None
         updates = rs.ordered()
-        self.server = server_update(self.server, updates, self.strategy, max(len(self.registry), 1))
+        if rs.stream is not None:  # same weighted mean as server_update, accumulated on arrival
+            self.server = ServerState(rs.stream.result(), self.server.round + 1, dict(self.server.extras))
+        else:
+            self.server = server_update(self.server, updates, self.strategy, max(len(self.registry), 1))
         for cid, _ in updates:
             self.registry.clients[cid].rounds_done += 1
         loss = [u.metrics.get("loss") for _, u in updates if "loss" in u.metrics]
@@ -253,7 +295,7 @@ class Coordinator:
                         participants=m["participants"], rejected=m["rejected"], bytes_down=m["bytes_down"],
                         bytes_up=m["bytes_up"], seconds=m["seconds"], loss=m["loss"], final=final,
                         model_sha256=state_sha256(self.server.global_state))
-        self.transport.publish(self.topics.result, encode(res), retain=True)
+        self._pub(self.topics.result, encode(res), retain=True)
         logger.info("[ROUND %d/%d] %d updates, %d rejected, loss %s, %.2f s", self.server.round, self.fed.rounds,
                     len(updates), m["rejected"], m["loss"], m["seconds"])
         return m
@@ -266,9 +308,8 @@ class Coordinator:
         """Connect, wait for ``min_clients``, run the remaining rounds, save the final model."""
         self.transport.connect()
         try:
-            for t in (self.topics.join, self.topics.status("+"), self.topics.update("+"), self.topics.error("+")):
+            for t in (self.topics.any_client(k) for k in ("join", "status", "update", "error")):
                 self.transport.subscribe(t)
-            self._on_connected()
             self._publish_model(final=self.server.round >= self.fed.rounds)
             need = self.fed.min_clients
             if not self.pump(lambda: len(self.registry.candidates()) >= need, self.fed.join_timeout_s, stop):
@@ -277,19 +318,16 @@ class Coordinator:
             while self.server.round < self.fed.rounds:
                 self.run_round(stop)
             self.save_final()
-            self.transport.publish(self.topics.task, b"", retain=True)  # clear the retained task
+            self._pub(self.topics.task, b"", retain=True)  # clear the retained task
             self._task_payload = None
-            self.transport.publish(self.topics.status(COORDINATOR_ID), self._status("done"), retain=True)
+            self._pub(self.topics.status(COORDINATOR_ID), self._status("done"), retain=True)
         finally:
             self.transport.close()
         return self.server
 
     def save_final(self) -> Path:
-        s = self.spec
-        meta = ModelMeta(s.model, s.n_channels, s.n_classes, s.n_times, s.sfreq, s.bn_mode, list(s.ch_names),
-                         list(s.classes), dict(s.preprocess), s.strategy, self.cfg.model.test_batch_size, {},
-                         {"federation": self.fed.name, "rounds": self.server.round, "seed": self.fed.seed,
-                          "transport": "mqtt"})
-        path = save_checkpoint(self.out / "global_model.safetensors", self.server.global_state, meta)
+        path = save_final_model(self.out / "global_model.safetensors", self.server.global_state, self.spec,
+                                self.cfg.model.test_batch_size, {"federation": self.fed.name, "rounds": self.server.round,
+                                                                 "seed": self.fed.seed, "transport": "mqtt"})
         logger.info("final global model saved to %s", path)
         return path

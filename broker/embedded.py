@@ -83,7 +83,7 @@ class EmbeddedBroker:
         finally:
             self._loop.close()
 
-    def start(self, timeout: float = 10.0) -> "EmbeddedBroker":
+    def start(self, timeout: float = 10.0) -> EmbeddedBroker:
         if port_open(self.host, self.port):
             raise TransportError(f"port {self.host}:{self.port} is already in use")
         self._thread = threading.Thread(target=self._run, name="amqtt-broker", daemon=True)
@@ -113,7 +113,7 @@ class EmbeddedBroker:
         finally:
             self.stop()
 
-    def __enter__(self) -> "EmbeddedBroker":
+    def __enter__(self) -> EmbeddedBroker:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -20,7 +20,6 @@ import uuid
 import zlib
 from typing import Annotated, Any, Literal, Union
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -50,7 +49,7 @@ class ProtocolError(NeuroFedError, ValueError):
 class Topics:
     """Topic builders for one federation: everything lives under ``neurofed/<federation>/``."""
 
-    KINDS_PER_CLIENT = ("status", "update", "error")
+    KINDS_PER_CLIENT = ("join", "status", "update", "error")
 
     def __init__(self, federation: str) -> None:
         if not isinstance(federation, str) or not _is_name(federation):
@@ -58,9 +57,8 @@ class Topics:
         self.federation = federation
         self.root = f"neurofed/{federation}"
 
-    @property
-    def join(self) -> str:
-        return f"{self.root}/join"
+    def join(self, client_id: str) -> str:
+        return f"{self.root}/join/{_checked(client_id)}"
 
     @property
     def task(self) -> str:
@@ -86,13 +84,19 @@ class Topics:
     def all(self) -> str:
         return f"{self.root}/#"
 
+    def any_client(self, kind: str) -> str:
+        """Subscription filter for one per-client kind from every client, e.g. ``.../update/+``."""
+        if kind not in self.KINDS_PER_CLIENT:
+            raise ProtocolError(f"{kind!r} is not a per-client topic kind")
+        return f"{self.root}/{kind}/+"
+
     def parse(self, topic: str) -> tuple[str, str | None]:
         """``(kind, client_id or None)`` of a topic of this federation; raises ProtocolError otherwise."""
         parts = topic.split("/")
         if len(parts) < 3 or parts[0] != "neurofed" or parts[1] != self.federation:
             raise ProtocolError(f"topic {topic!r} is not in federation {self.federation!r}")
         rest = parts[2:]
-        if len(rest) == 1 and rest[0] in ("join", "task", "model", "result"):
+        if len(rest) == 1 and rest[0] in ("task", "model", "result"):
             return rest[0], None
         if len(rest) == 2 and rest[0] in self.KINDS_PER_CLIENT and _is_name(rest[1]):
             return rest[0], rest[1]
@@ -174,6 +178,7 @@ class TaskMsg(_Msg):
     strategy: Name
     strategy_overrides: dict[Annotated[str, Field(max_length=32)], Scalar] = Field(default_factory=dict, max_length=32)
     local: dict[Annotated[str, Field(max_length=32)], float | int] = Field(default_factory=dict, max_length=16)
+    compress: bool = False  # clients zlib-compress their update bodies too
 
 
 class UpdateMsg(_Msg):
@@ -220,7 +225,7 @@ class ModelMsg(_Msg):
     meta: ModelSpec
 
 
-Message = Annotated[Union[JoinMsg, StatusMsg, TaskMsg, UpdateMsg, ErrorMsg, ResultMsg, ModelMsg],
+Message = Annotated[JoinMsg | StatusMsg | TaskMsg | UpdateMsg | ErrorMsg | ResultMsg | ModelMsg,
                     Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
 #: message kind -> whether it must carry a safetensors body
@@ -321,9 +326,9 @@ def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[
     if flags & FLAG_ZLIB:
         try:
             d = zlib.decompressobj()
-            body = d.decompress(body, max_bytes)
-            if d.unconsumed_tail:
-                raise ProtocolError("compressed body expands beyond the size limit")
+            body = d.decompress(body, msg.body_len + 1)  # never inflate past what the header declares
+            if d.unconsumed_tail or len(body) > msg.body_len:
+                raise ProtocolError("compressed body expands beyond its declared length")
         except zlib.error as exc:
             raise ProtocolError(f"compressed body is corrupt ({exc})") from None
     if len(body) != msg.body_len:
@@ -349,7 +354,25 @@ def new_id() -> str:
 
 
 __all__ = [
-    "SCHEMA_VERSION", "COORDINATOR_ID", "ProtocolError", "Topics", "ModelSpec", "JoinMsg", "StatusMsg", "TaskMsg",
-    "UpdateMsg", "ErrorMsg", "ResultMsg", "ModelMsg", "encode", "decode", "pack", "unpack", "tensors_to_bytes",
-    "bytes_to_tensors", "sha256", "state_sha256", "new_id",
+    "COORDINATOR_ID",
+    "SCHEMA_VERSION",
+    "ErrorMsg",
+    "JoinMsg",
+    "ModelMsg",
+    "ModelSpec",
+    "ProtocolError",
+    "ResultMsg",
+    "StatusMsg",
+    "TaskMsg",
+    "Topics",
+    "UpdateMsg",
+    "bytes_to_tensors",
+    "decode",
+    "encode",
+    "new_id",
+    "pack",
+    "sha256",
+    "state_sha256",
+    "tensors_to_bytes",
+    "unpack",
 ]

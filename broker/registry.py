@@ -60,7 +60,7 @@ class Registry:
         return [asdict(self.clients[c]) for c in self.ids()]
 
     @classmethod
-    def from_json(cls, rows: list[dict[str, Any]]) -> "Registry":
+    def from_json(cls, rows: list[dict[str, Any]]) -> Registry:
         reg = cls()
         for row in rows:
             info = ClientInfo(**row)

@@ -11,6 +11,7 @@ from torch import Tensor
 from broker.protocol import UpdateMsg
 from broker.validation import Rejected, UpdateRules, check_update
 from trainer.fl.client import ClientUpdate
+from trainer.fl.server import WeightedSum
 
 
 class SeenIds:
@@ -49,6 +50,7 @@ class RoundState:
     offline: set[str] = field(default_factory=set)
     bytes_up: int = 0
     bytes_down: int = 0
+    stream: WeightedSum | None = None  # streaming aggregation: O(model) memory, updates not kept
 
     @property
     def deadline(self) -> float:
@@ -63,6 +65,9 @@ class RoundState:
             raise
         finally:
             seen.add(msg.msg_id)
+        if self.stream is not None:
+            self.stream.add(upd.state, float(upd.n_samples))
+            upd = ClientUpdate({}, upd.n_samples, {}, upd.metrics)
         self.updates[msg.sender] = upd
         self.arrival[msg.sender] = time.monotonic()
         self.bytes_up += nbytes

@@ -46,7 +46,7 @@ class BrokerURL:
     password: str | None = field(default=None, repr=False)
 
     @classmethod
-    def parse(cls, url: str) -> "BrokerURL":
+    def parse(cls, url: str) -> BrokerURL:
         parts = urlsplit(url if "://" in url else f"mqtt://{url}")
         if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
             raise TransportError(f"broker URL {url!r}: scheme must be mqtt:// or mqtts://")
@@ -138,7 +138,7 @@ class MqttTransport:
         c.on_message = self._on_message
         return c
 
-    def connect(self, timeout: float = 10.0) -> "MqttTransport":
+    def connect(self, timeout: float = 10.0) -> MqttTransport:
         """Connect (MQTT v5 first under ``auto``), start the network thread, wait for CONNACK."""
         versions = {"auto": [True, False], "5": [True], "3.1.1": [False]}[self.protocol]
         last = "no attempt"
@@ -253,7 +253,7 @@ class MqttTransport:
             raise TransportError(f"{self.client_id}: transport is not connected (call connect() first)")
         return self._client
 
-    def __enter__(self) -> "MqttTransport":
+    def __enter__(self) -> MqttTransport:
         return self if self._client is not None else self.connect()
 
     def __exit__(self, *exc: object) -> None:
@@ -265,13 +265,15 @@ def _is_auth_refusal(reason: str) -> bool:
     return any(s in r for s in ("not authori", "bad user", "password", "identifier", "banned"))
 
 
-def connect_with_backoff(make: "callable", attempts: int = 0, first: float = 0.5, cap: float = 8.0,
-                         stop: threading.Event | None = None) -> MqttTransport:
-    """Call ``make().connect()`` until it works (``attempts`` 0 = forever), doubling the wait up to ``cap``.
+def connect_with_backoff(make: callable, attempts: int = 0, first: float = 0.5, cap: float = 8.0,
+                         stop: threading.Event | None = None, timeout: float | None = None) -> MqttTransport:
+    """Call ``make().connect()`` until it works, doubling the wait up to ``cap``.
 
-    Authentication refusals are not retried.
+    Gives up (re-raising the last error) after ``attempts`` tries (0 = no limit) or ``timeout``
+    seconds. Authentication refusals are not retried.
     """
     delay, n = first, 0
+    end = time.monotonic() + timeout if timeout is not None else None
     while True:
         n += 1
         try:
@@ -279,7 +281,7 @@ def connect_with_backoff(make: "callable", attempts: int = 0, first: float = 0.5
         except AuthError:
             raise
         except TransportError as exc:
-            if attempts and n >= attempts:
+            if (attempts and n >= attempts) or (end is not None and time.monotonic() + delay > end):
                 raise
             logger.info("broker not reachable (%s); retrying in %.1f s", exc, delay)
             if stop is not None and stop.wait(delay):

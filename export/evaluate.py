@@ -9,8 +9,8 @@ must equal the model's ``model_hash``; the adversarial trials are then classifie
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -23,7 +23,9 @@ from export.runtime import OnnxModel
 from trainer.errors import NeuroFedError
 
 
-def torch_twin(meta: OnnxModelMeta, onnx_path: str | os.PathLike, checkpoint: str | os.PathLike | None = None) -> nn.Module:
+def torch_twin(
+    meta: OnnxModelMeta, onnx_path: str | os.PathLike, checkpoint: str | os.PathLike | None = None
+) -> nn.Module:
     """A torch model with exactly the exported weights (checked against ``meta.model_hash``).
 
     From ``checkpoint`` if given, else from the ONNX initializers (possible for batch-specific
@@ -38,24 +40,30 @@ def torch_twin(meta: OnnxModelMeta, onnx_path: str | os.PathLike, checkpoint: st
         model, _ = load_checkpoint(checkpoint)
         source = str(checkpoint)
     else:
-        model = build_model(meta.model, meta.n_channels, meta.n_classes, meta.n_times, meta.sfreq, meta.bn_mode)
+        model = build_model(
+            meta.model, meta.n_channels, meta.n_classes, meta.n_times, meta.sfreq, meta.bn_mode
+        )
         inits = {i.name: i for i in onnx.load(str(onnx_path)).graph.initializer}
         state = model.state_dict()
         missing = [k for k, v in state.items() if k not in inits or tuple(inits[k].dims) != tuple(v.shape)]
         if missing:
             raise NeuroFedError(
                 f"{onnx_path}: cannot rebuild torch weights from the ONNX initializers (missing or reshaped: "
-                f"{missing[:4]}{'...' if len(missing) > 4 else ''}); pass --checkpoint for attacks")
+                f"{missing[:4]}{'...' if len(missing) > 4 else ''}); pass --checkpoint for attacks"
+            )
         model.load_state_dict({k: torch.from_numpy(numpy_helper.to_array(inits[k]).copy()) for k in state})
         source = f"{onnx_path} initializers"
     if model_hash(model.state_dict()) != meta.model_hash:
-        raise NeuroFedError(f"torch twin from {source} has weights different from the exported model "
-                            "(model_hash mismatch); use the checkpoint the model was exported from")
+        raise NeuroFedError(
+            f"torch twin from {source} has weights different from the exported model "
+            "(model_hash mismatch); use the checkpoint the model was exported from"
+        )
     return model.eval()
 
 
-def attack_batches(twin: nn.Module, X: np.ndarray, y: np.ndarray, attack: str, eps: float, batch_size: int,
-                   seed: int = 0) -> np.ndarray:
+def attack_batches(
+    twin: nn.Module, X: np.ndarray, y: np.ndarray, attack: str, eps: float, batch_size: int, seed: int = 0
+) -> np.ndarray:
     """Adversarial trials built on the torch twin, batch by batch (same batches as the forward pass)."""
     from trainer.attacks import ATTACKS
 
@@ -70,7 +78,9 @@ def attack_batches(twin: nn.Module, X: np.ndarray, y: np.ndarray, attack: str, e
     return np.concatenate(out).astype(np.float32)
 
 
-def load_eegmmidb_for(meta: OnnxModelMeta, subjects: Sequence[int], data_dir) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def load_eegmmidb_for(
+    meta: OnnxModelMeta, subjects: Sequence[int], data_dir
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """EEGMMIDB subjects preprocessed as the model's metadata says (channels, band, rate, window, EA)."""
     from trainer.data import PreprocessConfig, load_eegmmidb_subject
     from trainer.data.eegmmidb import TASKS
@@ -86,8 +96,9 @@ def load_eegmmidb_for(meta: OnnxModelMeta, subjects: Sequence[int], data_dir) ->
     return out
 
 
-def load_files_for(meta: OnnxModelMeta, paths: Sequence[str | os.PathLike],
-                   event_map: Mapping[str, str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def load_files_for(
+    meta: OnnxModelMeta, paths: Sequence[str | os.PathLike], event_map: Mapping[str, str]
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Generic MNE-readable recordings, one subject per file, preprocessed as the metadata says."""
     from trainer.data import PreprocessConfig
     from trainer.data.dataset import load_recordings
@@ -109,16 +120,24 @@ def check_fit(meta: OnnxModelMeta, sd) -> tuple[np.ndarray, np.ndarray]:
     if [c.lower() for c in sd.ch_names] != [c.lower() for c in meta.ch_names]:
         raise NeuroFedError(f"{sd.subject}: channels {sd.ch_names} differ from the model's {meta.ch_names}")
     if abs(sd.sfreq - meta.sfreq) > 1e-6:
-        raise NeuroFedError(f"{sd.subject}: sampling rate {sd.sfreq} Hz after preprocessing, model expects {meta.sfreq} Hz")
+        raise NeuroFedError(
+            f"{sd.subject}: sampling rate {sd.sfreq} Hz after preprocessing, model expects {meta.sfreq} Hz"
+        )
     if sd.X.shape[2] != meta.n_times:
         raise NeuroFedError(f"{sd.subject}: {sd.X.shape[2]} samples per trial, model expects {meta.n_times}")
     return sd.X.astype(np.float32), sd.y
 
 
-def evaluate(model_path: str | os.PathLike, data: Mapping[str, tuple[np.ndarray, np.ndarray]],
-             attack: str | None = None, eps: float = 0.03, checkpoint: str | os.PathLike | None = None,
-             seed: int = 0, batch_size: int | None = None,
-             on_subject: Callable[[str], None] | None = None) -> dict:
+def evaluate(
+    model_path: str | os.PathLike,
+    data: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    attack: str | None = None,
+    eps: float = 0.03,
+    checkpoint: str | os.PathLike | None = None,
+    seed: int = 0,
+    batch_size: int | None = None,
+    on_subject: Callable[[str], None] | None = None,
+) -> dict:
     """BCA per subject (onnxruntime forward), clean and optionally attacked; JSON-ready dict."""
     from trainer.evaluate import bca
 
@@ -135,9 +154,25 @@ def evaluate(model_path: str | os.PathLike, data: Mapping[str, tuple[np.ndarray,
         if on_subject:
             on_subject(subj)
     metrics = ["bca"] + (["bca_attacked"] if attack else [])
-    summary = {m: {"mean": float(np.mean([r[m] for r in per.values()])),
-                   "std_subjects": float(np.std([r[m] for r in per.values()]))} for m in metrics} if per else {}
-    return {"model": str(model_path), "model_hash": om.meta.model_hash, "architecture": om.meta.model,
-            "bn_mode": om.meta.bn_mode, "quantized": om.meta.quantized, "test_batch_size": bs,
-            "attack": {"name": attack, "eps": eps, "seed": seed} if attack else None,
-            "per_subject": per, "summary": summary}
+    summary = (
+        {
+            m: {
+                "mean": float(np.mean([r[m] for r in per.values()])),
+                "std_subjects": float(np.std([r[m] for r in per.values()])),
+            }
+            for m in metrics
+        }
+        if per
+        else {}
+    )
+    return {
+        "model": str(model_path),
+        "model_hash": om.meta.model_hash,
+        "architecture": om.meta.model,
+        "bn_mode": om.meta.bn_mode,
+        "quantized": om.meta.quantized,
+        "test_batch_size": bs,
+        "attack": {"name": attack, "eps": eps, "seed": seed} if attack else None,
+        "per_subject": per,
+        "summary": summary,
+    }

@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import onnx
 import torch
@@ -81,20 +82,32 @@ def build_meta(ckpt_meta: Any, state: Mapping[str, torch.Tensor]) -> OnnxModelMe
     pre = dict(ckpt_meta.preprocess or {})
     ea = bool(pre.get("ea", False))
     ea_policy = (
-        {"train": "per-subject: R^-1/2 of the mean covariance of all of that subject's trials",
-         "online": "running mean of the covariances of the user's own windows (identity or an offline "
-                   "reference first; ABAT-style)"}
-        if ea else {"train": "none", "online": "none"}
+        {
+            "train": "per-subject: R^-1/2 of the mean covariance of all of that subject's trials",
+            "online": "running mean of the covariances of the user's own windows (identity or an offline "
+            "reference first; ABAT-style)",
+        }
+        if ea
+        else {"train": "none", "online": "none"}
     )
     return OnnxModelMeta(
-        model=ckpt_meta.model, bn_mode=ckpt_meta.bn_mode, n_channels=ckpt_meta.n_channels,
-        n_classes=ckpt_meta.n_classes, n_times=ckpt_meta.n_times, sfreq=ckpt_meta.sfreq,
-        ch_names=list(ckpt_meta.ch_names), classes=list(ckpt_meta.classes),
+        model=ckpt_meta.model,
+        bn_mode=ckpt_meta.bn_mode,
+        n_channels=ckpt_meta.n_channels,
+        n_classes=ckpt_meta.n_classes,
+        n_times=ckpt_meta.n_times,
+        sfreq=ckpt_meta.sfreq,
+        ch_names=list(ckpt_meta.ch_names),
+        classes=list(ckpt_meta.classes),
         bandpass=(float(pre.get("fmin", 0.0)), float(pre.get("fmax", 0.0))),
         window=(float(pre.get("tmin", 0.0)), float(pre.get("tmax", 0.0))),
-        preprocess=pre, ea_policy=ea_policy, test_batch_size=ckpt_meta.test_batch_size,
-        strategy=ckpt_meta.strategy, data_hashes=dict(ckpt_meta.data_hashes),
-        model_hash=model_hash(state), neurofed_version=__version__,
+        preprocess=pre,
+        ea_policy=ea_policy,
+        test_batch_size=ckpt_meta.test_batch_size,
+        strategy=ckpt_meta.strategy,
+        data_hashes=dict(ckpt_meta.data_hashes),
+        model_hash=model_hash(state),
+        neurofed_version=__version__,
     )
 
 
@@ -110,7 +123,9 @@ def meta_from_model(model: onnx.ModelProto, source: str = "model") -> OnnxModelM
     """Parse and validate the NeuroFed metadata of an in-memory ONNX model."""
     props = {p.key: p.value for p in model.metadata_props}
     if META_KEY not in props:
-        raise NeuroFedError(f"{source}: ONNX model has no '{META_KEY}' metadata; export it with `neurofed export`")
+        raise NeuroFedError(
+            f"{source}: ONNX model has no '{META_KEY}' metadata; export it with `neurofed export`"
+        )
     try:
         return OnnxModelMeta.model_validate(json.loads(props[META_KEY]))
     except (ValidationError, json.JSONDecodeError) as exc:

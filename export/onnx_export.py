@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import onnx
@@ -50,11 +50,19 @@ def to_onnx(model: nn.Module, n_channels: int, n_times: int, batch: int = 8) -> 
     x = torch.randn(batch, n_channels, n_times, generator=torch.Generator().manual_seed(0))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        for name in ("torch.onnx", "onnx_ir", "onnxscript"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        # "torchvision is not installed" notices: irrelevant for EEG models
+        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         try:
             prog = torch.onnx.export(
-                model, (x,), dynamo=True, opset_version=OPSET, input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME], dynamic_shapes={"x": {0: torch.export.Dim("batch")}},
+                model,
+                (x,),
+                dynamo=True,
+                opset_version=OPSET,
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_shapes={"x": {0: torch.export.Dim("batch")}},
                 verbose=False,
             )
         except Exception as exc:
@@ -67,23 +75,28 @@ def check_graph(proto: onnx.ModelProto, bn_mode: str) -> list[str]:
 
     Returns the names of the checks that passed; raises :class:`NeuroFedError` otherwise.
     """
-    try:
-        onnx.checker.check_model(proto, full_check=True)
-    except Exception as exc:
-        raise NeuroFedError(f"onnx.checker rejected the exported model: {exc}") from None
-    done = ["onnx.checker"]
+    done: list[str] = []
     dim0 = proto.graph.input[0].type.tensor_type.shape.dim[0]
     if dim0.HasField("dim_value"):
-        raise NeuroFedError(f"exported input has a fixed batch size {dim0.dim_value}, not a dynamic batch axis")
+        raise NeuroFedError(
+            f"exported input has a fixed batch size {dim0.dim_value}, not a dynamic batch axis"
+        )
     done.append(f"dynamic batch axis ({dim0.dim_param})")
     for node in proto.graph.node:
         if node.op_type == "BatchNormalization":
             for a in node.attribute:
                 if a.name == "training_mode" and onnx.helper.get_attribute_value(a) == 1:
                     raise NeuroFedError(
-                        f"node {node.name!r} is a training-mode BatchNormalization (onnxruntime mishandles it); "
-                        "batch-specific BN must export as ReduceMean statistics + inference-mode BN")
+                        f"node {node.name!r} is a training-mode BatchNormalization "
+                        "(onnxruntime mishandles it); "
+                        "batch-specific BN must export as ReduceMean statistics + inference-mode BN"
+                    )
     done.append("no training-mode BatchNormalization")
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception as exc:
+        raise NeuroFedError(f"onnx.checker rejected the exported model: {exc}") from None
+    done.append("onnx.checker")
     if bn_mode == "batch_specific":
         ops = {n.op_type for n in proto.graph.node}
         if "ReduceMean" not in ops:
@@ -92,8 +105,13 @@ def check_graph(proto: onnx.ModelProto, bn_mode: str) -> list[str]:
     return done
 
 
-def compare(model: nn.Module, proto_bytes: bytes, X: np.ndarray, batches: Sequence[int] = VERIFY_BATCHES,
-            atol: float = ATOL) -> tuple[dict[str, float], dict[str, int]]:
+def compare(
+    model: nn.Module,
+    proto_bytes: bytes,
+    X: np.ndarray,
+    batches: Sequence[int] = VERIFY_BATCHES,
+    atol: float = ATOL,
+) -> tuple[dict[str, float], dict[str, int]]:
     """Max abs logit difference and class mismatches of onnxruntime vs torch per batch size.
 
     Trials are fed in consecutive chunks of each batch size (the same chunks on both sides).
@@ -114,8 +132,32 @@ def compare(model: nn.Module, proto_bytes: bytes, X: np.ndarray, batches: Sequen
     return diffs, mism
 
 
-def held_out_data(meta, data_dir: str | os.PathLike | None = None, subjects: Sequence[int] | None = None,
-                  n_subjects: int = 1) -> tuple[np.ndarray, np.ndarray, list[str], bool]:
+def verify_against_torch(model: nn.Module, proto_bytes: bytes, X: np.ndarray, report: VerifyReport) -> None:
+    """Fill ``report`` with the ORT-vs-torch comparison; raise :class:`NeuroFedError` naming any mismatch."""
+    report.n_trials = len(X)
+    report.max_abs_diff, report.class_mismatches = compare(model, proto_bytes, X)
+    for b, d in report.max_abs_diff.items():
+        if not d <= ATOL:
+            raise NeuroFedError(
+                f"onnxruntime and torch logits differ by {d:.3g} (> {ATOL}) at batch size {b} "
+                f"on {report.n_trials} real trials of {report.subjects}"
+            )
+        if report.class_mismatches[b]:
+            raise NeuroFedError(
+                f"onnxruntime and torch predict different classes for "
+                f"{report.class_mismatches[b]} trials at batch size {b}"
+            )
+    report.checks.append(
+        f"onnxruntime == torch (|dlogit| <= {ATOL}, same classes) at batch {list(VERIFY_BATCHES)}"
+    )
+
+
+def held_out_data(
+    meta,
+    data_dir: str | os.PathLike | None = None,
+    subjects: Sequence[int] | None = None,
+    n_subjects: int = 1,
+) -> tuple[np.ndarray, np.ndarray, list[str], bool]:
     """Real EEGMMIDB trials preprocessed like the checkpoint, from subjects it was not trained on.
 
     Returns ``(X, y, subject_ids, held_out)``; ``held_out`` is False only when every subject of
@@ -126,7 +168,10 @@ def held_out_data(meta, data_dir: str | os.PathLike | None = None, subjects: Seq
 
     task = next((t for t, (_, cls) in TASKS.items() if list(cls) == list(meta.classes)), None)
     if task is None:
-        raise NeuroFedError(f"no EEGMMIDB task has the classes {list(meta.classes)}; cannot verify on real data")
+        raise NeuroFedError(
+            f"no EEGMMIDB task has the classes {list(meta.classes)}; cannot verify on real data "
+            "(pass --no-verify to skip)"
+        )
     cfg = PreprocessConfig.from_dict(meta.preprocess) if meta.preprocess else PreprocessConfig()
     held_out = True
     if subjects is None:
@@ -135,20 +180,30 @@ def held_out_data(meta, data_dir: str | os.PathLike | None = None, subjects: Seq
         free = [s for s in avail if f"S{s:03d}" not in trained]
         if not free:
             held_out, free = False, avail[::-1]
-            logger.warning("every subject in the data folder was used for training; verifying on trained subjects")
+            logger.warning(
+                "every subject in the data folder was used for training; verifying on trained subjects"
+            )
         subjects = free[:n_subjects]
     xs, ys, ids = [], [], []
     for s in subjects:
         sd = load_eegmmidb_subject(s, cfg, data_dir, task=task)
         if sd.X.shape[1:] != (meta.n_channels, meta.n_times):
-            raise NeuroFedError(f"S{s:03d} preprocessed to shape {sd.X.shape[1:]}, but the model expects "
-                                f"({meta.n_channels}, {meta.n_times})")
+            raise NeuroFedError(
+                f"S{s:03d} preprocessed to shape {sd.X.shape[1:]}, but the model expects "
+                f"({meta.n_channels}, {meta.n_times})"
+            )
         xs.append(sd.X), ys.append(sd.y), ids.append(sd.subject)
     return np.concatenate(xs), np.concatenate(ys), ids, held_out
 
 
-def export_model(model: nn.Module, ckpt_meta, out: str | os.PathLike, X: np.ndarray | None = None,
-                 subjects: list[str] | None = None, held_out: bool = True) -> tuple[OnnxModelMeta, VerifyReport]:
+def export_model(
+    model: nn.Module,
+    ckpt_meta,
+    out: str | os.PathLike,
+    X: np.ndarray | None = None,
+    subjects: list[str] | None = None,
+    held_out: bool = True,
+) -> tuple[OnnxModelMeta, VerifyReport]:
     """Export, embed metadata, check and (if ``X`` is given) verify against torch; then write ``out``.
 
     Raises :class:`NeuroFedError` naming the failed check; nothing is written in that case.
@@ -161,15 +216,21 @@ def export_model(model: nn.Module, ckpt_meta, out: str | os.PathLike, X: np.ndar
     report.checks = check_graph(proto, ckpt_meta.bn_mode)
     data = proto.SerializeToString()
     if X is not None:
-        report.max_abs_diff, report.class_mismatches = compare(model, data, X)
-        for b, d in report.max_abs_diff.items():
-            if not d <= ATOL:
-                raise NeuroFedError(f"onnxruntime and torch logits differ by {d:.3g} (> {ATOL}) at batch size {b} "
-                                    f"on {report.n_trials} real trials of {report.subjects}")
-            if report.class_mismatches[b]:
-                raise NeuroFedError(f"onnxruntime and torch predict different classes for "
-                                    f"{report.class_mismatches[b]} trials at batch size {b}")
-        report.checks.append(f"onnxruntime == torch (|dlogit| <= {ATOL}, same classes) at batch {list(VERIFY_BATCHES)}")
+        verify_against_torch(model, data, X, report)
+        # record what was checked in the model itself (metadata does not change the computation)
+        meta = meta.model_copy(
+            update={
+                "verification": {
+                    "opset": OPSET,
+                    "subjects": report.subjects,
+                    "held_out": report.held_out,
+                    "n_trials": report.n_trials,
+                    "max_abs_logit_diff": report.max_abs_diff,
+                }
+            }
+        )
+        embed_meta(proto, meta)
+        data = proto.SerializeToString()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -178,8 +239,13 @@ def export_model(model: nn.Module, ckpt_meta, out: str | os.PathLike, X: np.ndar
     return meta, report
 
 
-def export_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, data_dir: str | os.PathLike | None = None,
-                      verify: bool = True, subjects: Sequence[int] | None = None) -> tuple[OnnxModelMeta, VerifyReport]:
+def export_checkpoint(
+    ckpt: str | os.PathLike,
+    out: str | os.PathLike,
+    data_dir: str | os.PathLike | None = None,
+    verify: bool = True,
+    subjects: Sequence[int] | None = None,
+) -> tuple[OnnxModelMeta, VerifyReport]:
     """``neurofed export``: checkpoint -> verified ONNX file with metadata."""
     from trainer.checkpoint import load_checkpoint
 

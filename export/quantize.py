@@ -42,8 +42,12 @@ def quantize(src: str | os.PathLike, dst: str | os.PathLike, ops: str = "all") -
         level = root.level
         root.setLevel(logging.ERROR)  # the quantiser logs a pre-processing hint on the root logger
         try:
-            quantize_dynamic(str(plain), str(Path(tmp) / "q.onnx"), weight_type=QuantType.QInt8,
-                             op_types_to_quantize=QUANT_OPS[ops])
+            quantize_dynamic(
+                str(plain),
+                str(Path(tmp) / "q.onnx"),
+                weight_type=QuantType.QInt8,
+                op_types_to_quantize=QUANT_OPS[ops],
+            )
         except Exception as exc:
             raise NeuroFedError(f"int8 quantisation of {src} failed: {exc}") from None
         finally:
@@ -62,7 +66,13 @@ def accuracy_delta(fp32: str | os.PathLike, int8: str | os.PathLike, X: np.ndarr
     a, b = OnnxModel(fp32), OnnxModel(int8)
     la, lb = a.logits(X), b.logits(X)
     pa, pb = la.argmax(1), lb.argmax(1)
-    return {"n_trials": int(len(X)), "bca_fp32": bca(y, pa), "bca_int8": bca(y, pb),
-            "bca_delta": bca(y, pb) - bca(y, pa), "agreement": float((pa == pb).mean()),
-            "max_abs_logit_diff": float(np.abs(la - lb).max()),
-            "size_fp32_bytes": Path(fp32).stat().st_size, "size_int8_bytes": Path(int8).stat().st_size}
+    return {
+        "n_trials": int(len(X)),
+        "bca_fp32": bca(y, pa),
+        "bca_int8": bca(y, pb),
+        "bca_delta": bca(y, pb) - bca(y, pa),
+        "agreement": float((pa == pb).mean()),
+        "max_abs_logit_diff": float(np.abs(la - lb).max()),
+        "size_fp32_bytes": Path(fp32).stat().st_size,
+        "size_int8_bytes": Path(int8).stat().st_size,
+    }

@@ -56,7 +56,9 @@ class OnnxModel:
         m = self.meta
         if x.ndim != 3 or x.shape[1:] != (m.n_channels, m.n_times):
             raise NeuroFedError(
-                f"{self.path.name}: input shape {x.shape} does not fit the model's (batch, {m.n_channels}, {m.n_times})")
+                f"{self.path.name}: input shape {x.shape} does not fit the model's "
+                f"(batch, {m.n_channels}, {m.n_times})"
+            )
         return self.session.run([self._out], {self._in: x})[0]
 
     def logits(self, X: np.ndarray, batch_size: int | None = None) -> np.ndarray:

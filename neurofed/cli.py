@@ -42,7 +42,10 @@ def _root(
 
 
 for _mod in COMMAND_MODULES:
-    importlib.import_module(_mod).register(app, bench)
+    try:
+        importlib.import_module(_mod).register(app, bench)
+    except ImportError as _exc:  # a broken optional part must not take the other commands down
+        print(f"warning: commands of {_mod.split('.')[0]}/ unavailable ({_exc})", file=sys.stderr)
 
 
 def main() -> None:

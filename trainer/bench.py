@@ -25,7 +25,8 @@ def write_result(name: str, result: dict, out_dir: Path = BENCH_DIR) -> Path:
     result = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                           "python": platform.python_version(), "torch": torch.__version__,
-                          "torch_threads": torch.get_num_threads()}, **result}
+                          "torch_threads": torch.get_num_threads(),
+                          "load_average_1m": os.getloadavg()[0]}, **result}
     p = out_dir / f"{name}.json"
     p.write_text(json.dumps(result, indent=1))
     return p

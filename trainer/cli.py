@@ -174,3 +174,26 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
     app.command("report")(trainer_report.report)
     trainer_bench.register(bench)
+
+
+def _standalone() -> None:
+    """``python -m trainer.cli``: the trainer's commands alone (no broker/export imports)."""
+    import logging
+    import sys
+
+    from trainer.errors import NeuroFedError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    bench = typer.Typer(no_args_is_help=True)
+    app.add_typer(bench, name="bench")
+    register(app, bench)
+    try:
+        app()
+    except NeuroFedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    _standalone()

@@ -39,9 +39,38 @@ def make_checkpoint(path: Path, model: str, bn_mode: str, data_dir, steps: int =
         loss.backward()
         opt.step()
     hashes = {k: v for s in subs for k, v in s.file_hashes.items()}
-    meta = ModelMeta(model, X.shape[1], len(subs[0].classes), X.shape[2], subs[0].sfreq, bn_mode,
-                     list(subs[0].ch_names), list(subs[0].classes), cfg.to_dict(), "fedbs", 8, hashes, {"seed": seed})
+    meta = ModelMeta(
+        model,
+        X.shape[1],
+        len(subs[0].classes),
+        X.shape[2],
+        subs[0].sfreq,
+        bn_mode,
+        list(subs[0].ch_names),
+        list(subs[0].classes),
+        cfg.to_dict(),
+        "fedbs",
+        8,
+        hashes,
+        {"seed": seed},
+    )
     return save_checkpoint(path, net.state_dict(), meta)
+
+
+_EXPORTED: dict[str, tuple[Path, Path]] = {}
+
+
+def exported_eegnet(tmp_path_factory, data_dir) -> tuple[Path, Path]:
+    """(checkpoint, verified ONNX export) of a batch-specific EEGNet, built once per session."""
+    from export.onnx_export import export_checkpoint
+
+    if "eegnet_bs" not in _EXPORTED:
+        os.environ.setdefault("NEUROFED_CACHE", str(tmp_path_factory.mktemp("cache")))
+        d = tmp_path_factory.mktemp("eegnet_bs")
+        ckpt = make_checkpoint(d / "m.safetensors", "eegnet", "batch_specific", data_dir)
+        export_checkpoint(ckpt, d / "m.onnx", data_dir)
+        _EXPORTED["eegnet_bs"] = (ckpt, d / "m.onnx")
+    return _EXPORTED["eegnet_bs"]
 
 
 @pytest.fixture(scope="session")
@@ -50,12 +79,6 @@ def cache_env(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def eegnet_bs(tmp_path_factory, data_dir, cache_env) -> tuple[Path, Path]:
+def eegnet_bs(tmp_path_factory, data_dir) -> tuple[Path, Path]:
     """(checkpoint, verified ONNX export) of a batch-specific EEGNet."""
-    from export.onnx_export import export_checkpoint
-
-    d = tmp_path_factory.mktemp("eegnet_bs")
-    ckpt = make_checkpoint(d / "m.safetensors", "eegnet", "batch_specific", data_dir)
-    onnx_path = d / "m.onnx"
-    export_checkpoint(ckpt, onnx_path, data_dir)
-    return ckpt, onnx_path
+    return exported_eegnet(tmp_path_factory, data_dir)

@@ -1,0 +1,225 @@
+"""``neurofed bench mqtt``: wire overhead, round overhead vs in-process, many clients, publish latency.
+
+Lightweight simulated clients (:class:`Swarm`) share one MQTT connection and answer each task at
+once with the global state plus seeded noise, so the numbers are the protocol's, not training's.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from broker.config import config_from_dict
+from broker.coordinator import Coordinator
+from broker.protocol import (
+    JoinMsg,
+    StatusMsg,
+    TaskMsg,
+    Topics,
+    UpdateMsg,
+    decode,
+    encode,
+    new_id,
+    pack,
+    state_sha256,
+)
+from broker.transport import MqttTransport
+from trainer.fl.client import ClientUpdate
+from trainer.fl.server import ServerState, downlink, select_clients, server_update
+from trainer.fl.strategies import get_strategy
+from trainer.models import build_model
+
+
+def mqtt_publish_overhead(topic: str, payload_len: int, v5: bool = True) -> int:
+    """Bytes an MQTT PUBLISH (QoS 1) adds around a payload: fixed header, topic, packet id, v5 properties."""
+    rest = 2 + len(topic.encode()) + 2 + (1 if v5 else 0) + payload_len
+    varint = 1 if rest < 128 else 2 if rest < 16384 else 3 if rest < 2097152 else 4
+    return 1 + varint + rest - payload_len
+
+
+def wire_bytes() -> list[dict[str, Any]]:
+    """Per-client bytes on the wire per round (task down + update up) vs raw tensor bytes."""
+    rows = []
+    t = Topics("bench")
+    for name, ch, n_times, sfreq in [("eegnet", 21, 320, 80.0), ("eegnet", 64, 640, 160.0), ("shallow", 21, 320, 80.0),
+                                     ("deep", 64, 640, 160.0)]:
+        torch.manual_seed(0)
+        model = build_model(name, ch, 2, n_times, sfreq, "batch_specific")
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        for strat in ("fedavg", "fedbs"):
+            s = get_strategy(strat)
+            down = downlink(state, s, model)
+            task = TaskMsg(federation="bench", sender="coordinator", round=12, rounds_total=100, task_id=new_id(),
+                           selected=[f"S{i:03d}" for i in range(15)], deadline_s=120, seed=0, strategy=strat,
+                           local={"lr": 0.005, "momentum": 0.9, "weight_decay": 1e-4, "batch_size": 32, "local_epochs": 2})
+            upd = UpdateMsg(federation="bench", sender="S001", round=12, task_id=task.task_id, n_samples=45,
+                            base_sha256="0" * 64, metrics={"loss": 0.69, "steps": 4.0})
+            for compress in (False, True):
+                p_down = encode(task, pack({"down": down, "extra": {}}), compress=compress)
+                p_up = encode(upd, pack({"state": state, "extra": {}}), compress=compress)
+                raw_down = sum(v.numel() * v.element_size() for v in down.values())
+                raw_up = sum(v.numel() * v.element_size() for v in state.values())
+                wire = (len(p_down) + mqtt_publish_overhead(t.task, len(p_down))
+                        + len(p_up) + mqtt_publish_overhead(t.update("S001"), len(p_up)))
+                rows.append({"model": f"{name}-{ch}ch-{int(sfreq)}Hz", "strategy": strat, "zlib": compress,
+                             "raw_bytes": raw_down + raw_up, "wire_bytes": wire,
+                             "ratio": round(wire / (raw_down + raw_up), 4)})
+    return rows
+
+
+class Swarm:
+    """N simulated clients on one connection (anonymous broker): join, answer tasks, watch the model."""
+
+    def __init__(self, url: str, fed: str, n: int, seed: int = 0) -> None:
+        self.topics, self.fed = Topics(fed), fed
+        self.ids = [f"sim{i:04d}" for i in range(n)]
+        self.t = MqttTransport(url, f"swarm-{uuid.uuid4().hex[:6]}").connect()
+        for topic in (self.topics.model, self.topics.task, self.topics.result):
+            self.t.subscribe(topic)
+        self.rng = torch.Generator().manual_seed(seed)
+        self.global_state: dict[str, torch.Tensor] | None = None
+        self.model_times: list[tuple[int, float]] = []
+        self.last_sent: dict[int, float] = {}
+        self.done = False
+
+    def join(self, spec) -> None:
+        for cid in self.ids:
+            self.t.publish(self.topics.status(cid), encode(StatusMsg(federation=self.fed, sender=cid, state="online")),
+                           retain=True, wait=None)
+            self.t.publish(self.topics.join(cid), encode(JoinMsg(
+                federation=self.fed, sender=cid, n_trials=45, n_channels=spec.n_channels, n_times=spec.n_times,
+                sfreq=spec.sfreq, classes=list(spec.classes))), wait=None)
+
+    def serve(self, stop: threading.Event) -> None:
+        while not stop.is_set() and not self.done:
+            item = self.t.get(0.1)
+            if item is None or item.event != "message" or not item.payload:
+                continue
+            msg, tensors = decode(item.payload)
+            if msg.kind == "model":
+                self.global_state = tensors
+                self.model_times.append((msg.round, time.monotonic()))
+            elif msg.kind == "result" and msg.final:
+                self.done = True
+            elif msg.kind == "task":
+                down = {k[5:]: v for k, v in tensors.items() if k.startswith("down.")}
+                base = state_sha256(down)
+                full = {**(self.global_state or {}), **down}
+                for cid in msg.selected:
+                    st = {k: v + 1e-3 * torch.randn(v.shape, generator=self.rng) if v.is_floating_point() else v
+                          for k, v in full.items()}
+                    u = UpdateMsg(federation=self.fed, sender=cid, round=msg.round, task_id=msg.task_id, n_samples=45,
+                                  base_sha256=base, metrics={"loss": 0.69})
+                    body = pack({"state": st, "extra": {}})
+                    self.t.publish(self.topics.update(cid), encode(u, body, compress=msg.compress), wait=None)
+                self.last_sent[msg.round] = time.monotonic()
+
+    def close(self) -> None:
+        self.t.close()
+
+
+def run_federation(url: str, n: int, rounds: int, model: str, aggregation: str) -> dict[str, Any]:
+    """Coordinator (thread) + swarm of ``n`` clients, fraction 1.0; per-round metrics and peak RSS growth."""
+    fed = f"bench{uuid.uuid4().hex[:6]}"
+    cfg = config_from_dict({"federation": {"name": fed, "rounds": rounds, "fraction": 1.0, "min_clients": n,
+                                           "round_deadline_s": 120, "strategy": "fedavg", "aggregation": aggregation,
+                                           "join_timeout_s": 120},
+                            "model": {"name": model}, "output": {"dir": f"/tmp/neurofed-bench/{fed}"}})
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    coord = Coordinator(cfg, url)
+    stop = threading.Event()
+    ct = threading.Thread(target=coord.run, kwargs={"stop": stop}, daemon=True)
+    ct.start()
+    swarm = Swarm(url, fed, n)
+    time.sleep(0.5)
+    swarm.join(coord.spec)
+    st = threading.Thread(target=swarm.serve, args=(stop,), daemon=True)
+    st.start()
+    ct.join(600)
+    stop.set()
+    st.join(10)
+    swarm.close()
+    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    lat = [t for r, t in swarm.model_times if r >= 1]
+    observed = [t - swarm.last_sent[r - 1] for r, t in swarm.model_times if r >= 1 and (r - 1) in swarm.last_sent]
+    del lat
+    return {"clients": n, "model": model, "aggregation": aggregation, "rounds": coord.metrics,
+            "peak_rss_growth_mb": round((rss1 - rss0) / 1024, 1),
+            "swarm_last_update_to_model_s": observed}
+
+
+def in_process_round_seconds(n: int, model_name: str, reps: int = 5) -> float:
+    """The same round in process: selection, downlink, server_update over n ready updates."""
+    torch.manual_seed(0)
+    model = build_model(model_name, 21, 2, 320, 80.0, "standard")
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    s = get_strategy("fedavg")
+    ids = [f"sim{i:04d}" for i in range(n)]
+    ups = [(c, ClientUpdate({k: v + 1e-3 for k, v in state.items()}, 45)) for c in ids]
+    times = []
+    for r in range(reps):
+        t0 = time.perf_counter()
+        select_clients(ids, 1.0, r, 0)
+        downlink(state, s, model)
+        server_update(ServerState(state, r), ups, s, n)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def run_bench(out: Path, data_dir: Path | None, many: int, broker: str) -> dict[str, Any]:
+    from broker.embedded import EmbeddedBroker
+
+    torch.set_num_threads(1)
+    emb = EmbeddedBroker().start() if broker == "embedded" else None
+    url = emb.url if emb else "mqtt://127.0.0.1:1883"
+    try:
+        wire = wire_bytes()
+        small = run_federation(url, 4, 5, "eegnet", "exact")
+        mq = [m["seconds"] for m in small["rounds"][1:]]
+        inproc = in_process_round_seconds(4, "eegnet")
+        big_stream = run_federation(url, many, 1, "shallow", "streaming")
+        big_exact = run_federation(url, many, 1, "shallow", "exact")
+    finally:
+        if emb:
+            emb.stop()
+    torch.manual_seed(0)
+    m21 = build_model("eegnet", 21, 2, 320, 80.0, "standard")
+    raw21 = 2 * sum(v.numel() * v.element_size() for v in m21.state_dict().values())
+    r1 = small["rounds"][1]
+    measured = (r1["bytes_down"] + r1["bytes_up"] / len(r1["participants"])) / raw21
+    e21 = [r for r in wire if r["model"] == "eegnet-21ch-80Hz" and r["strategy"] == "fedbs" and not r["zlib"]][0]
+    res = {
+        "command": f"neurofed bench mqtt --many {many} --broker {broker}",
+        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+                    "broker": broker, "torch": torch.__version__},
+        "wire_bytes": wire,
+        "round_overhead": {"clients": 4, "mqtt_round_s_median": float(np.median(mq)),
+                           "in_process_round_s_median": inproc,
+                           "overhead_s": float(np.median(mq)) - inproc, "note": "lightweight clients, no training"},
+        "many_clients": {"streaming": big_stream, "exact": big_exact},
+        "latency_last_update_to_model_s": {
+            "coordinator_4_clients": [m["publish_latency_s"] for m in small["rounds"]],
+            f"coordinator_{many}_clients_streaming": [m["publish_latency_s"] for m in big_stream["rounds"]],
+            "swarm_observed_4_clients": small["swarm_last_update_to_model_s"]},
+    }
+    res["measured_round_payload_ratio_eegnet21_fedavg_zlib"] = round(measured, 4)
+    res["summary"] = {
+        "wire_ratio_eegnet21_fedbs_raw": e21["ratio"],
+        "measured_payload_ratio_eegnet21_zlib": round(measured, 4),
+        "mqtt_round_overhead_ms": round(1000 * res["round_overhead"]["overhead_s"], 1),
+        f"round_{many}_clients_s": round(big_stream["rounds"][0]["seconds"], 2),
+        f"updates_accepted_{many}": len(big_stream["rounds"][0]["participants"]),
+        "rss_growth_mb_streaming_vs_exact": f"{big_stream['peak_rss_growth_mb']} vs {big_exact['peak_rss_growth_mb']}",
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
+    return res

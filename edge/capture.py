@@ -1,0 +1,370 @@
+"""Cut raw trials out of a live EEG stream at cue markers (pure logic on arrays; no pylsl here).
+
+:class:`TrialCutter` validates the stream (rate, units, channels), maps labels to the wanted channel
+order and, for each cue marker, cuts the ``[tmin, tmax)`` window once all its samples are in the
+:class:`~edge.buffer.RingBuffer`. Trials keep the raw microvolts so preprocessing can change later;
+:func:`preprocess_trials` applies exactly trainer's ``preprocess_epochs``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edge import logger
+from edge.buffer import RingBuffer
+from trainer.data.config import PreprocessConfig
+from trainer.data.preprocess import n_times_for, preprocess_epochs
+from trainer.errors import DataError
+
+#: Channel unit spellings and their factor to microvolts (XDF/LSL meta-data conventions; mne-lsl writes the
+#: power of ten of volts, e.g. "0" for volts, "-6" for microvolts).
+UNIT_TO_UV = {"microvolts": 1.0, "microvolt": 1.0, "uv": 1.0, "µv": 1.0, "μv": 1.0,
+              "volts": 1e6, "volt": 1e6, "v": 1e6, "millivolts": 1e3, "millivolt": 1e3, "mv": 1e3,
+              "nanovolts": 1e-3, "nanovolt": 1e-3, "nv": 1e-3}
+
+
+def unit_scale(unit: str) -> float | None:
+    """Factor turning values in ``unit`` into microvolts ('' counts as microvolts); None if unknown."""
+    u = unit.strip().lower()
+    if not u:
+        return 1.0
+    if u in UNIT_TO_UV:
+        return UNIT_TO_UV[u]
+    try:
+        return 10.0 ** (int(u) + 6)  # mne-lsl: exponent of volts
+    except ValueError:
+        return None
+
+
+def norm_label(label: str) -> str:
+    """Case-insensitive label without EEGMMIDB's trailing dots (``Fc5.`` ~ ``FC5``)."""
+    return label.strip().rstrip(".").lower()
+COUNTER_CHANNEL = "Samples"
+
+
+@dataclass
+class RawTrial:
+    """One cue's raw epoch.
+
+    Attributes
+    ----------
+    data : ndarray, float32, shape (n_channels, n_times)
+        Microvolts, channels in :attr:`ch_names` order.
+    label : str
+    onset : float
+        Cue marker timestamp (LSL clock, after clock correction).
+    sfreq : float
+    ch_names : list of str
+    first_index : int
+        Absolute index of the epoch's first sample in the stream (as received).
+    """
+
+    data: np.ndarray
+    label: str
+    onset: float
+    sfreq: float
+    ch_names: list[str]
+    first_index: int = 0
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """What to capture.
+
+    Parameters
+    ----------
+    preprocess : PreprocessConfig
+        Its ``tmin``/``tmax`` define the window; its channels must be present in the stream.
+    classes : tuple of str
+        Marker strings that start a trial (others, e.g. ``rest``, are ignored).
+    channels : tuple of str or None
+        Raw channels to keep, in this order (default: every stream channel except ``Samples``).
+    expected_sfreq : float or None
+        Refuse a stream whose nominal rate differs.
+    marker_timeout : float
+        Seconds a marker may wait for its data before it is dropped.
+    marker_map : dict or None
+        Renames incoming markers first (e.g. ``{"T1": "left_fist", "T2": "right_fist"}``).
+    marker_lag_samples : int
+        Samples added to each cue position (mne-lsl's PlayerLSL stamps annotations one sample early: 1).
+    """
+
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    classes: tuple[str, ...] = ("left_fist", "right_fist")
+    channels: tuple[str, ...] | None = None
+    expected_sfreq: float | None = None
+    marker_timeout: float = 10.0
+    marker_map: dict[str, str] | None = None
+    marker_lag_samples: int = 0
+
+
+def check_stream(sfreq: float, ch_names: Sequence[str], units: Sequence[str], cfg: CaptureConfig,
+                 source: str = "stream") -> tuple[list[int], list[str], np.ndarray]:
+    """Validate a stream against ``cfg``.
+
+    Returns
+    -------
+    idx : list of int
+        Stream indices of the channels to keep, in the wanted order (matched by label).
+    names : list of str
+        Their labels (the wanted spelling).
+    scale : ndarray
+        Per kept channel, the factor to microvolts.
+
+    Raises
+    ------
+    DataError
+        Irregular or unexpected rate, missing channels (all listed), unknown units.
+    """
+    if not sfreq or sfreq <= 0:
+        raise DataError(f"{source}: irregular sampling rate; an EEG stream needs a nominal rate")
+    if cfg.expected_sfreq is not None and not math.isclose(sfreq, cfg.expected_sfreq, rel_tol=1e-6):
+        raise DataError(f"{source}: sampling rate is {sfreq:g} Hz but {cfg.expected_sfreq:g} Hz was expected")
+    if cfg.preprocess.fmax >= sfreq / 2:
+        raise DataError(f"{source}: {sfreq:g} Hz is too low for a {cfg.preprocess.fmax:g} Hz band-pass")
+    index = {norm_label(c): i for i, c in enumerate(ch_names)}
+    wanted = list(cfg.channels) if cfg.channels is not None else [c for c in ch_names if c != COUNTER_CHANNEL]
+    have = {norm_label(w) for w in wanted}
+    need = wanted + [c for c in (cfg.preprocess.channels or ()) if norm_label(c) not in have]
+    missing = [c for c in need if norm_label(c) not in index]
+    if missing:
+        raise DataError(f"{source}: missing channels {missing} (stream has {list(ch_names)})")
+    idx = [index[norm_label(c)] for c in wanted]
+    scales = [unit_scale(units[i]) for i in idx]
+    bad = [(ch_names[i], units[i]) for i, f in zip(idx, scales) if f is None]
+    if bad:
+        raise DataError(f"{source}: channel units must be microvolts (or volts/millivolts/nanovolts); "
+                        f"got {bad[:5]}{' ...' if len(bad) > 5 else ''}")
+    return idx, wanted, np.array(scales, dtype=np.float64)
+
+
+class TrialCutter:
+    """Pending cue markers -> raw trials, as the samples arrive.
+
+    Parameters
+    ----------
+    sfreq : float
+        Stream nominal rate.
+    ch_names, units : sequence of str
+        Stream channel labels and units (from its XML description).
+    cfg : CaptureConfig
+    """
+
+    def __init__(self, sfreq: float, ch_names: Sequence[str], units: Sequence[str], cfg: CaptureConfig,
+                 source: str = "stream") -> None:
+        self.cfg, self.sfreq, self.source = cfg, float(sfreq), source
+        self.idx, self.ch_names, self.scale = check_stream(sfreq, ch_names, units, cfg, source)
+        self._unit_ok = bool(np.all(self.scale == 1.0))
+        self.n_times = n_times_for(self.sfreq, cfg.preprocess)
+        self.offset = round(cfg.preprocess.tmin * self.sfreq)
+        self.pending: list[tuple[float, str, float]] = []  # (marker ts, label, wall time received)
+        self.skipped: list[str] = []  # reasons of trials not captured
+
+    def add_marker(self, ts: float, label: str, now: float) -> None:
+        if self.cfg.marker_map:
+            label = self.cfg.marker_map.get(label, label)
+        if label in self.cfg.classes:
+            self.pending.append((ts, label, now))
+
+    def _skip(self, reason: str) -> None:
+        logger.warning("%s: %s", self.source, reason)
+        self.skipped.append(reason)
+
+    def poll(self, buf: RingBuffer, now: float) -> list[RawTrial]:
+        """Trials whose whole window is buffered (the rest stay pending until ``marker_timeout``)."""
+        out, keep = [], []
+        period = 1.0 / self.sfreq
+        for ts, label, t_recv in self.pending:
+            try:
+                cue = buf.locate(ts, tol=0.5 * period)
+            except DataError as exc:
+                self._skip(f"{label} cue at {ts:.3f}: {exc}; trial skipped")
+                continue
+            start = None if cue is None else cue + self.offset + self.cfg.marker_lag_samples
+            if start is None or start + self.n_times > buf.total:
+                if now - t_recv > self.cfg.marker_timeout:
+                    self._skip(f"{label} cue at {ts:.3f}: no EEG data for it after {self.cfg.marker_timeout:g} s "
+                               "(markers without data?); dropped")
+                else:
+                    keep.append((ts, label, t_recv))
+                continue
+            if start < buf.first:
+                self._skip(f"{label} cue at {ts:.3f}: window starts before the buffered data; skipped")
+                continue
+            data, tss = buf.get(start, start + self.n_times)
+            gaps = np.diff(tss) > 1.5 * period
+            if gaps.any():
+                lost = round((tss[-1] - tss[0]) * self.sfreq) + 1 - self.n_times
+                self._skip(f"{label} cue at {ts:.3f}: about {lost} samples lost inside the window; skipped")
+                continue
+            x = data[:, self.idx].T
+            x = np.ascontiguousarray(x if self._unit_ok else x * self.scale[:, None], dtype=np.float32)
+            if not np.all(np.isfinite(x)):
+                self._skip(f"{label} cue at {ts:.3f}: NaN/inf samples in the window; skipped")
+                continue
+            if float(np.abs(x).max()) < 0.01:
+                self._skip(f"{label} cue at {ts:.3f}: amplitudes below 0.01 µV (flat, or probably in volts "
+                           "though labelled microvolts); skipped")
+                continue
+            out.append(RawTrial(x, label, ts, self.sfreq, list(self.ch_names), start))
+        self.pending = keep
+        return out
+
+
+def preprocess_trials(trials: Sequence[RawTrial], cfg: PreprocessConfig) -> tuple[np.ndarray, float, list[str]]:
+    """Stack raw trials and run trainer's ``preprocess_epochs`` on them (no EA)."""
+    if not trials:
+        raise DataError("no trials to preprocess")
+    names, sfreq = trials[0].ch_names, trials[0].sfreq
+    for t in trials[1:]:
+        if t.ch_names != names or t.sfreq != sfreq:
+            raise DataError("trials differ in channels or sampling rate; cannot stack them")
+    x = np.stack([t.data for t in trials])
+    return preprocess_epochs(x, sfreq, names, cfg)
+
+
+@dataclass
+class CaptureStats:
+    """What a capture run saw."""
+
+    trials: int = 0
+    samples: int = 0
+    skipped: list[str] = field(default_factory=list)
+    outages: int = 0
+
+
+class LiveCapture:
+    """Capture trials from a live EEG stream and its marker stream.
+
+    Parameters
+    ----------
+    name, source_id : str, optional
+        EEG stream to resolve (type ``EEG`` when only a source id is given).
+    marker_name : str, optional
+        Marker stream (default ``{name}-markers``).
+    cfg : CaptureConfig
+    resolve_timeout : float
+        Seconds to find each stream.
+    processing : str
+        Inlet processing (``clocksync`` default; ``dejitter`` smooths jittery timestamps).
+    buffer_seconds : float
+        Ring buffer length.
+    gap_warn : float
+        A jump of more than this many seconds between consecutive timestamps counts as an outage.
+    reconnect_after : float
+        Seconds of silence after which, besides liblsl's own recovery (``recover=True``), the streams are
+        re-resolved by source_id and fresh inlets opened (retried every second).
+    """
+
+    def __init__(self, name: str | None = None, source_id: str | None = None, marker_name: str | None = None,
+                 cfg: CaptureConfig | None = None, resolve_timeout: float = 5.0, processing: str = "clocksync",
+                 buffer_seconds: float = 60.0, gap_warn: float = 0.5, reconnect_after: float = 4.0) -> None:
+        from edge.lsl_io import Inlet, find_stream  # the only pylsl user
+
+        self.cfg = cfg or CaptureConfig()
+        self._processing = processing
+        self.eeg = Inlet(find_stream(name=name, stype=None if name else "EEG", source_id=source_id,
+                                     timeout=resolve_timeout), processing)
+        meta = self.eeg.meta
+        if meta.is_string:
+            raise DataError(f"stream {meta.name!r} carries strings, not EEG samples")
+        m_name = marker_name or f"{meta.name}-markers"  # mne-lsl players: f"{name}-annotations"
+        self.markers = Inlet(find_stream(name=m_name, timeout=resolve_timeout), processing)
+        mm = self.markers.meta
+        if not mm.is_string and not (mm.type.lower() == "annotations" and mm.sfreq == 0):
+            raise DataError(f"marker stream {m_name!r} must carry strings or one-hot annotations "
+                            f"(it is {mm.type!r} at {mm.sfreq:g} Hz)")
+        self.reconnect_after = reconnect_after
+        self._next_reconnect = 0.0
+        self.cutter = TrialCutter(meta.sfreq, meta.ch_names, meta.units, self.cfg, source=meta.name)
+        capacity = max(int(buffer_seconds * meta.sfreq), 4 * self.cutter.n_times + abs(self.cutter.offset))
+        dtype = np.float64 if np.dtype(self.eeg.dtype) == np.float64 else np.float32
+        self.buf = RingBuffer(meta.n_channels, capacity, dtype)
+        self.stats = CaptureStats()
+        self.gap_warn = gap_warn
+        self._last_data: float | None = None
+        self._silent = False
+
+    def step(self, now: float) -> list[RawTrial]:
+        """Pull what has arrived (never blocks) and return newly completed trials."""
+        data, ts = self.eeg.pull()
+        if len(ts):
+            prev = self.buf.last_ts
+            steps = np.diff(ts) if prev is None else np.diff(np.concatenate([[prev], ts]))
+            if len(steps) and steps.max() > self.gap_warn:
+                logger.warning("%s: %.2f s of data missing (disconnect or lost packets)",
+                               self.eeg.meta.name, steps.max())
+                if not self._silent:  # not already counted as a silence
+                    self.stats.outages += 1
+            if self._silent:
+                logger.info("%s: stream is back after %.1f s", self.eeg.meta.name, now - (self._last_data or now))
+                self._silent = False
+            self.buf.append(data, ts)
+            self.stats.samples += len(ts)
+            self._last_data = now
+        for t, label in self.markers.pull_markers():
+            self.cutter.add_marker(t, label, now)
+        trials = self.cutter.poll(self.buf, now)
+        self.stats.trials += len(trials)
+        self.stats.skipped = self.cutter.skipped
+        return trials
+
+    def _reconnect(self, now: float) -> None:
+        """Open fresh inlets if the same source is visible again (fallback to liblsl's recovery)."""
+        from edge.lsl_io import Inlet, StreamError, find_stream
+
+        self._next_reconnect = now + 1.0
+        old_e, old_m = self.eeg.meta, self.markers.meta
+        try:
+            eeg = Inlet(find_stream(source_id=old_e.source_id, name=old_e.name, timeout=0.2), self._processing)
+            mrk = Inlet(find_stream(source_id=old_m.source_id, name=old_m.name, timeout=0.5), self._processing)
+        except StreamError:
+            return
+        if eeg.meta.ch_names != old_e.ch_names or eeg.meta.sfreq != old_e.sfreq:
+            raise DataError(f"{old_e.name}: came back with other channels or rate; restart the capture")
+        logger.info("%s: re-opened the streams after %.1f s of silence", old_e.name, now - (self._last_data or now))
+        self.eeg.close()
+        self.markers.close()
+        self.eeg, self.markers = eeg, mrk
+
+    def run(self, on_trial, max_trials: int | None = None, duration: float | None = None,
+            poll_interval: float = 0.005, stall_warn: float = 2.0, idle_timeout: float | None = None) -> CaptureStats:
+        """Capture until ``max_trials``, ``duration`` (s) or ``idle_timeout`` (s without data) is reached.
+
+        ``on_trial(trial)`` is called for each trial. Sleeps ``poll_interval`` whenever nothing arrived.
+        """
+        import time
+
+        t0 = time.monotonic()
+        self._last_data = t0
+        while True:
+            now = time.monotonic()
+            got = self.step(now)
+            for tr in got:
+                on_trial(tr)
+            if max_trials is not None and self.stats.trials >= max_trials:
+                break
+            if duration is not None and now - t0 >= duration:
+                break
+            silent_for = now - (self._last_data or now)
+            if silent_for > stall_warn and not self._silent:
+                logger.warning("%s: no EEG for %.1f s (stream vanished?); waiting for it to come back",
+                               self.eeg.meta.name, silent_for)
+                self._silent = True
+                self.stats.outages += 1
+            if self.reconnect_after and silent_for > self.reconnect_after and now >= self._next_reconnect:
+                self._reconnect(now)
+            if idle_timeout is not None and silent_for > idle_timeout:
+                logger.info("%s: no EEG for %.1f s; stopping", self.eeg.meta.name, silent_for)
+                break
+            if not got:
+                time.sleep(poll_interval)
+        return self.stats
+
+    def close(self) -> None:
+        self.eeg.close()
+        self.markers.close()

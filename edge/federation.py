@@ -1,0 +1,291 @@
+"""The headset-side federation client: join, wait for tasks, train locally, upload weights (never EEG).
+
+Learning is :func:`trainer.fl.client.client_update`; this module moves messages and keeps the
+client's state on disk between rounds (one safetensors file, written atomically), so a restarted
+client resumes where it was, and a round the coordinator re-issues (after its own restart or a
+broker outage) is answered from the cached update instead of training twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from broker.protocol import (
+    COORDINATOR_ID,
+    ErrorMsg,
+    JoinMsg,
+    ModelMsg,
+    ModelSpec,
+    ProtocolError,
+    StatusMsg,
+    TaskMsg,
+    Topics,
+    UpdateMsg,
+    decode,
+    encode,
+    pack,
+    state_sha256,
+    unpack,
+)
+from broker.transport import Incoming, MqttTransport, TransportError, connect_with_backoff
+from edge import logger
+from trainer.data.dataset import SubjectData
+from trainer.errors import NeuroFedError
+from trainer.experiments.runner import client_seed
+from trainer.fl.client import ClientState, ClientUpdate, client_update, init_client_state
+from trainer.fl.local import LocalConfig
+from trainer.fl.strategies import get_strategy
+from trainer.models import build_model
+
+DataLoader = Callable[[ModelSpec], SubjectData]
+
+
+@dataclass
+class EdgeState:
+    """What a client keeps on disk for one federation."""
+
+    init: dict[str, Tensor] = field(default_factory=dict)  # global model when it joined (seeds its local BN)
+    current: ClientState | None = None                      # after the last completed round
+    previous: ClientState | None = None                     # before it (to redo that round from another base)
+    last_round: int = -1
+    last_base: str = ""
+    update: ClientUpdate | None = None                      # the last upload, to resend on a re-issued round
+
+    def save(self, path: Path) -> None:
+        flat: dict[str, Tensor] = {f"init.{k}": v for k, v in self.init.items()}
+        for name, st in (("cur", self.current), ("prev", self.previous)):
+            if st is not None:
+                flat.update({f"{name}.{k}": v for k, v in st.to_tensors().items()})
+        meta: dict[str, Any] = {"last_round": self.last_round, "last_base": self.last_base,
+                                "has_cur": self.current is not None, "has_prev": self.previous is not None}
+        if self.update is not None:
+            flat.update({f"upd.{k}": v for k, v in pack({"state": self.update.state, "extra": self.update.extras}).items()})
+            meta.update(n_samples=self.update.n_samples, metrics=self.update.metrics)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file({k: v.detach().cpu().clone().contiguous() for k, v in flat.items()}, tmp,
+                      metadata={"neurofed_edge": json.dumps(meta)})
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: Path) -> EdgeState:
+        if not path.exists():
+            return cls()
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = json.loads((f.metadata() or {})["neurofed_edge"])
+            flat = load_file(str(path))
+        except Exception as exc:
+            raise NeuroFedError(f"{path}: unreadable client state ({exc}); delete it to rejoin from scratch") from None
+        groups: dict[str, dict[str, Tensor]] = {"init": {}, "cur": {}, "prev": {}, "upd": {}}
+        for k, v in flat.items():
+            g, _, rest = k.partition(".")
+            groups[g][rest] = v
+        st = cls(init=groups["init"], last_round=int(meta["last_round"]), last_base=meta["last_base"])
+        st.current = ClientState.from_tensors(groups["cur"]) if meta["has_cur"] else None
+        st.previous = ClientState.from_tensors(groups["prev"]) if meta["has_prev"] else None
+        if groups["upd"]:
+            u = unpack(groups["upd"], ("state", "extra"))
+            st.update = ClientUpdate(u["state"], int(meta["n_samples"]), u["extra"], dict(meta.get("metrics", {})))
+        return st
+
+
+class EdgeClient:
+    """One client process of a federation.
+
+    Parameters
+    ----------
+    broker_url, federation, client_id : str
+    load_data : callable
+        ``ModelSpec -> SubjectData``: the client's own trials, preprocessed as the federation says.
+    state_dir : path
+        Where ``<federation>__<client_id>.safetensors`` lives.
+    join_timeout : float
+        Seconds to wait for the coordinator's model before giving up.
+    """
+
+    def __init__(self, broker_url: str, federation: str, client_id: str, load_data: DataLoader,
+                 state_dir: str | Path, join_timeout: float = 120.0, **transport_kw: Any) -> None:
+        self.topics = Topics(federation)
+        self.topics.status(client_id)  # validates the id
+        if client_id == COORDINATOR_ID:
+            raise NeuroFedError(f"client id {COORDINATOR_ID!r} is reserved")
+        self.url, self.fed, self.cid = broker_url, federation, client_id
+        self.load_data, self.join_timeout, self.transport_kw = load_data, join_timeout, transport_kw
+        self.path = Path(state_dir) / f"{federation}__{client_id}.safetensors"
+        self.state = EdgeState.load(self.path)
+        self.data: SubjectData | None = None
+        self.spec: ModelSpec | None = None
+        self.pending: tuple[TaskMsg, dict[str, Tensor]] | None = None
+        self.rounds_trained = 0
+        self.finished = False
+        self.transport: MqttTransport | None = None
+
+    # ------------------------------------------------------------------ plumbing
+    def _status(self, state: str, rnd: int | None = None) -> bytes:
+        return encode(StatusMsg(federation=self.fed, sender=self.cid, state=state, round=rnd))  # type: ignore[arg-type]
+
+    def _pub(self, topic: str, payload: bytes, retain: bool = False, wait: float | None = 30.0) -> None:
+        assert self.transport is not None
+        try:
+            self.transport.publish(topic, payload, retain=retain, wait=wait)
+        except TransportError as exc:  # paho keeps QoS-1 messages queued and resends after reconnecting
+            logger.warning("%s: %s (will retry after reconnect)", self.cid, exc)
+
+    def _announce(self) -> None:
+        self._pub(self.topics.status(self.cid), self._status("online"), retain=True, wait=None)
+        if self.data is not None:
+            d = self.data
+            join = JoinMsg(federation=self.fed, sender=self.cid, n_trials=int(d.X.shape[0]), n_channels=int(d.X.shape[1]),
+                           n_times=int(d.X.shape[2]), sfreq=float(d.sfreq), classes=list(d.classes),
+                           capabilities={"torch": torch.__version__, "threads": torch.get_num_threads()})
+            self._pub(self.topics.join(self.cid), encode(join), wait=None)
+
+    def _error(self, code: str, message: str, rnd: int | None = None) -> None:
+        self._pub(self.topics.error(self.cid), encode(ErrorMsg(federation=self.fed, sender=self.cid, code=code,
+                                                               message=message[:1000], round=rnd)), wait=None)
+
+    # ------------------------------------------------------------------ handlers
+    def _on_model(self, msg: ModelMsg, tensors: dict[str, Tensor]) -> None:
+        self.spec = msg.meta
+        if self.data is None:
+            data = self.load_data(msg.meta)
+            want = (msg.meta.n_channels, msg.meta.n_times)
+            if tuple(data.X.shape[1:]) != want or list(data.classes) != list(msg.meta.classes):
+                raise NeuroFedError(f"local data {data.X.shape[1:]} {list(data.classes)} does not fit the federation's "
+                                    f"model {want} {msg.meta.classes}")
+            self.data = data
+            logger.info("%s: %d local trials ready; joining %s", self.cid, data.X.shape[0], self.fed)
+        if not self.state.init:
+            self.state.init = {k: v.clone() for k, v in tensors.items()}
+            self.state.save(self.path)
+        self._announce()
+
+    def _on_task(self, task: TaskMsg, tensors: dict[str, Tensor]) -> None:
+        if self.cid not in task.selected:
+            return
+        if self.data is None or not self.state.init or self.spec is None:
+            self.pending = (task, tensors)
+            return
+        groups = unpack(tensors, ("down", "extra"))
+        down, extras = groups["down"], groups["extra"]
+        base = state_sha256(down)
+        st = self.state
+        if task.round < st.last_round:
+            logger.info("%s: skipping stale task for round %d (done %d)", self.cid, task.round, st.last_round)
+            return
+        if task.round == st.last_round and base == st.last_base and st.update is not None:
+            logger.info("%s: round %d re-issued; resending the cached update", self.cid, task.round)
+            self._upload(task, st.update, base)
+            return
+        start = st.previous if task.round == st.last_round else st.current
+        self._pub(self.topics.status(self.cid), self._status("training", task.round), retain=True, wait=None)
+        upd, new_state = self._train(task, down, extras, start)
+        prev = start if start is not None else new_state
+        self.state = EdgeState(init=st.init, current=new_state, previous=prev, last_round=task.round,
+                               last_base=base, update=upd)
+        self.state.save(self.path)
+        self.rounds_trained += 1
+        self._upload(task, upd, base)
+        self._pub(self.topics.status(self.cid), self._status("idle", task.round), retain=True, wait=None)
+
+    def _train(self, task: TaskMsg, down: dict[str, Tensor], extras: dict[str, Tensor],
+               start: ClientState | None) -> tuple[ClientUpdate, ClientState]:
+        assert self.spec is not None and self.data is not None
+        s = self.spec
+        strategy = get_strategy(task.strategy, **task.strategy_overrides)
+        cfg = LocalConfig(**task.local)
+        model = build_model(s.model, s.n_channels, s.n_classes, s.n_times, s.sfreq, s.bn_mode)
+        if start is None:
+            start = init_client_state(self.state.init, model, strategy)
+        t0 = time.monotonic()
+        upd, new_state = client_update(model, down, start, self.data.X, self.data.y, strategy, cfg,
+                                       client_seed(task.seed, task.round, self.cid), extras)
+        logger.info("%s: round %d trained in %.2f s (loss %.4f)", self.cid, task.round, time.monotonic() - t0,
+                    upd.metrics.get("loss", float("nan")))
+        return upd, new_state
+
+    def _upload(self, task: TaskMsg, upd: ClientUpdate, base: str) -> None:
+        msg = UpdateMsg(federation=self.fed, sender=self.cid, round=task.round, task_id=task.task_id,
+                        n_samples=upd.n_samples, base_sha256=base,
+                        metrics={k: float(v) for k, v in upd.metrics.items()})
+        body = pack({"state": upd.state, "extra": upd.extras})
+        self._pub(self.topics.update(self.cid), encode(msg, body, compress=task.compress))
+
+    def handle(self, item: Incoming) -> None:
+        if item.event == "connected":
+            self._announce()
+            return
+        if item.event != "message" or not item.payload:
+            return
+        try:
+            kind, _ = self.topics.parse(item.topic)
+            msg, tensors = decode(item.payload)
+            if msg.sender != COORDINATOR_ID:
+                raise ProtocolError(f"{kind} message from {msg.sender!r}, expected the coordinator")
+        except ProtocolError as exc:
+            logger.warning("%s: ignoring message on %s: %s", self.cid, item.topic, exc)
+            return
+        if kind == "model" and msg.kind == "model":
+            self._on_model(msg, tensors)
+            if self.pending is not None:
+                task, t = self.pending
+                self.pending = None
+                self._on_task(task, t)
+        elif kind == "task" and msg.kind == "task":
+            try:
+                self._on_task(msg, tensors)
+            except Exception as exc:  # noqa: BLE001 - report instead of going silent
+                logger.error("%s: cannot run round %d: %s", self.cid, msg.round, exc, exc_info=not isinstance(exc, ValueError))
+                self._error("task_failed", str(exc), msg.round)
+        elif kind == "result" and msg.kind == "result" and msg.final:
+            self.finished = True
+        elif kind == "error" and msg.kind == "error":
+            logger.warning("%s: coordinator says %s: %s", self.cid, msg.code, msg.message)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self, stop: threading.Event | None = None, max_seconds: float | None = None) -> int:
+        """Serve the federation until it finishes (final result), ``stop`` is set or ``max_seconds`` pass."""
+        will = (self.topics.status(self.cid), self._status("offline"))
+        self.transport = connect_with_backoff(
+            lambda: MqttTransport(self.url, f"{self.fed}-{self.cid}", will=will, **self.transport_kw), stop=stop,
+            timeout=self.join_timeout)
+        t_end = time.monotonic() + max_seconds if max_seconds else None
+        t_join = time.monotonic() + self.join_timeout
+        try:
+            for t in (self.topics.model, self.topics.task, self.topics.result, self.topics.error(self.cid)):
+                self.transport.subscribe(t)
+            self._announce()
+            while not self.finished:
+                if stop is not None and stop.is_set():
+                    break
+                if t_end is not None and time.monotonic() > t_end:
+                    break
+                if self.data is None and time.monotonic() > t_join:
+                    raise NeuroFedError(f"no model from a coordinator of {self.fed!r} within {self.join_timeout:.0f} s")
+                item = self.transport.get(0.2)
+                if item is not None:
+                    self.handle(item)
+            if self.finished:
+                self._pub(self.topics.status(self.cid), self._status("done"), retain=True, wait=5.0)
+        finally:
+            self.transport.close()
+        return self.rounds_trained

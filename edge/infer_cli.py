@@ -1,0 +1,266 @@
+"""``edge-client infer``: decode a live LSL headset with an exported ONNX model.
+
+EEG (and cue markers) come in through :mod:`edge.lsl_io`; windows go through
+:class:`edge.infer.InferenceEngine` (guard, online EA, batch-specific BN context, onnxruntime);
+predictions go out as an LSL stream and optionally as MQTT JSON messages.
+
+Prediction stream: type ``Predictions``, float32, channels ``class_index, p_<class>...``; each
+sample's LSL timestamp (double precision) is the end of its window (LSL clock), so latency and
+alignment with the EEG need no extra channel. The class names are in ``desc/classes``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from edge.infer import CueWindower, InferenceEngine, Prediction, Rejection, SampleRing, SlidingWindower
+from trainer.errors import NeuroFedError
+
+UNIT_SCALE = {
+    "": 1.0,
+    "uv": 1.0,
+    "µv": 1.0,
+    "microvolt": 1.0,
+    "microvolts": 1.0,
+    "mv": 1e3,
+    "millivolts": 1e3,
+    "v": 1e6,
+    "volt": 1e6,
+    "volts": 1e6,
+}
+
+
+def unit_scale(units: Sequence[str], ch_names: Sequence[str], wanted: Sequence[str]) -> float:
+    """Factor to microvolts from the stream's declared units of the model's channels."""
+    idx = {c.lower(): i for i, c in enumerate(ch_names)}
+    found = {units[idx[c.lower()]].strip().lower() for c in wanted if c.lower() in idx}
+    unknown = sorted(u for u in found if u not in UNIT_SCALE)
+    if unknown or len({UNIT_SCALE[u] for u in found if u in UNIT_SCALE}) > 1:
+        raise NeuroFedError(
+            f"stream channel units {sorted(found)} are not one of {sorted(k for k in UNIT_SCALE if k)}"
+        )
+    return UNIT_SCALE[found.pop()] if found else 1.0
+
+
+def prediction_outlet(name: str, source_id: str, classes: Sequence[str], model_hash: str):
+    """The LSL outlet predictions are published on (one sample per decoded window, stamped with its end)."""
+    import pylsl
+
+    labels = ["class_index", *[f"p_{c}" for c in classes]]
+    info = pylsl.StreamInfo(
+        name, "Predictions", len(labels), pylsl.IRREGULAR_RATE, pylsl.cf_float32, source_id
+    )
+    chans = info.desc().append_child("channels")
+    for lab in labels:
+        chans.append_child("channel").append_child_value("label", lab)
+    cls = info.desc().append_child("classes")
+    for c in classes:
+        cls.append_child_value("class", c)
+    info.desc().append_child_value("model_hash", model_hash)
+    return pylsl.StreamOutlet(info)
+
+
+def run_loop(
+    engine: InferenceEngine,
+    eeg,
+    markers,
+    windower,
+    sinks: Sequence[Callable[[object], None]],
+    cues: Sequence[str],
+    scale: float = 1.0,
+    stop: threading.Event | None = None,
+    max_seconds: float | None = None,
+    max_windows: int | None = None,
+) -> dict:
+    """Pull, window, decode, publish until ``stop``, ``max_seconds`` or ``max_windows``.
+
+    ``eeg``/``markers`` need a ``pull()`` like :class:`edge.lsl_io.Inlet` (markers: ``pull_markers()``).
+    Returns counts and the latency (LSL clock now minus window end) of each prediction.
+    """
+    from edge.lsl_io import local_clock
+
+    stop = stop or threading.Event()
+    ring = SampleRing(
+        len(engine.stream_ch_names),
+        int((max(engine.cfg.tmax, 0) + 10.0) * engine.stream_sfreq) + engine.window_samples,
+    )
+    n_pred = n_rej = 0
+    lat: list[float] = []
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    wanted = {c.lower() for c in cues}
+    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+        data, ts = eeg.pull()
+        if markers is not None:
+            for t, label in markers.pull_markers():
+                if label.lower() in wanted:
+                    windower.add_cue(t, label)
+        if len(ts):
+            ring.push(np.asarray(data, np.float64) * scale, ts)
+        for window, t_end in windower.poll(ring):
+            res = engine.process(window, t_end)
+            if isinstance(res, Prediction):
+                n_pred += 1
+                lat.append(local_clock() - t_end)
+            else:
+                n_rej += 1
+            for sink in sinks:
+                sink(res)
+            if max_windows is not None and n_pred + n_rej >= max_windows:
+                stop.set()
+        if not len(ts):
+            time.sleep(0.002)
+    ms = np.array(lat) * 1e3
+    return {
+        "predictions": n_pred,
+        "rejections": n_rej,
+        "latency_ms_p50": float(np.median(ms)) if len(ms) else None,
+        "latency_ms_p90": float(np.percentile(ms, 90)) if len(ms) else None,
+    }
+
+
+def lsl_sink(outlet) -> Callable[[object], None]:
+    def push(res: object) -> None:
+        if isinstance(res, Prediction):
+            outlet.push_sample([float(res.index), *res.probabilities], res.t_end)
+
+    return push
+
+
+def mqtt_sink(transport, topic: str) -> Callable[[object], None]:
+    def push(res: object) -> None:
+        if isinstance(res, Prediction):
+            body = {
+                "label": res.label,
+                "index": res.index,
+                "probabilities": res.probabilities,
+                "t_end": res.t_end,
+            }
+        else:
+            assert isinstance(res, Rejection)
+            body = {"rejected": res.reason, "t_end": res.t_end, "bad_channels": res.bad_channels}
+        transport.publish(topic, json.dumps(body).encode(), wait=None)
+
+    return push
+
+
+def log_sink(console) -> Callable[[object], None]:
+    def show(res: object) -> None:
+        if isinstance(res, Prediction):
+            console.print(
+                f"{res.t_end:.3f}  {res.label:<12} "
+                + " ".join(f"{p:.2f}" for p in res.probabilities)
+                + f"  (context {res.n_context}, EA {res.ea_windows})"
+            )
+        else:
+            console.print(f"{res.t_end:.3f}  [yellow]rejected[/]: {res.reason}")
+
+    return show
+
+
+def infer(
+    model: Annotated[Path, typer.Option(help="exported .onnx model (neurofed export)")],
+    stream: Annotated[str, typer.Option(help="EEG LSL stream name")],
+    markers: Annotated[str | None, typer.Option(help="cue marker stream (default STREAM-markers)")] = None,
+    mode: Annotated[str, typer.Option(help="cue (windows locked to cue markers) or sliding")] = "cue",
+    step: Annotated[float, typer.Option(help="sliding mode: seconds between windows")] = 0.5,
+    cues: Annotated[
+        str | None, typer.Option(help="markers that start a window (default: the model's classes)")
+    ] = None,
+    out_name: Annotated[
+        str | None, typer.Option(help="prediction stream name (default STREAM-predictions)")
+    ] = None,
+    mqtt: Annotated[
+        str | None, typer.Option(help="also publish JSON to this broker URL (mqtt://host:port)")
+    ] = None,
+    mqtt_topic: Annotated[
+        str | None, typer.Option(help="MQTT topic (default neurofed/predictions/STREAM)")
+    ] = None,
+    context: Annotated[
+        int | None, typer.Option(help="BN context batch (default: model test batch size)")
+    ] = None,
+    ea_reference: Annotated[
+        Path | None, typer.Option(help=".npy (c x c) offline EA reference covariance (default: identity)")
+    ] = None,
+    ea_warmup: Annotated[int, typer.Option(help="windows before the running EA mean is used")] = 1,
+    threads: Annotated[int, typer.Option(help="onnxruntime intra-op threads")] = 1,
+    duration: Annotated[float | None, typer.Option(help="stop after this many seconds")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to find the streams")] = 5.0,
+    quiet: Annotated[bool, typer.Option(help="do not print each prediction")] = False,
+) -> None:
+    """Decode a live headset: predictions out as an LSL stream (and MQTT if asked)."""
+    from rich.console import Console
+
+    from edge.lsl_io import Inlet, find_stream
+    from export.runtime import OnnxModel
+
+    console = Console()
+    if mode not in ("cue", "sliding"):
+        raise typer.BadParameter(f"mode {mode!r}: use cue or sliding")
+    om = OnnxModel(model, threads=threads)
+    eeg = Inlet(find_stream(name=stream, timeout=timeout))
+    ref = None
+    if ea_reference is not None:
+        try:
+            ref = np.load(ea_reference, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise NeuroFedError(f"{ea_reference}: cannot read an EA reference .npy ({exc})") from None
+    engine = InferenceEngine(
+        om, eeg.meta.ch_names, eeg.meta.sfreq, context=context, ea_reference=ref, ea_min_windows=ea_warmup
+    )
+    scale = unit_scale(eeg.meta.units, eeg.meta.ch_names, om.meta.ch_names)
+    mk = None
+    if mode == "cue":
+        mk = Inlet(find_stream(name=markers or f"{stream}-markers", timeout=timeout))
+        if not mk.meta.is_string:
+            raise NeuroFedError(f"marker stream {mk.meta.name!r} is not a string stream")
+        windower = CueWindower(engine.window_samples, engine.cfg.tmin, engine.stream_sfreq)
+    else:
+        windower = SlidingWindower(engine.window_samples, step, engine.stream_sfreq)
+    name = out_name or f"{stream}-predictions"
+    outlet = prediction_outlet(name, f"{eeg.meta.source_id}-predictions", om.meta.classes, om.meta.model_hash)
+    sinks = [lsl_sink(outlet)] + ([] if quiet else [log_sink(console)])
+    transport = None
+    if mqtt:
+        from broker.transport import MqttTransport
+
+        transport = MqttTransport(mqtt, f"neurofed-infer-{eeg.meta.source_id}").connect()
+        sinks.append(mqtt_sink(transport, mqtt_topic or f"neurofed/predictions/{stream}"))
+    console.print(
+        f"decoding {stream!r} ({eeg.meta.n_channels} ch @ {eeg.meta.sfreq:g} Hz) with {om.meta.model} "
+        f"[{mode}], publishing LSL stream {name!r}" + (f" and MQTT {mqtt}" if mqtt else "")
+    )
+    stop = threading.Event()
+    try:
+        stats = run_loop(
+            engine,
+            eeg,
+            mk,
+            windower,
+            sinks,
+            (cues.split(",") if cues else om.meta.classes),
+            scale,
+            stop,
+            duration,
+        )
+    except KeyboardInterrupt:
+        stats = {}
+    finally:
+        eeg.close()
+        if mk is not None:
+            mk.close()
+        if transport is not None:
+            transport.close()
+    console.print(f"done: {stats}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``edge-client infer``."""
+    app.command("infer")(infer)

@@ -1,0 +1,71 @@
+"""``edge-client join``: take part in a federation over MQTT with this host's own trials."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from broker.protocol import ModelSpec
+from trainer.data.dataset import SubjectData
+from trainer.errors import DataError, NeuroFedError
+
+
+def make_loader(data_dir: Path | None, subject: int | None, store: Path | None):
+    """``ModelSpec -> SubjectData`` from EEGMMIDB files (``--data-dir/--subject``) or a captured store."""
+    if (store is None) == (subject is None):
+        raise DataError("give either --store DIR or --subject N (with --data-dir)")
+
+    def load(spec: ModelSpec) -> SubjectData:
+        from trainer.data.config import PreprocessConfig
+
+        cfg = PreprocessConfig.from_dict(spec.preprocess)
+        if store is not None:
+            try:
+                from edge.store import LocalStore  # written by the capture feature
+            except ImportError:
+                raise DataError("--store needs edge/store.py (LocalStore), which this build does not have") from None
+            return LocalStore(store).load_subject_data(cfg, classes=list(spec.classes))
+        from trainer.data import load_eegmmidb_subject
+
+        return load_eegmmidb_subject(int(subject), cfg, data_dir)  # type: ignore[arg-type]
+
+    return load
+
+
+def join(
+    broker: Annotated[str, typer.Option(help="Broker URL, mqtt://host:port or mqtts://host:port.")],
+    client_id: Annotated[str, typer.Option(help="This client's id in the federation ([A-Za-z0-9_.-], <= 64).")],
+    federation: Annotated[str, typer.Option(help="Federation name.")] = "neurofed",
+    data_dir: Annotated[Path | None, typer.Option(help="EEGMMIDB folder (with --subject).")] = None,
+    subject: Annotated[int | None, typer.Option(help="EEGMMIDB subject number.")] = None,
+    store: Annotated[Path | None, typer.Option(help="Captured on-device trial store.")] = None,
+    state_dir: Annotated[Path, typer.Option(help="Where the client keeps its state between rounds.")] = Path(
+        "~/.neurofed/edge"),
+    join_timeout: Annotated[float, typer.Option(help="Seconds to wait for the coordinator's model.")] = 120.0,
+    keepalive: Annotated[int, typer.Option(help="MQTT keepalive seconds (dropout detection ~1.5x).")] = 10,
+    ca_certs: Annotated[Path | None, typer.Option(help="CA file for mqtts://.")] = None,
+    max_seconds: Annotated[float | None, typer.Option(help="Leave after this many seconds.")] = None,
+) -> None:
+    """Join a federation: train on local trials when selected, upload weights only (never EEG)."""
+    import torch
+
+    from edge.federation import EdgeClient
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    loader = make_loader(data_dir, subject, store)
+    client = EdgeClient(broker, federation, client_id, loader, state_dir.expanduser(), join_timeout,
+                        keepalive=keepalive, ca_certs=str(ca_certs) if ca_certs else None)
+    try:
+        n = client.run(max_seconds=max_seconds)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    typer.echo(f"{client_id}: trained {n} round(s); federation {'finished' if client.finished else 'left'}")
+    if not client.finished and max_seconds is None:
+        raise NeuroFedError("left before the federation finished")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``join`` to ``edge-client``."""
+    app.command("join")(join)

@@ -1,0 +1,222 @@
+"""The only edge module that imports pylsl: resolve streams, open inlets, pull numpy chunks.
+
+Everything downstream (ring buffer, trial cutting, preprocessing, store) works on plain arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pylsl
+from pylsl.util import LostError
+from pylsl.util import TimeoutError as LslTimeout
+
+from edge import logger
+from trainer.errors import NeuroFedError
+
+
+class StreamError(NeuroFedError):
+    """An LSL stream cannot be found, has the wrong shape, or was lost."""
+
+
+#: Inlet processing: liblsl flags applied inside the inlet. Clock synchronisation is done here (see
+#: :meth:`Inlet.pull`) rather than with ``proc_clocksync``: after a stream recovers, liblsl's in-inlet clock
+#: sync makes every pull time out until a fresh offset arrives, which never happens once the outlet is gone,
+#: so already received samples would be stuck.
+PROCESSING = {
+    "none": pylsl.proc_none,
+    "clocksync": pylsl.proc_none,
+    "dejitter": pylsl.proc_dejitter,
+    "all": pylsl.proc_dejitter | pylsl.proc_monotonize,
+}
+_NP_DTYPES = {pylsl.cf_float32: np.float32, pylsl.cf_double64: np.float64, pylsl.cf_int8: np.int8,
+              pylsl.cf_int16: np.int16, pylsl.cf_int32: np.int32, pylsl.cf_int64: np.int64}
+#: Seconds between clock-offset refreshes.
+CLOCK_REFRESH = 5.0
+
+
+@dataclass(frozen=True)
+class StreamMeta:
+    """What an outlet says about itself (from its full XML description)."""
+
+    name: str
+    type: str
+    source_id: str
+    sfreq: float
+    n_channels: int
+    ch_names: list[str]
+    units: list[str]
+    channel_format: int
+    hostname: str
+
+    @property
+    def is_string(self) -> bool:
+        return self.channel_format == pylsl.cf_string
+
+
+def local_clock() -> float:
+    """LSL clock in seconds."""
+    return pylsl.local_clock()
+
+
+def _predicate(name: str | None, stype: str | None, source_id: str | None) -> str:
+    parts = [f"{k}='{v}'" for k, v in (("name", name), ("type", stype), ("source_id", source_id)) if v]
+    if not parts:
+        raise StreamError("give at least one of stream name, type or source_id to look for")
+    return " and ".join(parts)
+
+
+def find_stream(name: str | None = None, stype: str | None = None, source_id: str | None = None,
+                timeout: float = 5.0):
+    """Resolve one stream by name/type/source_id within ``timeout`` seconds.
+
+    Raises
+    ------
+    StreamError
+        Listing the streams that are visible when none matches.
+    """
+    pred = _predicate(name, stype, source_id)
+    found = pylsl.resolve_bypred(pred, 1, timeout)
+    if not found:
+        visible = sorted(f"{i.name()} ({i.type()}, {i.source_id()})" for i in pylsl.resolve_streams(0.5))
+        raise StreamError(f"no LSL stream matching {pred} within {timeout:g} s; visible: {visible or 'none'}")
+    if len(found) > 1:
+        logger.warning("%d streams match %s; using the first (%s)", len(found), pred, found[0].source_id())
+    return found[0]
+
+
+def _meta(info) -> StreamMeta:
+    names, units = [], []
+    ch = info.desc().child("channels").child("channel")
+    while not ch.empty():
+        names.append(ch.child_value("label"))
+        units.append(ch.child_value("unit"))
+        ch = ch.next_sibling("channel")
+    n = info.channel_count()
+    if len(names) != n:  # no (or partial) channel description
+        names, units = [f"ch{i + 1}" for i in range(n)], [""] * n
+    return StreamMeta(info.name(), info.type(), info.source_id(), float(info.nominal_srate()), n, names, units,
+                      int(info.channel_format()), info.hostname())
+
+
+class Inlet:
+    """An inlet that pulls numpy chunks without blocking (``timeout=0``), recovering lost streams.
+
+    Parameters
+    ----------
+    info : pylsl.StreamInfo
+        From :func:`find_stream`.
+    processing : str
+        Key of :data:`PROCESSING`: ``clocksync`` (default) adds the remote clock offset (refreshed every
+        :data:`CLOCK_REFRESH` s); ``dejitter``/``all`` also smooth timestamps in liblsl; ``none`` gives raw stamps.
+    max_buflen : int
+        Seconds of data liblsl buffers if we fall behind.
+    max_chunk : int
+        Largest chunk one :meth:`pull` returns.
+    """
+
+    def __init__(self, info, processing: str = "clocksync", max_buflen: int = 360, max_chunk: int = 4096,
+                 open_timeout: float = 5.0) -> None:
+        if processing not in PROCESSING:
+            raise StreamError(f"unknown processing {processing!r}; choose from {sorted(PROCESSING)}")
+        self._inlet = pylsl.StreamInlet(info, max_buflen=max_buflen, recover=True,
+                                        processing_flags=PROCESSING[processing])
+        try:
+            full = self._inlet.info(timeout=open_timeout)
+        except LslTimeout:
+            raise StreamError(f"stream {info.name()!r} did not answer within {open_timeout:g} s") from None
+        self.meta = _meta(full)
+        self.max_chunk = max_chunk
+        dtype = _NP_DTYPES.get(self.meta.channel_format)
+        self._buf = None if dtype is None else np.empty((max_chunk, self.meta.n_channels), dtype)
+        self.dtype = dtype or object
+        self._inlet.open_stream(timeout=open_timeout)
+        self._clocksync = processing != "none"
+        self.offset = 0.0  # estimated in the background; first refresh at the first pull
+        self._next_sync = 0.0
+
+    def _refresh_offset(self) -> None:
+        now = pylsl.local_clock()
+        if now < self._next_sync:
+            return
+        try:
+            self.offset = float(self._inlet.time_correction(timeout=0.02))
+            self._next_sync = now + CLOCK_REFRESH
+        except (LslTimeout, LostError):  # keep the last estimate (e.g. while the stream is away); retry soon
+            self._next_sync = now + 0.5
+
+    def pull(self) -> tuple[np.ndarray, np.ndarray]:
+        """Samples available now: ``(data (n, channels) copy in the stream's dtype, timestamps (n,) float64)``.
+
+        Raises
+        ------
+        StreamError
+            When the stream is lost for good (not recoverable).
+        """
+        try:
+            if self._buf is None:
+                data, ts = self._inlet.pull_chunk(timeout=0.0, max_samples=self.max_chunk)
+                out = np.empty((len(ts), self.meta.n_channels), dtype=object)
+                if len(ts):
+                    out[:] = data
+                return out, self._sync(ts)
+            _, ts = self._inlet.pull_chunk(timeout=0.0, max_samples=self.max_chunk, dest_obj=self._buf)
+        except LostError:
+            raise StreamError(f"stream {self.meta.name!r} ({self.meta.source_id}) was lost") from None
+        except LslTimeout:  # defensive: never let a timeout escape a non-blocking pull
+            return np.empty((0, self.meta.n_channels), np.float32), np.empty(0)
+        n = len(ts)
+        return self._buf[:n].copy(), self._sync(ts)
+
+    def _sync(self, ts) -> np.ndarray:
+        ts = np.asarray(ts, np.float64)
+        if self._clocksync and len(ts):
+            self._refresh_offset()
+            ts = ts + self.offset
+        return ts
+
+    def pull_markers(self) -> list[tuple[float, str]]:
+        """Markers available now as ``(timestamp, label)``.
+
+        String streams give their first channel; numeric streams are read as one-hot annotations
+        (mne-lsl's default encoding): every non-zero channel yields its label.
+        """
+        data, ts = self.pull()
+        if self.meta.is_string:
+            return [(float(t), str(row[0])) for row, t in zip(data, ts)]
+        return [(float(t), self.meta.ch_names[k]) for row, t in zip(data, ts) for k in np.flatnonzero(row)]
+
+    def time_correction(self, timeout: float = 2.0) -> float:
+        """Offset (s) to add to remote timestamps to get local ones."""
+        try:
+            return float(self._inlet.time_correction(timeout=timeout))
+        except LslTimeout:
+            raise StreamError(f"stream {self.meta.name!r}: no clock offset within {timeout:g} s") from None
+
+    def samples_available(self) -> int:
+        return int(self._inlet.samples_available())
+
+    def close(self) -> None:
+        if self._inlet is not None:
+            self._inlet.close_stream()
+            self._inlet = None
+
+
+
+def irregular_outlet(name: str, stype: str, labels: list[str], source_id: str, fmt: str = "float32"):
+    """An irregular-rate outlet (e.g. decoded predictions), channels labelled in ``desc/channels``.
+
+    Parameters
+    ----------
+    fmt : str
+        ``float32`` or ``string``.
+    """
+    if fmt not in ("float32", "string"):
+        raise StreamError(f"unsupported outlet format {fmt!r}; use float32 or string")
+    cf = pylsl.cf_float32 if fmt == "float32" else pylsl.cf_string
+    info = pylsl.StreamInfo(name, stype, len(labels), pylsl.IRREGULAR_RATE, cf, source_id)
+    chans = info.desc().append_child("channels")
+    for lab in labels:
+        chans.append_child("channel").append_child_value("label", lab)
+    return pylsl.StreamOutlet(info)

@@ -1,0 +1,202 @@
+"""Crash-safe on-device store of raw captured trials.
+
+Layout of a store folder::
+
+    meta.json          sampling rate, channel labels, subject (written once, atomically)
+    trials/000042.npz  one raw trial (float32 microvolts, channels x times), written atomically
+    index.jsonl        one JSON line per committed trial, with the sha256 of its .npz
+
+A trial is committed when its index line (fsync'ed) is complete. ``kill -9`` at any moment loses at
+most the trial in flight: a half-written .npz is a temp file or an orphan without an index line, and a
+torn last index line is cut off when the store is reopened. Earlier trials are never rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from edge import logger
+from edge.capture import RawTrial
+from trainer.data.config import PreprocessConfig
+from trainer.data.dataset import SubjectData
+from trainer.data.preprocess import apply_ea, ea_matrix, preprocess_epochs
+from trainer.errors import DataError
+
+FORMAT = "neurofed-trials/1"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, payload: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class LocalStore:
+    """Append-only store of raw trials for one subject/headset.
+
+    Parameters
+    ----------
+    path : path
+        Folder (created if needed).
+    subject : str
+        Identifier kept in ``meta.json`` (first use only).
+    classes : sequence of str, optional
+        Class order kept in ``meta.json`` (first use only; default: sorted labels found).
+    """
+
+    def __init__(self, path: str | os.PathLike, subject: str = "local", classes: Sequence[str] | None = None) -> None:
+        self.path = Path(path)
+        (self.path / "trials").mkdir(parents=True, exist_ok=True)
+        self.index_path = self.path / "index.jsonl"
+        self.meta_path = self.path / "meta.json"
+        self.subject = subject
+        self.classes = list(classes) if classes is not None else None
+        self.meta: dict | None = None
+        if self.meta_path.exists():
+            try:
+                self.meta = json.loads(self.meta_path.read_text())
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{self.meta_path}: unreadable ({exc})") from None
+            self.subject = self.meta.get("subject", subject)
+            self.classes = self.meta.get("classes") or self.classes
+        self.entries = self._read_index(repair=True)
+        files = [int(p.stem) for p in (self.path / "trials").glob("*.npz") if p.stem.isdigit()]
+        self._next = max([e["seq"] for e in self.entries] + files, default=-1) + 1
+
+    # --- index ---
+    def _read_index(self, repair: bool) -> list[dict]:
+        if not self.index_path.exists():
+            return []
+        raw = self.index_path.read_bytes()
+        good_end = raw.rfind(b"\n") + 1
+        if good_end < len(raw):
+            logger.warning("%s: dropping a torn last line (%d bytes; trial in flight at a crash)",
+                           self.index_path, len(raw) - good_end)
+            if repair:
+                with open(self.index_path, "r+b") as f:
+                    f.truncate(good_end)
+                    f.flush()
+                    os.fsync(f.fileno())
+        entries = []
+        for n, line in enumerate(raw[:good_end].splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise DataError(f"{self.index_path}: line {n} is corrupt") from None
+        return entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def labels(self) -> list[str]:
+        return [e["label"] for e in self.entries]
+
+    # --- writing ---
+    def _check_meta(self, trial: RawTrial) -> None:
+        if self.meta is None:
+            self.meta = {"format": FORMAT, "subject": self.subject, "sfreq": trial.sfreq,
+                         "ch_names": list(trial.ch_names), "classes": self.classes, "unit": "microvolts",
+                         "created": time.time()}
+            _atomic_write(self.meta_path, json.dumps(self.meta, indent=1).encode())
+            return
+        if trial.sfreq != self.meta["sfreq"]:
+            raise DataError(f"{self.path}: trial at {trial.sfreq:g} Hz, store holds {self.meta['sfreq']:g} Hz")
+        if list(trial.ch_names) != self.meta["ch_names"]:
+            raise DataError(f"{self.path}: trial channels differ from the store's ({len(self.meta['ch_names'])} ch)")
+
+    def append(self, trial: RawTrial) -> int:
+        """Commit one raw trial; returns its sequence number."""
+        self._check_meta(trial)
+        data = np.asarray(trial.data, dtype=np.float32)
+        if data.ndim != 2 or data.shape[0] != len(trial.ch_names):
+            raise DataError(f"trial data shape {data.shape} does not match {len(trial.ch_names)} channels")
+        seq = self._next
+        bio = io.BytesIO()
+        np.savez(bio, data=data, label=np.array(trial.label), onset=np.array(trial.onset))
+        payload = bio.getvalue()
+        name = f"{seq:06d}.npz"
+        _atomic_write(self.path / "trials" / name, payload)
+        entry = {"seq": seq, "file": f"trials/{name}", "sha256": hashlib.sha256(payload).hexdigest(),
+                 "label": trial.label, "onset": trial.onset, "n_times": int(data.shape[1]), "time": time.time()}
+        with open(self.index_path, "ab") as f:
+            f.write((json.dumps(entry) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+        self.entries.append(entry)
+        self._next = seq + 1
+        return seq
+
+    # --- reading ---
+    def read_trial(self, entry: dict) -> np.ndarray:
+        """Raw trial data after checking its sha256."""
+        p = self.path / entry["file"]
+        try:
+            payload = p.read_bytes()
+        except FileNotFoundError:
+            raise DataError(f"{p}: trial file missing (store damaged)") from None
+        if hashlib.sha256(payload).hexdigest() != entry["sha256"]:
+            raise DataError(f"{p}: checksum mismatch (file corrupted)")
+        with np.load(io.BytesIO(payload), allow_pickle=False) as z:
+            return z["data"]
+
+    def verify(self) -> list[str]:
+        """Problems found (empty when every committed trial is intact)."""
+        bad = []
+        for e in self.entries:
+            try:
+                self.read_trial(e)
+            except DataError as exc:
+                bad.append(str(exc))
+        return bad
+
+    def raw_trials(self) -> tuple[np.ndarray, list[str]]:
+        """All raw trials ``(n, channels, times)`` float32 and their labels."""
+        if not self.entries:
+            raise DataError(f"{self.path}: no trials captured yet")
+        return np.stack([self.read_trial(e) for e in self.entries]), self.labels
+
+    def ea_reference(self, cfg: PreprocessConfig) -> np.ndarray:
+        """EA matrix ``R^-1/2`` of this device's preprocessed trials (computed here, never uploaded)."""
+        x, _, _ = self._preprocessed(cfg)
+        return ea_matrix(x)
+
+    def _preprocessed(self, cfg: PreprocessConfig) -> tuple[np.ndarray, float, list[str]]:
+        x, _ = self.raw_trials()
+        assert self.meta is not None
+        return preprocess_epochs(x, float(self.meta["sfreq"]), self.meta["ch_names"], cfg)
+
+    def load_subject_data(self, cfg: PreprocessConfig, classes: Sequence[str] | None = None) -> SubjectData:
+        """Preprocess the captured trials like trainer does (+ EA on device) for local training."""
+        x, sfreq, names = self._preprocessed(cfg)
+        if cfg.ea:
+            x = apply_ea(x, ea_matrix(x))
+        cls = list(classes or self.classes or sorted(set(self.labels)))
+        unknown = sorted(set(self.labels) - set(cls))
+        if unknown:
+            raise DataError(f"{self.path}: labels {unknown} are not among classes {cls}")
+        y = np.array([cls.index(lab) for lab in self.labels], dtype=np.int64)
+        hashes = {e["file"]: e["sha256"] for e in self.entries}
+        return SubjectData(self.subject, x.astype(np.float32), y, tuple(cls), sfreq, names, hashes)

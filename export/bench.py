@@ -1,0 +1,179 @@
+"""``neurofed bench onnx``: onnxruntime vs torch eager forward latency, fp32 vs int8."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from trainer.bench import BENCH_DIR, write_result
+
+
+def _timeit(fn: Callable[[], object], reps: int, warmup: int) -> dict:
+    for _ in range(warmup):
+        fn()
+    ts = np.empty(reps)
+    for i in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts[i] = time.perf_counter() - t
+    ms = ts * 1e3
+    return {
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p90_ms": float(np.percentile(ms, 90)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "mean_ms": float(ms.mean()),
+        "reps": reps,
+    }
+
+
+def bench_shape(
+    model_name: str,
+    n_channels: int,
+    n_times: int,
+    sfreq: float,
+    bn_mode: str,
+    reps: int,
+    warmup: int,
+    batches: tuple[int, ...],
+) -> dict:
+    """Latency of one architecture/shape: torch eager vs onnxruntime fp32 vs int8, 1 thread each."""
+    import torch
+
+    from export.metadata import build_meta, embed_meta
+    from export.onnx_export import to_onnx
+    from export.quantize import quantize
+    from export.runtime import OnnxModel
+    from trainer.checkpoint import ModelMeta
+    from trainer.data import PreprocessConfig
+    from trainer.models import build_model
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = build_model(model_name, n_channels, 2, n_times, sfreq, bn_mode).eval()
+    cm = ModelMeta(
+        model_name,
+        n_channels,
+        2,
+        n_times,
+        sfreq,
+        bn_mode,
+        [f"ch{i}" for i in range(n_channels)],
+        ["a", "b"],
+        PreprocessConfig(tmax=n_times / sfreq, resample=sfreq).to_dict(),
+    )
+    out: dict = {
+        "model": model_name,
+        "bn_mode": bn_mode,
+        "shape": [n_channels, n_times],
+        "sfreq": sfreq,
+        "weights": "random init (seed 0): latency does not depend on weight values",
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        proto = to_onnx(net, n_channels, n_times)
+        embed_meta(proto, build_meta(cm, net.state_dict()))
+        fp32 = Path(tmp) / "m.onnx"
+        fp32.write_bytes(proto.SerializeToString())
+        int8 = quantize(fp32, Path(tmp) / "m.int8.onnx", "all")
+        int8_lin = quantize(fp32, Path(tmp) / "m.int8lin.onnx", "linear")
+        sessions = {
+            "onnxruntime_fp32": OnnxModel(fp32, threads=1),
+            "onnxruntime_int8": OnnxModel(int8, threads=1),
+            "onnxruntime_int8_linear_only": OnnxModel(int8_lin, threads=1),
+        }
+        rng = np.random.default_rng(0)
+        for b in batches:
+            x = rng.standard_normal((b, n_channels, n_times)).astype(np.float32)
+            xt = torch.from_numpy(x)
+            row: dict = {}
+
+            def eager() -> None:
+                with torch.inference_mode():
+                    net(xt)
+
+            row["torch_eager"] = _timeit(eager, reps, warmup)
+            for name, om in sessions.items():
+                row[name] = _timeit(lambda om=om: om.forward(x), reps, warmup)
+            row["speedup_fp32_vs_torch"] = row["torch_eager"]["p50_ms"] / row["onnxruntime_fp32"]["p50_ms"]
+            row["speedup_int8_vs_fp32"] = (
+                row["onnxruntime_fp32"]["p50_ms"] / row["onnxruntime_int8"]["p50_ms"]
+            )
+            out[f"batch_{b}"] = row
+        if model_name == "eegnet" and n_channels == 21:
+            out["edge_engine"] = bench_engine(fp32, reps, warmup)
+        out["size_bytes"] = {
+            "fp32": fp32.stat().st_size,
+            "int8": int8.stat().st_size,
+            "int8_linear_only": int8_lin.stat().st_size,
+        }
+    return out
+
+
+def bench_engine(onnx_path: Path, reps: int, warmup: int) -> dict:
+    """``edge.infer.InferenceEngine.process`` on one raw 64-channel 160 Hz window: guard, band-pass,
+    resample, online EA and an onnxruntime pass over the window plus 7 context windows."""
+    from edge.infer import InferenceEngine
+    from export.runtime import OnnxModel
+
+    om = OnnxModel(onnx_path, threads=1)
+    names = [f"ch{i}" for i in range(om.meta.n_channels)] + [
+        f"extra{i}" for i in range(64 - om.meta.n_channels)
+    ]
+    engine = InferenceEngine(om, names, 2 * om.meta.sfreq)
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, engine.window_samples)) * 20.0
+    for _ in range(8):  # fill the BN context
+        engine.process(w, 0.0)
+    return {
+        "stream": "64 ch @ 160 Hz, 4 s window -> 21 x 320",
+        "context_windows": engine.batch - 1,
+        **_timeit(lambda: engine.process(w, 0.0), reps, warmup),
+    }
+
+
+def bench_onnx(
+    reps: Annotated[int, typer.Option(help="timed forward passes per case")] = 500,
+    warmup: Annotated[int, typer.Option()] = 50,
+    out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
+) -> None:
+    """Forward latency (p50, 1 thread): onnxruntime fp32/int8 vs torch eager, batch 1 and 8."""
+    from rich.console import Console
+
+    console = Console()
+    cases = [("eegnet", 21, 320, 80.0), ("eegnet", 64, 640, 160.0), ("shallow", 21, 320, 80.0)]
+    results = []
+    for name, c, t, fs in cases:
+        with console.status(f"{name} {c}x{t}..."):
+            results.append(bench_shape(name, c, t, fs, "batch_specific", reps, warmup, (1, 8)))
+    e = results[0]["batch_1"]
+    targets = {
+        "eegnet_21x320_ort_fp32_p50_le_0.5ms": e["onnxruntime_fp32"]["p50_ms"] <= 0.5,
+        "eegnet_21x320_ort_speedup_ge_3x": e["speedup_fp32_vs_torch"] >= 3.0,
+    }
+    import os
+
+    load = os.getloadavg()  # the machine is shared: record how busy it was
+    p = write_result(
+        "onnx",
+        {"threads": 1, "load_average_1_5_15": list(load), "cases": results, "targets_met": targets},
+        out_dir,
+    )
+    for r in results:
+        for b in (1, 8):
+            row = r[f"batch_{b}"]
+            console.print(
+                f"{r['model']} {r['shape'][0]}x{r['shape'][1]} batch {b}: "
+                f"torch {row['torch_eager']['p50_ms']:.3f} ms, "
+                f"ORT fp32 {row['onnxruntime_fp32']['p50_ms']:.3f} ms ({row['speedup_fp32_vs_torch']:.1f}x), "
+                f"int8 {row['onnxruntime_int8']['p50_ms']:.3f} ms, int8 linear-only "
+                f"{row['onnxruntime_int8_linear_only']['p50_ms']:.3f} ms"
+            )
+    console.print(
+        f"edge engine, one window incl. preprocessing: {results[0]['edge_engine']['p50_ms']:.3f} ms p50"
+    )
+    console.print(f"targets: {targets}\nwrote {p}")

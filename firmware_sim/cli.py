@@ -1,0 +1,110 @@
+"""``headset-sim``: replay recordings (or EEGMMIDB subjects) as live LSL headsets."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from firmware_sim import logger
+from firmware_sim.player import PlayerConfig, play_many
+from firmware_sim.recording import Recording, load_eegmmidb, load_recording
+from trainer.errors import NeuroFedError
+
+app = typer.Typer(name="headset-sim", help="Simulated EEG headsets: replay recordings as LSL EEG + marker streams.",
+                  add_completion=False, pretty_exceptions_enable=False)
+
+
+def _parse_outage(text: str) -> tuple[float, float]:
+    try:
+        at, dur = (float(v) for v in text.split(":"))
+    except ValueError:
+        raise NeuroFedError(f"--outage expects START:DURATION in stream seconds (e.g. 30:5), got {text!r}") from None
+    return at, dur
+
+
+def _parse_ints(text: str, what: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise NeuroFedError(f"{what} expects a comma list of integers, got {text!r}") from None
+
+
+@app.command()
+def play(
+    files: Annotated[list[Path] | None, typer.Argument(help="Recordings (EDF or any MNE-readable file).")] = None,
+    subject: Annotated[int | None, typer.Option(help="EEGMMIDB subject (runs concatenated, per-run labels).")] = None,
+    subjects: Annotated[str | None, typer.Option(help="Several EEGMMIDB subjects, e.g. 1,2,3 (one headset each).")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="EEGMMIDB folder (default $NEUROFED_DATA or ../shared/data).")] = None,
+    runs: Annotated[str, typer.Option(help="EEGMMIDB runs to concatenate.")] = "4,8,12",
+    name: Annotated[str, typer.Option(help="Stream name (prefix when several headsets: NAME-S001...).")] = "neurofed-sim",
+    speed: Annotated[float, typer.Option(help="Playback speed (1 = real time).")] = 1.0,
+    loop: Annotated[bool, typer.Option("--loop", help="Restart at the end.")] = False,
+    chunk_size: Annotated[int, typer.Option(help="Samples per push.")] = 16,
+    clock_offset: Annotated[float, typer.Option(help="Seconds added to every timestamp.")] = 0.0,
+    jitter: Annotated[float, typer.Option(help="Timestamp jitter std (s) per chunk.")] = 0.0,
+    drop_prob: Annotated[float, typer.Option(help="Probability a chunk is lost.")] = 0.0,
+    outage: Annotated[list[str] | None, typer.Option(help="START:DURATION (stream s) of a simulated disconnect; repeatable.")] = None,
+    counter: Annotated[bool, typer.Option("--counter", help="Add a 'Samples' channel with the sample index.")] = False,
+    include_rest: Annotated[bool, typer.Option("--include-rest", help="Also send T0 as 'rest' markers.")] = False,
+    duration: Annotated[float | None, typer.Option(help="Stop after this many wall-clock seconds.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of jitter and drops.")] = 0,
+) -> None:
+    """Stream until the recordings end (or --duration, or Ctrl-C)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    recs: list[tuple[str, Recording]] = []
+    ids = ([subject] if subject is not None else []) + (_parse_ints(subjects, "--subjects") if subjects else [])
+    run_list = _parse_ints(runs, "--runs")
+    for s in ids:
+        recs.append((f"S{s:03d}", load_eegmmidb(s, data_dir, run_list, include_rest)))
+    for f in files or []:
+        recs.append((f.stem, load_recording(f, None, include_rest)))
+    if not recs:
+        raise NeuroFedError("nothing to play: give recording files, --subject or --subjects")
+    outages = tuple(_parse_outage(o) for o in outage or [])
+    items = []
+    for i, (tag, rec) in enumerate(recs):
+        stream = name if len(recs) == 1 else f"{name}-{tag}"
+        cfg = PlayerConfig(name=stream, chunk_size=chunk_size, speed=speed, loop=loop, clock_offset=clock_offset,
+                           jitter=jitter, drop_prob=drop_prob, outages=outages, counter=counter, seed=seed + i)
+        items.append((rec, cfg))
+        print(f"{stream}: {rec.n_channels} ch @ {rec.sfreq:g} Hz, {rec.n_samples / rec.sfreq:.1f} s, "
+              f"{len(rec.markers)} markers, source_id {cfg.source_id}")
+    players = play_many(items)
+    deadline = None if duration is None else time.monotonic() + duration
+    try:
+        while any(p.is_alive() for p in players):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        logger.info("interrupted")
+    for p in players:
+        p.stop()
+    errors = []
+    for p in players:
+        try:
+            p.join(timeout=5)
+        except NeuroFedError as exc:
+            errors.append(str(exc))
+    for p in players:
+        print(f"{p.cfg.name}: {p.n_pushed} samples pushed, {p.n_dropped} lost, {len(p.markers_sent)} markers")
+    if errors:
+        raise NeuroFedError("; ".join(errors))
+
+
+def main() -> None:
+    """Entry point: NeuroFed's own errors print one clear line and exit 2."""
+    try:
+        app()
+    except NeuroFedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

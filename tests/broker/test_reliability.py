@@ -1,0 +1,136 @@
+"""Reliability with real processes and a real broker: dropouts, coordinator crash + resume, broker restart,
+and privacy (nothing on the wire contains EEG samples)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+from broker.protocol import ProtocolError, Topics, decode
+from broker.transport import MqttTransport
+from tests.broker.conftest import child_env, kill_all, start_coordinator, start_edge, wait_all, write_toml
+from tests.broker.test_equivalence import reference_state
+
+pytestmark = pytest.mark.slow
+
+
+class Watcher:
+    """Subscribes to a whole federation and keeps every message seen."""
+
+    def __init__(self, url: str, fed: str) -> None:
+        self.t = MqttTransport(url, f"watch-{fed}", reconnect_max_s=1).connect()
+        self.t.subscribe(Topics(fed).all())
+        self.seen: list[tuple[str, bytes]] = []
+
+    def wait_for(self, pred, timeout: float):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            item = self.t.get(0.1)
+            if item is None or item.event != "message" or not item.payload:
+                continue
+            self.seen.append((item.topic, item.payload))
+            try:
+                msg, _ = decode(item.payload)
+            except ProtocolError:
+                continue
+            if pred(item.topic, msg):
+                return msg
+        raise AssertionError("condition not seen in time")
+
+    def drain(self, seconds: float = 0.5) -> None:
+        try:
+            self.wait_for(lambda *_: False, seconds)
+        except AssertionError:
+            pass
+
+
+def _env():
+    cache = os.environ.get("NEUROFED_CACHE")
+    return child_env(Path(cache) if cache else None)
+
+
+def _diff(a, b):
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in b)
+
+
+def test_killed_edge_client_does_not_block_the_round_and_no_eeg_on_the_wire(subjects4, mosquitto, fed_name, tmp_path):
+    cfg = write_toml(tmp_path / "f.toml", fed_name, rounds=2, fraction=1.0, min_clients=3, deadline=40)
+    w = Watcher(mosquitto.url, fed_name)
+    env = _env()
+    coord = start_coordinator(mosquitto.url, cfg, tmp_path / "out", tmp_path / "c.log", env)
+    edges = {s: start_edge(mosquitto.url, fed_name, s, tmp_path / "st", tmp_path / f"e{s}.log", env) for s in (1, 2, 3)}
+    try:
+        w.wait_for(lambda tp, m: m.kind == "status" and m.sender == "S003" and m.state == "training", 120)
+        edges[3].send_signal(signal.SIGKILL)  # kill -9 mid-round
+        assert wait_all([coord], 120) == [0], (tmp_path / "c.log").read_text()[-2000:]
+        w.drain()
+    finally:
+        kill_all([coord, *edges.values()])
+        w.t.close()
+    import json
+
+    rounds = json.loads((tmp_path / "out" / "metrics.json").read_text())["rounds"]
+    assert len(rounds) == 2 and "S003" in rounds[0]["stragglers"] and "S003" not in rounds[1]["selected"]
+    assert (tmp_path / "out" / "global_model.safetensors").exists()
+    # privacy: no run of 8 consecutive samples of any trial, in float32 or float64, appears in any message
+    probes = []
+    for sd in subjects4[:3]:
+        for trial in (0, len(sd.X) // 2, len(sd.X) - 1):
+            for ch in (0, 10):
+                seg = sd.X[trial, ch, 100:108]
+                probes += [seg.astype(np.float32).tobytes(), seg.astype(np.float64).tobytes()]
+    assert len(w.seen) > 20
+    for topic, payload in w.seen:
+        assert not any(p in payload for p in probes), f"EEG samples found in a message on {topic}"
+        _, tensors = decode(payload)
+        for name, t in (tensors or {}).items():
+            assert t.numel() < 5000 and subjects4[0].X.shape[2] not in t.shape, (topic, name, tuple(t.shape))
+
+
+def test_coordinator_kill9_then_resume_gives_the_same_weights(subjects4, mosquitto, fed_name, tmp_path):
+    cfg = write_toml(tmp_path / "f.toml", fed_name, rounds=3, fraction=0.67, min_clients=3, deadline=60)
+    w = Watcher(mosquitto.url, fed_name)
+    env, out = _env(), tmp_path / "out"
+    coord = start_coordinator(mosquitto.url, cfg, out, tmp_path / "c.log", env)
+    edges = [start_edge(mosquitto.url, fed_name, s, tmp_path / "st", tmp_path / f"e{s}.log", env) for s in (1, 2, 3)]
+    try:
+        w.wait_for(lambda tp, m: m.kind == "task" and m.round == 1, 120)  # round 1 in flight
+        coord.send_signal(signal.SIGKILL)
+        coord.wait(10)
+        assert (out / "server_state.safetensors").exists()
+        coord = start_coordinator(mosquitto.url, cfg, out, tmp_path / "c2.log", env, resume=True)
+        assert wait_all([coord], 150) == [0], (tmp_path / "c2.log").read_text()[-2000:]
+        assert wait_all(edges, 30) == [0, 0, 0]
+    finally:
+        kill_all([coord, *edges])
+        w.t.close()
+    assert "resumed" in (tmp_path / "c2.log").read_text()
+    got = load_file(str(out / "global_model.safetensors"))
+    assert _diff(got, reference_state(subjects4[:3], 3, 0.67, 7, "fedbs")) <= 1e-6
+
+
+def test_broker_restart_mid_training_reconnects_without_double_aggregation(subjects4, mosquitto, fed_name, tmp_path):
+    cfg = write_toml(tmp_path / "f.toml", fed_name, rounds=3, fraction=1.0, min_clients=3, deadline=90)
+    w = Watcher(mosquitto.url, fed_name)
+    env, out = _env(), tmp_path / "out"
+    coord = start_coordinator(mosquitto.url, cfg, out, tmp_path / "c.log", env)
+    edges = [start_edge(mosquitto.url, fed_name, s, tmp_path / "st", tmp_path / f"e{s}.log", env) for s in (1, 2, 3)]
+    try:
+        w.wait_for(lambda tp, m: m.kind == "task" and m.round == 1, 120)
+        mosquitto.stop()  # SIGKILL: no persistence, retained messages and sessions are gone
+        time.sleep(2)
+        mosquitto.start()
+        assert wait_all([coord], 180) == [0], (tmp_path / "c.log").read_text()[-2000:]
+        assert wait_all(edges, 30) == [0, 0, 0]
+    finally:
+        kill_all([coord, *edges])
+        w.t.close()
+    assert "reconnected to the broker" in (tmp_path / "c.log").read_text()
+    got = load_file(str(out / "global_model.safetensors"))
+    assert _diff(got, reference_state(subjects4[:3], 3, 1.0, 7, "fedbs")) <= 1e-6

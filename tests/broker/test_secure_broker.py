@@ -1,0 +1,92 @@
+"""`neurofed broker-config` output run by a real mosquitto: auth and per-client ACL enforced."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.embedded import free_port
+from broker.protocol import Topics
+from broker.secure import BrokerConfigError, SecureBrokerSpec, write_broker_config
+from broker.transport import AuthError, MqttTransport
+from tests.broker.conftest import Mosquitto
+
+pytestmark = pytest.mark.skipif(shutil.which("mosquitto_passwd") is None, reason="mosquitto not installed")
+
+
+@pytest.fixture
+def secured(tmp_path, fed_name):
+    # mosquitto drops to user mosquitto: its files must sit in a folder that user can traverse
+    # (pytest's tmp_path lives under a 0700 folder)
+    cfg_dir = Path(tempfile.mkdtemp(prefix="neurofed-mosq-"))
+    os.chmod(cfg_dir, 0o755)
+    port = free_port()
+    files = write_broker_config(SecureBrokerSpec(fed_name, ["A", "B"], port=port), cfg_dir)
+    assert "allow_anonymous false" in files.conf.read_text()
+    m = Mosquitto(tmp_path, extra_conf=files.conf.read_text(), port=port)
+    m.start()
+    yield m, json.loads(files.credentials.read_text()), Topics(fed_name)
+    m.stop()
+    shutil.rmtree(cfg_dir, ignore_errors=True)
+
+
+def _url(m, user=None, pw=None):
+    return f"mqtt://{user}:{pw}@127.0.0.1:{m.port}" if user else m.url
+
+
+def _messages(t, timeout=1.5):
+    got, end = [], time.monotonic() + timeout
+    while time.monotonic() < end:
+        i = t.get(0.1)
+        if i is not None and i.event == "message":
+            got.append(i.topic)
+    return got
+
+
+def test_anonymous_and_wrong_password_are_refused(secured):
+    m, creds, _ = secured
+    with pytest.raises(AuthError):
+        MqttTransport(_url(m), "anon").connect(timeout=5)
+    with pytest.raises(AuthError):
+        MqttTransport(_url(m, "A", "wrong"), "A").connect(timeout=5)
+    ok = MqttTransport(_url(m, "A", creds["A"]), "A").connect(timeout=5)
+    assert ok.connected
+    ok.close()
+
+
+def test_client_cannot_publish_as_another_or_as_coordinator(secured):
+    m, creds, t = secured
+    coord = MqttTransport(_url(m, "coordinator", creds["coordinator"]), "coord").connect()
+    coord.subscribe(t.all())
+    a = MqttTransport(_url(m, "A", creds["A"]), "A").connect()
+    b = MqttTransport(_url(m, "B", creds["B"]), "B").connect()
+    b.subscribe(t.task)
+    b.subscribe(t.update("A"))
+    time.sleep(0.3)
+    for topic in (t.update("B"), t.status("B"), t.join("B"), t.task, t.model):  # all forbidden for A
+        a.publish(topic, b"forged", wait=5)
+    a.publish(t.update("A"), b"mine", wait=5)
+    seen = _messages(coord)
+    assert seen == [t.update("A")]
+    assert t.update("A") not in _messages(b, 0.5)  # B cannot read A's update either
+    coord.publish(t.task, b"task", wait=5)
+    assert _messages(b) == [t.task]
+    for x in (coord, a, b):
+        x.close()
+
+
+def test_bad_specs_are_refused(tmp_path):
+    with pytest.raises(BrokerConfigError, match="reserved"):
+        SecureBrokerSpec("f", ["coordinator"])
+    with pytest.raises(BrokerConfigError, match="both"):
+        SecureBrokerSpec("f", ["A"], tls_cert=tmp_path / "c.pem")
+    from broker.protocol import ProtocolError
+
+    with pytest.raises(ProtocolError):
+        SecureBrokerSpec("f", ["a/b"])

@@ -1,0 +1,103 @@
+"""Transport against real brokers: mosquitto (MQTT 5), embedded amqtt (3.1.1 fallback), last will."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from broker.embedded import EmbeddedBroker
+from broker.transport import BrokerURL, MqttTransport, TransportError
+
+
+def _drain(t: MqttTransport, n: int, timeout: float = 5.0) -> list:
+    got, end = [], time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < end:
+        item = t.get(0.1)
+        if item is not None and item.event == "message":
+            got.append(item)
+    return got
+
+
+def test_mosquitto_speaks_v5_with_retained_and_qos1(mosquitto, fed_name):
+    with MqttTransport(mosquitto.url, "pub") as pub:
+        assert pub.mqtt_version == "5"
+        pub.publish(f"neurofed/{fed_name}/model", b"global-1", retain=True)
+        sub = MqttTransport(mosquitto.url, "late-joiner").connect()
+        sub.subscribe(f"neurofed/{fed_name}/#")
+        got = _drain(sub, 1)
+        assert got[0].payload == b"global-1" and got[0].retain
+        pub.publish(f"neurofed/{fed_name}/x", b"\x00" * 1_000_000)
+        assert len(_drain(sub, 1)[0].payload) == 1_000_000
+        sub.close()
+
+
+def test_embedded_amqtt_falls_back_to_311():
+    with EmbeddedBroker() as b:
+        assert b.host == "127.0.0.1" and b.port != 1883
+        with MqttTransport(b.url, "a") as t:
+            assert t.mqtt_version == "3.1.1"
+            t.subscribe("neurofed/e/#")
+            time.sleep(0.2)
+            t.publish("neurofed/e/x", b"hello")
+            assert _drain(t, 1)[0].payload == b"hello"
+
+
+def test_last_will_reports_a_killed_client(mosquitto):
+    watcher = MqttTransport(mosquitto.url, "watcher").connect()
+    watcher.subscribe("neurofed/w/status/#")
+    code = ("import time; from broker.transport import MqttTransport as T; "
+            f"t=T('{mosquitto.url}','victim',will=('neurofed/w/status/victim',b'offline')).connect(); "
+            "t.publish('neurofed/w/status/victim', b'online', retain=True); print('up', flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip() == b"up"
+        assert _drain(watcher, 1)[0].payload == b"online"
+        p.kill()
+        p.wait(10)
+        got = _drain(watcher, 1, timeout=10)
+        assert got and got[0].payload == b"offline"
+    finally:
+        if p.poll() is None:
+            p.kill()
+        watcher.close()
+
+
+def test_unreachable_broker_and_bad_urls_raise_neurofed_errors():
+    from broker.embedded import free_port
+
+    with pytest.raises(TransportError, match="cannot reach"):
+        MqttTransport(f"mqtt://127.0.0.1:{free_port()}", "x").connect(timeout=2)
+    with pytest.raises(TransportError, match="scheme"):
+        BrokerURL.parse("http://x:1")
+    u = BrokerURL.parse("mqtts://alice:s3cret@host:8884")
+    assert (u.host, u.port, u.tls, u.username) == ("host", 8884, True, "alice")
+    assert "s3cret" not in u.redacted() and "s3cret" not in repr(u)
+
+
+def test_reconnects_after_broker_restart(mosquitto):
+    t = MqttTransport(mosquitto.url, "phoenix", reconnect_max_s=1).connect()
+    t.subscribe("neurofed/r/#")
+    mosquitto.stop()
+    time.sleep(0.5)
+    assert not t.connected
+    mosquitto.start()
+    assert t.wait_connected(15)
+    with MqttTransport(mosquitto.url, "other") as o:
+        time.sleep(0.3)
+        o.publish("neurofed/r/x", b"again")
+    assert _drain(t, 1)[0].payload == b"again"  # subscription renewed
+    t.close()
+
+
+def test_connect_with_backoff_gives_up_after_its_timeout():
+    from broker.embedded import free_port
+    from broker.transport import connect_with_backoff
+
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(TransportError):
+        connect_with_backoff(lambda: MqttTransport(f"mqtt://127.0.0.1:{port}", "x"), first=0.2, timeout=1.5)
+    assert 0.5 < time.monotonic() - t0 < 5

@@ -1,0 +1,175 @@
+"""``edge-client infer`` over real LSL on loopback: a simulated headset replays a real recording."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from edge.infer import CueWindower, InferenceEngine, Prediction
+from edge.infer_cli import lsl_sink, prediction_outlet, run_loop, unit_scale
+from edge.lsl_io import Inlet, find_stream
+from export.runtime import OnnxModel
+from firmware_sim.player import HeadsetPlayer, PlayerConfig
+from firmware_sim.recording import Recording, load_recording
+from tests.export.conftest import exported_eegnet
+from tests.lsl_support import drain, unique_name
+from trainer.data.eegmmidb import RUN_EVENT_LABELS
+from trainer.errors import NeuroFedError
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def eegnet_bs(tmp_path_factory, data_dir):
+    """A real batch-specific EEGNet checkpoint and its verified ONNX export (shared per session)."""
+    return exported_eegnet(tmp_path_factory, data_dir)
+
+
+@pytest.fixture(scope="module")
+def rec(data_dir) -> Recording:
+    return load_recording(data_dir / "eegmmidb" / "S003" / "S003R04.edf", RUN_EVENT_LABELS[4])
+
+
+def _player(rec: Recording, speed: float = 20.0, markers: bool = True) -> tuple[HeadsetPlayer, str]:
+    name = unique_name("infer")
+    p = HeadsetPlayer(
+        rec, PlayerConfig(name=name, speed=speed, wait_consumers=5.0, linger=1.0, markers=markers)
+    )
+    p.start()
+    return p, name
+
+
+def test_live_cue_locked_predictions_on_lsl(rec, eegnet_bs):
+    om = OnnxModel(eegnet_bs[1])
+    player, name = _player(rec)
+    eeg = Inlet(find_stream(name=name, timeout=5))
+    mk = Inlet(find_stream(name=f"{name}-markers", timeout=5))
+    engine = InferenceEngine(om, eeg.meta.ch_names, eeg.meta.sfreq)
+    outlet = prediction_outlet(f"{name}-pred", f"{name}-pred", om.meta.classes, om.meta.model_hash)
+    pin = Inlet(find_stream(name=f"{name}-pred", timeout=5))
+    got: list = []
+    stats = run_loop(
+        engine,
+        eeg,
+        mk,
+        CueWindower(engine.window_samples, 0.0, eeg.meta.sfreq),
+        [lsl_sink(outlet), got.append],
+        om.meta.classes,
+        max_seconds=40,
+        max_windows=15,
+    )
+    player.join(10)
+    assert stats["predictions"] == 15 and stats["rejections"] == 0 and stats["latency_ms_p50"] is not None
+    # the same windows decoded offline from the recording's cue samples give the same decisions
+    offline = InferenceEngine(om, rec.ch_names, rec.sfreq)
+    ref = [offline.process(rec.data[s : s + offline.window_samples].T, 0.0) for s, _ in rec.markers]
+    assert all(isinstance(r, Prediction) for r in got)
+    assert [r.label for r in got] == [r.label for r in ref]
+    assert np.allclose([r.probabilities for r in got], [r.probabilities for r in ref], atol=1e-5)
+    assert np.allclose(
+        [r.t_end for r in got], [player.t0 + (s + 639) / rec.sfreq for s, _ in rec.markers], atol=1e-6
+    )
+    # what a consumer receives on the prediction stream
+    data, ts = drain(pin, lambda d, t: len(t) >= 15, timeout=5)
+    assert len(ts) == 15 and pin.meta.ch_names == ["class_index", "p_left_fist", "p_right_fist"]
+    assert np.array_equal(data[:, 0], [r.index for r in got])
+    assert np.allclose(ts, [r.t_end for r in got], atol=1e-6)  # stamped with the window end
+    assert np.allclose(data[:, 1:3], [r.probabilities for r in got], atol=1e-6)
+    for i in (eeg, mk, pin):
+        i.close()
+
+
+def test_cli_sliding_mode_publishes_lsl_and_mqtt(rec, eegnet_bs):
+    """Real mosquitto on 127.0.0.1:1883 (the shared broker) receives the same predictions as JSON."""
+    from broker.embedded import port_open
+    from broker.transport import MqttTransport
+    from edge.cli import app
+
+    if not port_open("127.0.0.1", 1883):
+        pytest.skip("no mosquitto on 127.0.0.1:1883")
+    topic = f"neurofed/test/{unique_name('pred')}"
+    sub = MqttTransport("mqtt://127.0.0.1:1883", unique_name("sub")).connect(timeout=5)
+    sub.subscribe(topic)
+    player, name = _player(rec, speed=4.0, markers=False)
+    out: dict = {}
+    t = threading.Thread(
+        target=lambda: out.setdefault(
+            "res",
+            CliRunner().invoke(
+                app,
+                [
+                    "infer",
+                    "--model",
+                    str(eegnet_bs[1]),
+                    "--stream",
+                    name,
+                    "--mode",
+                    "sliding",
+                    "--step",
+                    "0.5",
+                    "--duration",
+                    "8",
+                    "--quiet",
+                    "--out-name",
+                    f"{name}-pred",
+                    "--mqtt",
+                    "mqtt://127.0.0.1:1883",
+                    "--mqtt-topic",
+                    topic,
+                ],
+            ),
+        )
+    )
+    t.start()
+    pin = Inlet(find_stream(name=f"{name}-pred", timeout=10))
+    data, ts = drain(pin, lambda d, t: len(t) >= 5, timeout=15)
+    t.join(30)
+    player.stop()
+    player.join(10)
+    msgs = []
+    while (m := sub.get(0.5)) is not None:
+        if m.topic == topic:
+            msgs.append(json.loads(m.payload))
+    sub.close()
+    assert len(msgs) >= len(ts) >= 5
+    # (the inlet's clock sync shifts LSL stamps by ~1e-5 s on loopback)
+    first = next(m for m in msgs if m["t_end"] == pytest.approx(ts[0], abs=1e-3))
+    assert first["label"] in ("left_fist", "right_fist") and first["index"] == int(data[0, 0])
+    assert np.allclose(first["probabilities"], data[0, 1:], atol=1e-6)
+    res = out["res"]
+    assert res.exit_code == 0, res.output
+    assert len(ts) >= 5, res.output
+    assert len(ts) >= 5 and np.allclose(
+        np.diff(ts[:5]), 0.5, atol=0.05
+    )  # one window every 0.5 s of stream time
+    assert "done:" in res.output and "'predictions':" in res.output
+    pin.close()
+
+
+def test_cli_clear_errors_for_missing_stream_and_channels(rec, eegnet_bs):
+    from edge.cli import app
+
+    r = CliRunner().invoke(
+        app, ["infer", "--model", str(eegnet_bs[1]), "--stream", unique_name("nobody"), "--timeout", "0.5"]
+    )
+    assert isinstance(r.exception, NeuroFedError) and "no LSL stream matching" in str(r.exception)
+    few = Recording(
+        np.ascontiguousarray(rec.data[:, :10]), rec.sfreq, rec.ch_names[:10], rec.markers, "first 10 ch"
+    )
+    player, name = _player(few)
+    r = CliRunner().invoke(app, ["infer", "--model", str(eegnet_bs[1]), "--stream", name, "--timeout", "5"])
+    player.stop()
+    player.join(10)
+    assert isinstance(r.exception, NeuroFedError) and "lacks the model's channels" in str(r.exception)
+
+
+def test_unit_scale():
+    assert unit_scale(["volts", "volts"], ["C3", "C4"], ["C3"]) == 1e6
+    assert unit_scale(["microvolts"], ["C3"], ["C3"]) == 1.0
+    with pytest.raises(NeuroFedError, match="units"):
+        unit_scale(["furlongs"], ["C3"], ["C3"])

@@ -1,0 +1,81 @@
+"""Ring buffer (plain arrays) and stream resolution (real liblsl on loopback)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge.buffer import RingBuffer
+from edge.lsl_io import Inlet, StreamError, find_stream
+from firmware_sim.player import HeadsetPlayer, PlayerConfig
+from firmware_sim.recording import Recording
+from tests.lsl_support import unique_name
+from trainer.errors import DataError
+
+
+def _fill(buf: RingBuffer, start: int, n: int, sfreq: float = 100.0) -> None:
+    idx = np.arange(start, start + n)
+    buf.append(np.repeat(idx[:, None], buf.n_channels, 1).astype(np.float32), 10.0 + idx / sfreq)
+
+
+def test_ring_buffer_wraps_and_addresses_absolute_samples():
+    buf = RingBuffer(2, 50)
+    for k in range(0, 130, 13):  # chunks cross the wrap point several times
+        _fill(buf, k, 13)
+    assert buf.total == 130 and buf.first == 80 and len(buf) == 50
+    data, ts = buf.get(100, 130)
+    assert np.array_equal(data[:, 0], np.arange(100, 130)) and np.allclose(ts, 10 + np.arange(100, 130) / 100)
+    assert np.array_equal(buf.timestamps(), 10 + np.arange(80, 130) / 100)
+    with pytest.raises(DataError, match="not in the buffer"):
+        buf.get(70, 90)
+    _fill(buf, 130, 120)  # a chunk longer than the capacity keeps the newest samples
+    assert buf.first == 200 and np.array_equal(buf.get(200, 250)[0][:, 1], np.arange(200, 250))
+
+
+def test_ring_buffer_locate():
+    buf = RingBuffer(1, 100)
+    assert buf.locate(10.0, tol=0.005) is None  # empty: not arrived yet
+    _fill(buf, 0, 60)
+    assert buf.locate(10.0 + 30 / 100 + 0.002, tol=0.005) == 30
+    assert buf.locate(10.0 + 0.70, tol=0.005) is None  # beyond the newest sample: wait
+    buf.append(np.zeros((10, 1), np.float32), 10.0 + np.arange(80, 90) / 100)  # samples 60..79 lost
+    with pytest.raises(DataError, match="data lost"):
+        buf.locate(10.0 + 0.70, tol=0.005)
+    with pytest.raises(DataError, match="older than"):
+        buf.locate(5.0, tol=0.005)
+
+
+def test_find_stream_by_name_type_source_id_and_timeout():
+    rec = Recording(np.zeros((400, 3), np.float32), 100.0, ["C3", "Cz", "C4"], [], "zeros")
+    cfg = PlayerConfig(name=unique_name("res"), speed=1, markers=False)
+    p = HeadsetPlayer(rec, cfg)
+    p.start()
+    try:
+        info = find_stream(source_id=cfg.source_id, timeout=5)
+        assert info.name() == cfg.name
+        inlet = Inlet(find_stream(name=cfg.name, stype="EEG", timeout=5))
+        assert inlet.meta.ch_names == ["C3", "Cz", "C4"] and inlet.meta.units == ["microvolts"] * 3
+        with pytest.raises(StreamError, match=r"no LSL stream matching name='nope-.*within 0.5 s; visible: .*"
+                                              + cfg.name):
+            find_stream(name=unique_name("nope"), timeout=0.5)
+        with pytest.raises(StreamError, match="at least one"):
+            find_stream()
+    finally:
+        p.stop()
+        p.join(timeout=5)
+
+
+def test_irregular_outlet_roundtrip():
+    from edge.lsl_io import irregular_outlet
+    from tests.lsl_support import drain
+
+    name = unique_name("pred")
+    outlet = irregular_outlet(name, "Predictions", ["left_fist", "right_fist"], unique_name("src"))
+    inlet = Inlet(find_stream(name=name, timeout=5))
+    assert inlet.meta.ch_names == ["left_fist", "right_fist"] and inlet.meta.sfreq == 0.0
+    outlet.wait_for_consumers(5)
+    outlet.push_sample([0.25, 0.75])
+    data, _ = drain(inlet, lambda d, t: len(t) >= 1, timeout=5)
+    np.testing.assert_allclose(data[0], [0.25, 0.75])
+    with pytest.raises(StreamError, match="unsupported outlet format"):
+        irregular_outlet(name, "x", ["a"], "s", fmt="int8")

@@ -1,0 +1,19 @@
+"""``neurofed bench onnx`` building blocks run and report consistent numbers (tiny repetition counts)."""
+
+from __future__ import annotations
+
+import torch
+
+from export.bench import bench_shape
+
+torch.set_num_threads(1)
+
+
+def test_bench_shape_smoke():
+    r = bench_shape("eegnet", 21, 320, 80.0, "batch_specific", reps=5, warmup=1, batches=(1,))
+    row = r["batch_1"]
+    for k in ("torch_eager", "onnxruntime_fp32", "onnxruntime_int8", "onnxruntime_int8_linear_only"):
+        assert row[k]["reps"] == 5 and 0 < row[k]["p50_ms"] <= row[k]["p99_ms"]
+    assert row["speedup_fp32_vs_torch"] == row["torch_eager"]["p50_ms"] / row["onnxruntime_fp32"]["p50_ms"]
+    assert r["size_bytes"]["int8"] < r["size_bytes"]["fp32"]
+    assert r["edge_engine"]["context_windows"] == 7 and r["edge_engine"]["p50_ms"] > 0
