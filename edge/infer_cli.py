@@ -52,20 +52,11 @@ def unit_scale(units: Sequence[str], ch_names: Sequence[str], wanted: Sequence[s
 
 def prediction_outlet(name: str, source_id: str, classes: Sequence[str], model_hash: str):
     """The LSL outlet predictions are published on (one sample per decoded window, stamped with its end)."""
-    import pylsl
+    from edge.lsl_io import irregular_outlet
 
     labels = ["class_index", *[f"p_{c}" for c in classes]]
-    info = pylsl.StreamInfo(
-        name, "Predictions", len(labels), pylsl.IRREGULAR_RATE, pylsl.cf_float32, source_id
-    )
-    chans = info.desc().append_child("channels")
-    for lab in labels:
-        chans.append_child("channel").append_child_value("label", lab)
-    cls = info.desc().append_child("classes")
-    for c in classes:
-        cls.append_child_value("class", c)
-    info.desc().append_child_value("model_hash", model_hash)
-    return pylsl.StreamOutlet(info)
+    return irregular_outlet(name, "Predictions", labels, source_id, "float32",
+                            {"classes": list(classes), "model_hash": model_hash})
 
 
 def run_loop(

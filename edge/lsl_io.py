@@ -204,13 +204,19 @@ class Inlet:
 
 
 
-def irregular_outlet(name: str, stype: str, labels: list[str], source_id: str, fmt: str = "float32"):
+def irregular_outlet(
+    name: str, stype: str, labels: list[str], source_id: str, fmt: str = "float32",
+    extra_desc: dict[str, str | list[str]] | None = None,
+):
     """An irregular-rate outlet (e.g. decoded predictions), channels labelled in ``desc/channels``.
 
     Parameters
     ----------
     fmt : str
         ``float32`` or ``string``.
+    extra_desc : dict, optional
+        More ``desc`` entries: a string value becomes ``<key>value</key>``; a list becomes
+        ``<key><item>v</item>...</key>`` with the singular of key (``classes`` -> ``class``).
     """
     if fmt not in ("float32", "string"):
         raise StreamError(f"unsupported outlet format {fmt!r}; use float32 or string")
@@ -219,4 +225,11 @@ def irregular_outlet(name: str, stype: str, labels: list[str], source_id: str, f
     chans = info.desc().append_child("channels")
     for lab in labels:
         chans.append_child("channel").append_child_value("label", lab)
+    for key, value in (extra_desc or {}).items():
+        if isinstance(value, str):
+            info.desc().append_child_value(key, value)
+        else:
+            node = info.desc().append_child(key)
+            for v in value:
+                node.append_child_value(key[:-2] if key.endswith("es") else key.rstrip("s"), v)
     return pylsl.StreamOutlet(info)

@@ -46,6 +46,12 @@ for _mod in COMMAND_MODULES:
         importlib.import_module(_mod).register(app, bench)
     except ImportError as _exc:  # a broken optional part must not take the other commands down
         print(f"warning: commands of {_mod.split('.')[0]}/ unavailable ({_exc})", file=sys.stderr)
+try:
+    from edge.bench_lsl import register_bench as _register_lsl_bench
+
+    _register_lsl_bench(bench)
+except ImportError as _exc:
+    print(f"warning: LSL benchmark unavailable ({_exc})", file=sys.stderr)
 
 
 def main() -> None:
