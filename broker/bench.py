@@ -91,6 +91,18 @@ class Swarm:
         self.last_sent: dict[int, float] = {}
         self.done = False
 
+    def wait_model(self, timeout: float = 60.0) -> None:
+        """Block until the coordinator's retained model arrives (it subscribes to joins before publishing it)."""
+        end = time.monotonic() + timeout
+        while self.global_state is None and time.monotonic() < end:
+            item = self.t.get(0.1)
+            if item is not None and item.event == "message" and item.payload:
+                msg, tensors = decode(item.payload)
+                if msg.kind == "model":
+                    self.global_state = tensors
+        if self.global_state is None:
+            raise TimeoutError("no model from the coordinator")
+
     def join(self, spec) -> None:
         for cid in self.ids:
             self.t.publish(self.topics.status(cid), encode(StatusMsg(federation=self.fed, sender=cid, state="online")),
@@ -140,7 +152,7 @@ def run_federation(url: str, n: int, rounds: int, model: str, aggregation: str) 
     ct = threading.Thread(target=coord.run, kwargs={"stop": stop}, daemon=True)
     ct.start()
     swarm = Swarm(url, fed, n)
-    time.sleep(0.5)
+    swarm.wait_model()
     swarm.join(coord.spec)
     st = threading.Thread(target=swarm.serve, args=(stop,), daemon=True)
     st.start()

@@ -12,6 +12,6 @@ while read -r name opts; do
   out="experiments/results/$group/$name"
   [ -f "$out/results.json" ] && continue
   echo "$(date -u +%H:%M:%S) start $name"
-  OMP_NUM_THREADS=1 python -m trainer.cli simulate $opts --workers 1 --out "$out" > "$out.log" 2>&1
+  OMP_NUM_THREADS=1 python -m trainer.cli simulate $opts --workers 1 --threads 1 --out "$out" > "$out.log" 2>&1
   echo "$(date -u +%H:%M:%S) end $name rc=$?"
 done < "$spec"

@@ -23,7 +23,8 @@ bench = typer.Typer(help="Benchmarks: results go to docs/bench/*.json and are su
 app.add_typer(bench, name="bench")
 
 #: Packages that contribute commands, in help order.
-COMMAND_MODULES = ("trainer.cli", "broker.cli", "export.cli")
+COMMAND_MODULES = ("trainer.cli", "broker.cli", "export.cli",
+                   "neurofed.demo")
 
 
 def _version(value: bool) -> None:

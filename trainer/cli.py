@@ -98,6 +98,7 @@ def simulate(
     test_batch: Annotated[int, typer.Option(help="test batch size (batch-specific BN)")] = 8,
     eval_every: Annotated[int, typer.Option(help="evaluate the global model every N rounds (learning curve)")] = 10,
     workers: Annotated[int, typer.Option(help="parallel processes over folds/seeds")] = 1,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads per worker (default: cores / workers)")] = None,
     fold_seed: Annotated[int, typer.Option(help="seed of the k-fold subject grouping")] = 0,
     data_dir: Annotated[Optional[str], typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder")] = None,
     out: Annotated[Path, typer.Option(help="run directory (re-running resumes it)")] = Path("runs/simulate"),
@@ -132,7 +133,7 @@ def simulate(
                 f"BCA {100 * sum(bcas) / len(bcas):.1f}%" if bcas else "trained (no held-out subject)")
             prog.console.log(msg + f" ({job['seconds']:.0f} s)")
 
-        results = run_simulation(cfg, out, workers, on_done)
+        results = run_simulation(cfg, out, workers, on_done, threads)
     if results["per_subject"]:
         print_results(results)
     for c in results["checkpoints"]:

@@ -90,3 +90,45 @@ def test_bad_specs_are_refused(tmp_path):
 
     with pytest.raises(ProtocolError):
         SecureBrokerSpec("f", ["a/b"])
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    import subprocess
+
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+def test_tls_listener_with_generated_config(fed_name):
+    """A throwaway CA + server certificate; mqtts:// with the CA works, without it fails."""
+    from broker.transport import TransportError
+
+    d = Path(tempfile.mkdtemp(prefix="neurofed-tls-"))
+    os.chmod(d, 0o755)
+    try:
+        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+                 "-subj", "/CN=neurofed-test-ca", cwd=d)
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+                 "-subj", "/CN=127.0.0.1", cwd=d)
+        (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", "server.pem", "-days", "1", "-extfile", "ext.cnf", cwd=d)
+        for f in d.iterdir():
+            os.chmod(f, 0o644)
+        port = free_port()
+        files = write_broker_config(SecureBrokerSpec(fed_name, ["A"], port=port, tls_cert=d / "server.pem",
+                                                     tls_key=d / "server.key", tls_ca=d / "ca.pem"), d / "cfg")
+        os.chmod(d / "cfg", 0o755)
+        m = Mosquitto(d, extra_conf=files.conf.read_text(), port=port).start()
+        try:
+            creds = json.loads(files.credentials.read_text())
+            url = f"mqtts://A:{creds['A']}@127.0.0.1:{port}"
+            with MqttTransport(url, "A", ca_certs=str(d / "ca.pem")) as t:
+                assert t.connected
+                t.publish(Topics(fed_name).status("A"), b"x", wait=5)
+            with pytest.raises(TransportError):
+                MqttTransport(url, "A2").connect(timeout=5)  # system CAs do not trust our test CA
+        finally:
+            m.stop()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -65,13 +65,19 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
     spec = EvalSpec(test=test, test_batch=cfg.test_batch, every=cfg.eval_every,
                     attacks=[(a, float(e)) for a, e in cfg.attacks])
     t0 = time.time()
+
+    def log_round(r: int, total: int, point: dict) -> None:
+        if "bca" in point or r == total:
+            logger.info("fold %d seed %d: round %d/%d loss %.3f%s", fold_idx, seed, r, total, point["loss"],
+                        f" held-out BCA {100 * point['bca']:.1f}%" if "bca" in point else "")
+
     if cfg.algorithm == "ct":
         local = LocalConfig(**{**cfg.local, "batch_size": cfg.ct_batch_size})
-        model, info = run_centralised(train, cfg.model, strategy, local, cfg.rounds, seed, spec)
+        model, info = run_centralised(train, cfg.model, strategy, local, cfg.rounds, seed, spec, log_round)
     else:
         local = LocalConfig(**cfg.local)
         model, info = run_federated({sd.subject: sd for sd in train}, cfg.model, strategy, local,
-                                    cfg.rounds, cfg.fraction, seed, spec)
+                                    cfg.rounds, cfg.fraction, seed, spec, log_round)
     seconds = time.time() - t0
     result = {
         "fold": fold_idx, "seed": seed, "test_subjects": [sd.subject for sd in test],
@@ -126,7 +132,7 @@ def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
 
 def run_simulation(
     cfg: SimConfig, out_dir: str | os.PathLike, workers: int = 1,
-    on_done: Callable[[dict, int, int], None] | None = None,
+    on_done: Callable[[dict, int, int], None] | None = None, threads: int | None = None,
 ) -> dict:
     """Run every (fold, seed) job not already finished in ``out_dir`` (resume), then write results.json."""
     out = Path(out_dir)
@@ -147,7 +153,8 @@ def run_simulation(
                 todo.append((k, fold, seed, str(p)))
     total = len(todo) + len(done)
     if todo:
-        threads = max(1, (os.cpu_count() or 1) // max(workers, 1))
+        # one torch thread per worker by default: extra threads only spin when cores are shared
+        threads = threads or max(1, (os.cpu_count() or 1) // max(workers, 1))
         if workers <= 1:
             for k, fold, seed, p in todo:
                 done.append(_job(asdict(cfg), k, fold, seed, p, threads))

@@ -1,0 +1,130 @@
+"""``neurofed demo``: the whole product end to end on one machine, with no external service.
+
+Broker -> simulated headsets -> on-device capture -> federated training over MQTT -> ONNX export ->
+live decoding of a held-out subject -> offline/attack evaluation -> run directory with a report.
+The phases are in :mod:`neurofed.demo_run`; this module holds the configuration and the command.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainer.errors import NeuroFedError
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Everything a demo run needs (written to ``config.json`` in the run directory).
+
+    Parameters
+    ----------
+    subjects : list of int
+        EEGMMIDB subjects whose headsets train (one edge client each).
+    heldout : int
+        Subject streamed live to the exported model after training (never trained on).
+    algorithm : str
+        ``fedbs`` or ``safe``.
+    rounds, fraction, batch_size, local_epochs : federation schedule.
+    speed : float
+        Playback speed of the training headsets (capture phase).
+    live_speed : float
+        Playback speed of the held-out headset (live phase).
+    eps : list of float
+        FGSM budgets (x per-channel std) for the BCA-vs-epsilon curve of the exported model.
+    broker : str or None
+        ``mqtt://host:port`` of an existing broker; None starts the embedded one on a free port.
+    """
+
+    subjects: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8])
+    heldout: int = 9
+    algorithm: str = "fedbs"
+    rounds: int = 40
+    fraction: float = 0.5
+    batch_size: int = 8
+    local_epochs: int = 2
+    channels: str = "sensorimotor21"
+    resample: float = 80.0
+    speed: float = 20.0
+    live_speed: float = 10.0
+    runs: str = "4,8,12"
+    eps: list[float] = field(default_factory=lambda: [0.01, 0.03, 0.05])
+    attack: str = "fgsm"
+    broker: str | None = None
+    data_dir: str | None = None
+    out: str = ""
+    seed: int = 0
+    round_deadline_s: float = 90.0
+    time_budget_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ("fedbs", "safe"):
+            raise NeuroFedError(f"--algorithm {self.algorithm!r}: use fedbs or safe")
+        if len(self.subjects) < 2:
+            raise NeuroFedError("the demo needs at least 2 training subjects")
+        if self.heldout in self.subjects:
+            raise NeuroFedError(f"held-out subject {self.heldout} is also a training subject")
+        if self.rounds < 1 or not 0 < self.fraction <= 1 or self.speed <= 0 or self.live_speed <= 0:
+            raise NeuroFedError("rounds >= 1, 0 < fraction <= 1 and speeds > 0 are required")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _subjects(spec: str) -> list[int]:
+    out: list[int] = []
+    try:
+        for part in spec.split(","):
+            part = part.strip()
+            if "-" in part:
+                a, b = part.split("-", 1)
+                out += list(range(int(a), int(b) + 1))
+            elif part:
+                out.append(int(part))
+    except ValueError:
+        raise NeuroFedError(f"--subjects {spec!r}: use e.g. 1-6 or 1,2,5") from None
+    return sorted(set(out))
+
+
+def demo_cmd(
+    subjects: Annotated[str, typer.Option(help="Training subjects (one headset + edge client each).")] = "1-8",
+    heldout: Annotated[int, typer.Option(help="Held-out subject decoded live after training.")] = 9,
+    algorithm: Annotated[str, typer.Option(help="fedbs or safe.")] = "fedbs",
+    rounds: Annotated[int, typer.Option(help="Federated rounds.")] = 40,
+    fraction: Annotated[float, typer.Option(help="Fraction of clients per round.")] = 0.5,
+    batch_size: Annotated[int, typer.Option(help="Client batch size.")] = 8,
+    local_epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = 2,
+    speed: Annotated[float, typer.Option(help="Playback speed of the training headsets.")] = 20.0,
+    live_speed: Annotated[float, typer.Option(help="Playback speed of the held-out headset.")] = 10.0,
+    runs: Annotated[str, typer.Option(help="EEGMMIDB runs each headset replays.")] = "4,8,12",
+    eps: Annotated[str, typer.Option(help="FGSM budgets for BCA vs epsilon (comma list; '' = skip).")] = "0.01,0.03,0.05",
+    broker: Annotated[str | None, typer.Option(help="Use this broker (mqtt://host:port) instead of the embedded one.")] = None,
+    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Run directory (default runs/demo-<timestamp>).")] = None,
+    seed: Annotated[int, typer.Option(help="Federation seed.")] = 0,
+    time_budget: Annotated[float, typer.Option(help="Abort (cleanly) after this many seconds.")] = 900.0,
+) -> None:
+    """Run the whole system end to end: headsets, capture, federated training, export, live decoding, report."""
+    from neurofed.demo_run import run_demo
+
+    try:
+        eps_list = [float(e) for e in eps.split(",") if e.strip()]
+    except ValueError:
+        raise NeuroFedError(f"--eps {eps!r}: comma list of numbers") from None
+    run_dir = out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    cfg = DemoConfig(subjects=_subjects(subjects), heldout=heldout, algorithm=algorithm, rounds=rounds,
+                     fraction=fraction, batch_size=batch_size, local_epochs=local_epochs, speed=speed,
+                     live_speed=live_speed, runs=runs, eps=eps_list, broker=broker, data_dir=data_dir,
+                     out=str(run_dir), seed=seed, time_budget_s=time_budget)
+    res = run_demo(cfg)
+    if not res["checks"]["all_ok"]:
+        raise NeuroFedError(f"demo finished but checks failed: {res['checks']['failed']} (see {run_dir}/report.md)")
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    """Add ``neurofed demo``."""
+    app.command("demo")(demo_cmd)

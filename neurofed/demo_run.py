@@ -1,0 +1,309 @@
+"""The phases of ``neurofed demo`` (see docs/demo.md). Every child process is supervised; every wait is bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from rich.console import Console
+
+from neurofed.demo import DemoConfig
+from neurofed.supervise import DemoError, Supervisor, command, module_command
+
+console = Console(highlight=False, width=None if Console().is_terminal else 120)
+
+LSL_CFG = "[lab]\nSessionID = {session}\n\n[multicast]\nResolveScope = machine\n\n[log]\nlevel = -3\n"
+
+
+class Run:
+    """State shared by the phases of one demo run."""
+
+    def __init__(self, cfg: DemoConfig) -> None:
+        from trainer.data.eegmmidb import resolve_data_dir
+
+        self.cfg = cfg
+        self.dir = Path(cfg.out).resolve()
+        if self.dir.exists() and any(self.dir.iterdir()):
+            raise DemoError(f"run directory {self.dir} exists and is not empty; choose another --out")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir = resolve_data_dir(cfg.data_dir)
+        self.t0 = time.monotonic()
+        self.tag = f"{time.strftime('%H%M%S')}{uuid.uuid4().hex[:6]}"
+        self.federation = f"demo-{self.tag}"
+        self.stream = f"nfdemo-{self.tag}"
+        self.clients = {s: f"hs-S{s:03d}" for s in cfg.subjects}
+        self.timings: dict[str, float] = {}
+        self.results: dict = {"config": cfg.to_dict(), "run_dir": str(self.dir), "federation_name": self.federation,
+                              "run_tag": self.tag}
+        lsl_cfg = self.dir / "lsl_api.cfg"
+        lsl_cfg.write_text(LSL_CFG.format(session=f"neurofed-demo-{self.tag}"))
+        if "pylsl" in sys.modules and os.environ.get("LSLAPICFG") != str(lsl_cfg):
+            raise DemoError("pylsl was loaded before the demo could give this process its private LSL session; "
+                            "run the demo in a fresh process (`neurofed demo`)")
+        os.environ["LSLAPICFG"] = str(lsl_cfg)  # this process too (before pylsl is loaded)
+        env = dict(os.environ, LSLAPICFG=str(lsl_cfg), NEUROFED_DATA=str(self.data_dir), PYTHONUNBUFFERED="1",
+                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", NEUROFED_DEMO_RUN=self.tag)
+        self.sup = Supervisor(self.dir / "logs", env)
+        self.url = cfg.broker or ""
+
+    def left(self) -> float:
+        return self.cfg.time_budget_s - (time.monotonic() - self.t0)
+
+    def budget(self, want: float) -> float:
+        """A wait bound: ``want`` seconds, never past the run's time budget."""
+        left = self.left()
+        if left <= 0:
+            raise DemoError(f"time budget of {self.cfg.time_budget_s:.0f} s used up")
+        return min(want, left)
+
+    def phase(self, name: str, t: float) -> None:
+        self.timings[name] = round(time.monotonic() - t, 2)
+
+    def store(self, s: int) -> Path:
+        return self.dir / "clients" / self.clients[s] / "store"
+
+
+# ----------------------------------------------------------------------------- phases
+#: What the demo needs from the other packages: (piece named in the error, module, CLI, command).
+PIECES = (
+    ("broker/: embedded MQTT broker (neurofed broker)", "broker.embedded", "neurofed", "broker"),
+    ("broker/: coordinator (neurofed coordinator)", "broker.coordinator", "neurofed", "coordinator"),
+    ("firmware_sim/: simulated headsets", "firmware_sim.player", None, None),
+    ("edge/: on-device capture (edge-client record)", "edge.capture", "edge-client", "record"),
+    ("edge/: on-device trial store", "edge.store", None, None),
+    ("edge/: federation client (edge-client join)", "edge.federation", "edge-client", "join"),
+    ("edge/: live decoding (edge-client infer)", "edge.infer", "edge-client", "infer"),
+    ("export/: ONNX export (neurofed export)", "export.onnx_export", "neurofed", "export"),
+    ("export/: evaluation (neurofed evaluate)", "export.evaluate", "neurofed", "evaluate"),
+)
+
+
+def preflight() -> None:
+    """Fail at once, naming the piece, if a part the demo drives is missing or does not import."""
+    import importlib
+
+    apps = {}
+    problems = []
+    for piece, module, cli, cmd in PIECES:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - any failure means the piece is unusable
+            problems.append(f"{piece}: cannot import {module} ({type(exc).__name__}: {exc})")
+            continue
+        if cli is None:
+            continue
+        if cli not in apps:
+            mod = importlib.import_module("neurofed.cli" if cli == "neurofed" else "edge.cli")
+            apps[cli] = {c.name or c.callback.__name__ for c in mod.app.registered_commands}
+        if cmd not in apps[cli]:
+            problems.append(f"{piece}: `{cli} {cmd}` is not a registered command")
+    if problems:
+        raise DemoError("missing or broken piece(s) of NeuroFed: " + "; ".join(problems))
+
+
+def start_broker(run: Run) -> None:
+    from broker.embedded import free_port, port_open
+
+    if run.cfg.broker:
+        from broker.transport import BrokerURL
+
+        u = BrokerURL.parse(run.cfg.broker)
+        if not port_open(u.host, u.port, 2.0):
+            raise DemoError(f"no MQTT broker answers at {run.cfg.broker} (is Mosquitto running?)")
+        run.results["broker"] = {"url": run.cfg.broker, "kind": "external"}
+        console.print(f"[bold]broker[/]: using {run.cfg.broker}")
+        return
+    port = free_port()
+    run.sup.start("broker", command("neurofed", "broker", "--host", "127.0.0.1", "--port", str(port)))
+    end = time.monotonic() + run.budget(30)
+    while not port_open("127.0.0.1", port):
+        run.sup.check_alive(["broker"], "embedded broker")
+        if time.monotonic() > end:
+            raise DemoError(f"embedded broker did not open 127.0.0.1:{port} within 30 s (log {run.dir}/logs/broker.log)")
+        time.sleep(0.1)
+    run.url = f"mqtt://127.0.0.1:{port}"
+    run.results["broker"] = {"url": run.url, "kind": "embedded amqtt"}
+    console.print(f"[bold]broker[/]: embedded amqtt on {run.url}")
+
+
+def recording_seconds(run: Run, subjects: list[int]) -> float:
+    """Longest per-subject playback length (s) of the chosen runs (EDF headers only)."""
+    import mne
+
+    from trainer.data.eegmmidb import subject_files
+
+    longest = 0.0
+    for s in subjects:
+        files = subject_files(run.data_dir, s, [int(r) for r in run.cfg.runs.split(",")])
+        total = 0.0
+        for f in files:
+            raw = mne.io.read_raw_edf(f, preload=False, verbose="error")
+            total += raw.n_times / raw.info["sfreq"]
+        longest = max(longest, total)
+    return longest
+
+
+def capture(run: Run) -> dict:
+    cfg, t = run.cfg, time.monotonic()
+    dur = recording_seconds(run, cfg.subjects)
+    wall = dur / cfg.speed
+    console.print(f"[bold]capture[/]: {len(cfg.subjects)} headsets replay {dur:.0f} s of EEG each at {cfg.speed:g}x "
+                  f"(~{wall:.0f} s); edge clients record cued trials into their stores")
+    names = []
+    for s in cfg.subjects:
+        name = f"record-{run.clients[s]}"
+        run.sup.start(name, command("edge-client", "record", "--stream", f"{run.stream}-S{s:03d}",
+                                    "--store", str(run.store(s)), "--subject", f"S{s:03d}", "--sfreq", "160",
+                                    "--resolve-timeout", "90", "--idle-timeout", "5",
+                                    "--duration", str(int(wall + 150))))
+        names.append(name)
+    time.sleep(1.0)
+    run.sup.start("headsets-train", module_command("neurofed.headsets", "--subjects", ",".join(map(str, cfg.subjects)),
+                                                   "--data-dir", str(run.data_dir), "--runs", cfg.runs,
+                                                   "--speed", str(cfg.speed), "--name", run.stream,
+                                                   "--wait-consumers", "90", "--lead-in", "1.0"))
+    run.sup.wait(["headsets-train"], run.budget(wall + 120), "simulated headsets (capture)")
+    run.sup.wait(names, run.budget(60), "edge-client record")
+    counts = {}
+    from edge.store import LocalStore
+
+    for s in cfg.subjects:
+        st = LocalStore(run.store(s))
+        labels = st.labels
+        counts[run.clients[s]] = {"trials": len(st), **{c: labels.count(c) for c in ("left_fist", "right_fist")}}
+        if len(st) < 8 or len(set(labels)) < 2:
+            raise DemoError(f"{run.clients[s]} captured only {len(st)} trials ({sorted(set(labels))}); "
+                            f"see {run.dir}/logs/record-{run.clients[s]}.log")
+    run.phase("capture", t)
+    console.print("  captured: " + ", ".join(f"{c} {v['trials']}" for c, v in counts.items()))
+    return counts
+
+
+def federation_toml(run: Run) -> Path:
+    cfg = run.cfg
+    p = run.dir / "federation.toml"
+    p.write_text(f"""[federation]
+name = "{run.federation}"
+rounds = {cfg.rounds}
+fraction = {cfg.fraction}
+seed = {cfg.seed}
+min_clients = {len(cfg.subjects)}
+join_timeout_s = 180
+round_deadline_s = {cfg.round_deadline_s}
+strategy = "{cfg.algorithm}"
+
+[model]
+name = "eegnet"
+classes = ["left_fist", "right_fist"]
+test_batch_size = 8
+
+[preprocess]
+channels = "{cfg.channels}"
+resample = {cfg.resample}
+
+[local]
+batch_size = {cfg.batch_size}
+local_epochs = {cfg.local_epochs}
+
+[output]
+dir = "{run.dir / 'coordinator'}"
+""")
+    return p
+
+
+def federate(run: Run, tap, curve) -> dict:
+    """Coordinator + one ``edge-client join`` per captured store; progress printed per round."""
+    from neurofed.demo_eval import _progress
+
+    cfg, t = run.cfg, time.monotonic()
+    toml = federation_toml(run)
+    console.print(f"[bold]federate[/]: {cfg.algorithm.upper()} over MQTT, {cfg.rounds} rounds, "
+                  f"{len(cfg.subjects)} clients, fraction {cfg.fraction}, batch {cfg.batch_size}")
+    run.sup.start("coordinator", command("neurofed", "coordinator", "--broker", run.url, "--config", str(toml),
+                                         "--out", str(run.dir / "coordinator")))
+    joins = []
+    for s in cfg.subjects:
+        cid = run.clients[s]
+        run.sup.start(f"join-{cid}", command("edge-client", "join", "--broker", run.url, "--client-id", cid,
+                                             "--federation", run.federation, "--store", str(run.store(s)),
+                                             "--state-dir", str(run.dir / "clients" / cid / "state"),
+                                             "--join-timeout", "180"))
+        joins.append(f"join-{cid}")
+    end = time.monotonic() + run.budget(180 + cfg.rounds * (cfg.round_deadline_s + 5))
+    while run.sup.children["coordinator"].rc is None:
+        if time.monotonic() > end:
+            raise DemoError("federated training did not finish in time (log logs/coordinator.log)")
+        run.sup.check_alive(joins, "edge-client join")
+        _progress(tap, curve, cfg.rounds)
+        time.sleep(0.2)
+    run.sup.wait(["coordinator"], 5, "coordinator")
+    run.sup.wait(joins, run.budget(60), "edge-client join")
+    time.sleep(0.5)  # the last result/model messages
+    _progress(tap, curve, cfg.rounds)
+    metrics = json.loads((run.dir / "coordinator" / "metrics.json").read_text())
+    run.phase("federate", t)
+    return metrics
+
+
+def export(run: Run) -> dict:
+    t = time.monotonic()
+    ckpt = run.dir / "coordinator" / "global_model.safetensors"
+    if not ckpt.is_file():
+        raise DemoError(f"the coordinator wrote no final model ({ckpt}); see logs/coordinator.log")
+    console.print("[bold]export[/]: neurofed export -> model.onnx (verified against torch on the held-out subject)")
+    run.sup.start("export", command("neurofed", "export", str(ckpt), "-o", str(run.dir / "model.onnx"),
+                                    "--data-dir", str(run.data_dir), "--verify-subjects", str(run.cfg.heldout),
+                                    "--json", str(run.dir / "export.json")))
+    run.sup.wait(["export"], run.budget(300), "neurofed export")
+    run.phase("export", t)
+    return json.loads((run.dir / "export.json").read_text())
+
+
+def run_demo(cfg: DemoConfig) -> dict:
+    """Run every phase; children are stopped on any exit path (Ctrl-C and SIGTERM included)."""
+    from neurofed.demo_eval import HeldOutCurve, check_wire, live, offline
+    from neurofed.run_report import summarise, write_report
+    from neurofed.wiretap import Wiretap
+
+    run = Run(cfg)
+    preflight()
+    (run.dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+    old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    tap = None
+    try:
+        start_broker(run)
+        tap = Wiretap(run.url, run.federation).start()
+        run.results["capture"] = capture(run)
+        curve = HeldOutCurve(run, tap)
+        run.results["federation"] = federate(run, tap, curve)
+        run.results["curve"] = [curve.points[k] for k in sorted(curve.points)]
+        run.results["export"] = export(run)
+        run.results["live"] = live(run)
+        run.results["offline"] = offline(run)
+        tap.stop()
+        from broker.config import load_config
+
+        spec = load_config(run.dir / "federation.toml").model_spec()
+        run.results["wire"] = {"traffic": tap.traffic(), "audit": check_wire(run, tap, spec)}
+        run.results["timings_s"] = {**run.timings, "total": round(time.monotonic() - run.t0, 1)}
+        summarise(run.results)
+        write_report(run.dir, run.results)
+        (run.dir / "results.json").write_text(json.dumps(run.results, indent=1, default=str))
+        return run.results
+    except KeyboardInterrupt:
+        console.print("[red]interrupted[/]: stopping every child process")
+        raise DemoError(f"interrupted; partial run in {run.dir}") from None
+    finally:
+        if tap is not None:
+            tap.stop()
+        run.sup.stop_all()
+        signal.signal(signal.SIGTERM, old)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
