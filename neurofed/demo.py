@@ -30,6 +30,9 @@ class DemoConfig:
     algorithm : str
         ``fedbs`` or ``safe``.
     rounds, fraction, batch_size, local_epochs : federation schedule.
+    lr : float
+        Client SGD learning rate. 0.05, not the papers' 0.005: with 45 trials per client, 0.005
+        leaves the model at chance for 100 rounds (docs/BENCHMARKS.md, "The local-step budget").
     speed : float
         Playback speed of the training headsets (capture phase).
     live_speed : float
@@ -47,6 +50,7 @@ class DemoConfig:
     fraction: float = 0.5
     batch_size: int = 8
     local_epochs: int = 2
+    lr: float = 0.05
     channels: str = "sensorimotor21"
     resample: float = 80.0
     speed: float = 20.0
@@ -98,6 +102,7 @@ def demo_cmd(
     fraction: Annotated[float, typer.Option(help="Fraction of clients per round.")] = 0.5,
     batch_size: Annotated[int, typer.Option(help="Client batch size.")] = 8,
     local_epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = 2,
+    lr: Annotated[float, typer.Option(help="Client SGD learning rate.")] = 0.05,
     speed: Annotated[float, typer.Option(help="Playback speed of the training headsets.")] = 20.0,
     live_speed: Annotated[float, typer.Option(help="Playback speed of the held-out headset.")] = 10.0,
     runs: Annotated[str, typer.Option(help="EEGMMIDB runs each headset replays.")] = "4,8,12",
@@ -117,7 +122,7 @@ def demo_cmd(
         raise NeuroFedError(f"--eps {eps!r}: comma list of numbers") from None
     run_dir = out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = DemoConfig(subjects=_subjects(subjects), heldout=heldout, algorithm=algorithm, rounds=rounds,
-                     fraction=fraction, batch_size=batch_size, local_epochs=local_epochs, speed=speed,
+                     fraction=fraction, batch_size=batch_size, local_epochs=local_epochs, lr=lr, speed=speed,
                      live_speed=live_speed, runs=runs, eps=eps_list, broker=broker, data_dir=data_dir,
                      out=str(run_dir), seed=seed, time_budget_s=time_budget)
     res = run_demo(cfg)

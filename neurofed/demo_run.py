@@ -209,6 +209,7 @@ resample = {cfg.resample}
 [local]
 batch_size = {cfg.batch_size}
 local_epochs = {cfg.local_epochs}
+lr = {cfg.lr}
 
 [output]
 dir = "{run.dir / 'coordinator'}"

@@ -70,21 +70,13 @@ def bench_data(
                f"ms/subject ({res['speedup']:.0f}x) -> {p}")
 
 
-def _time_steps(step, n: int) -> float:
-    step()  # warm-up
-    t = time.perf_counter()
-    for _ in range(n):
-        step()
-    return (time.perf_counter() - t) / n
-
-
 def bench_train(
     threads: Annotated[int, typer.Option(help="torch threads")] = 1,
     batch_size: Annotated[int, typer.Option()] = 32,
     steps: Annotated[int, typer.Option()] = 30,
     out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
 ) -> None:
-    """Training throughput (trials/s) per model and step cost of SAM and SAFE relative to SGD."""
+    """Training throughput (trials/s) per model and step cost of SAM and SAFE relative to SGD (median step times)."""
     import torch
 
     from trainer.fl.local import LocalConfig, train_local
@@ -101,13 +93,21 @@ def bench_train(
         for model_name in ("eegnet", "shallow", "deep"):
             if model_name == "deep" and t < 441:
                 continue
-            timings = {}
+            # interleave the three step kinds and take medians, so machine load hits them alike
+            models, cfg = {}, LocalConfig(batch_size=batch_size, local_epochs=1)
             for alg in ("fedavg", "fedbs", "safe"):
                 strat = get_strategy(alg)
-                model = build_model(model_name, c, 2, t, sf, strat.bn_mode)
-                cfg = LocalConfig(batch_size=batch_size, local_epochs=1)
-                xb, yb = X[:batch_size], y[:batch_size]
-                timings[alg] = _time_steps(lambda: train_local(model, xb, yb, strat, cfg, 0), steps)
+                models[alg] = (strat, build_model(model_name, c, 2, t, sf, strat.bn_mode))
+            xb, yb = X[:batch_size], y[:batch_size]
+            samples: dict[str, list[float]] = {a: [] for a in models}
+            for i in range(steps + 1):
+                for alg, (strat, model) in models.items():
+                    t0 = time.perf_counter()
+                    train_local(model, xb, yb, strat, cfg, 0)
+                    if i:  # first round is warm-up
+                        samples[alg].append(time.perf_counter() - t0)
+            timings = {a: float(np.median(v)) for a, v in samples.items()}
+            model = models["fedavg"][1]
             rows.append({"shape": shape_name, "model": model_name, "params": count_parameters(model),
                          "sgd_step_ms": 1000 * timings["fedavg"], "sgd_trials_per_s": batch_size / timings["fedavg"],
                          "sam_over_sgd": timings["fedbs"] / timings["fedavg"],
