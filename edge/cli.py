@@ -6,7 +6,6 @@ Each feature module adds its commands with ``register(app)``: one line per modul
 from __future__ import annotations
 
 import logging
-import sys
 
 import typer
 
@@ -28,10 +27,6 @@ from edge.infer_cli import register as _register_infer; _register_infer(app)  # 
 
 def main() -> None:
     """Entry point: NeuroFed's own errors print one clear line and exit 2."""
-    from trainer.errors import NeuroFedError
+    from trainer.errors import run_cli
 
-    try:
-        app()
-    except NeuroFedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(app)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -99,11 +98,9 @@ def play(
 
 def main() -> None:
     """Entry point: NeuroFed's own errors print one clear line and exit 2."""
-    try:
-        app()
-    except NeuroFedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    from trainer.errors import run_cli
+
+    run_cli(app)
 
 
 if __name__ == "__main__":

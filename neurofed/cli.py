@@ -57,13 +57,9 @@ except ImportError as _exc:
 
 def main() -> None:
     """Entry point: run the CLI, turning NeuroFed's own errors into one clear line."""
-    from trainer.errors import NeuroFedError
+    from trainer.errors import run_cli
 
-    try:
-        app()
-    except NeuroFedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(app)
 
 
 if __name__ == "__main__":

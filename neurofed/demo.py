@@ -80,18 +80,9 @@ class DemoConfig:
 
 
 def _subjects(spec: str) -> list[int]:
-    out: list[int] = []
-    try:
-        for part in spec.split(","):
-            part = part.strip()
-            if "-" in part:
-                a, b = part.split("-", 1)
-                out += list(range(int(a), int(b) + 1))
-            elif part:
-                out.append(int(part))
-    except ValueError:
-        raise NeuroFedError(f"--subjects {spec!r}: use e.g. 1-6 or 1,2,5") from None
-    return sorted(set(out))
+    from trainer.cli import parse_subjects
+
+    return parse_subjects(spec, None)
 
 
 def demo_cmd(

@@ -17,16 +17,21 @@ def parse_subjects(spec: str | None, data_dir: str | None) -> list[int]:
     """``all`` / None -> every subject in the data folder; else ``1,2,5-9``."""
     from trainer.data import list_subjects
 
+    from trainer.errors import NeuroFedError
+
     if spec in (None, "", "all"):
         return list_subjects(data_dir)
     out: list[int] = []
-    for part in spec.split(","):
-        part = part.strip()
-        if "-" in part:
-            a, b = part.split("-", 1)
-            out += list(range(int(a), int(b) + 1))
-        elif part:
-            out.append(int(part))
+    try:
+        for part in spec.split(","):
+            part = part.strip()
+            if "-" in part:
+                a, b = part.split("-", 1)
+                out += list(range(int(a), int(b) + 1))
+            elif part:
+                out.append(int(part))
+    except ValueError:
+        raise NeuroFedError(f"--subjects {spec!r}: use e.g. 1-6 or 1,2,5") from None
     return sorted(set(out))
 
 
@@ -180,20 +185,15 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 def _standalone() -> None:
     """``python -m trainer.cli``: the trainer's commands alone (no broker/export imports)."""
     import logging
-    import sys
-
-    from trainer.errors import NeuroFedError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
     bench = typer.Typer(no_args_is_help=True)
     app.add_typer(bench, name="bench")
     register(app, bench)
-    try:
-        app()
-    except NeuroFedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    from trainer.errors import run_cli
+
+    run_cli(app)
 
 
 if __name__ == "__main__":

@@ -15,3 +15,14 @@ class DownloadUnavailable(DataError):
 
 class ModelConfigError(NeuroFedError, ValueError):
     """A model cannot be built for the requested signal shape."""
+
+
+def run_cli(app) -> None:
+    """Run a typer app; NeuroFed's own errors print one clear line (no traceback) and exit 2."""
+    import sys
+
+    try:
+        app()
+    except NeuroFedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

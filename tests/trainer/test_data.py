@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from trainer.data import PreprocessConfig, list_subjects, load_eegmmidb_subject, resolve_data_dir
-from trainer.data import cache
 from trainer.data.dataset import load_recordings
 from trainer.data.eegmmidb import RUN_EVENT_LABELS, download, network_reachable, subject_files
 from trainer.errors import DataError, DownloadUnavailable
