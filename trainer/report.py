@@ -24,9 +24,8 @@ def load_runs(run_dirs: list[Path]) -> list[dict]:
 
 
 def label_of(run: dict) -> str:
-    ov = run["config"].get("strategy_overrides") or {}
-    extra = ",".join(f"{k}={v}" for k, v in sorted(ov.items()))
-    return run["algorithm"] + (f" ({extra})" if extra else "")
+    """The run directory's name (unique per run; e.g. ``fedbs``, ``ct_noea``)."""
+    return Path(run["_dir"]).name or run["algorithm"]
 
 
 def paired_p(a: dict, b: dict, metric: str = "bca") -> float | None:
@@ -44,7 +43,12 @@ def paired_p(a: dict, b: dict, metric: str = "bca") -> float | None:
 def markdown_table(runs: list[dict], refs: tuple[str, ...] = ("ct", "fedavg")) -> str:
     """Accuracy (and robustness) table, with paired p-values against CT and FedAvg where present."""
     metrics = sorted({m for r in runs for m in r["summary"]}, key=lambda m: (m != "bca", m))
-    ref_runs = {r["algorithm"]: r for r in runs if r["algorithm"] in refs and not r["config"].get("strategy_overrides")}
+    # reference = the run named like the algorithm (e.g. directory "ct"), else its first plain run
+    ref_runs: dict[str, dict] = {}
+    for r in runs:
+        plain = not r["config"].get("strategy_overrides") and r["config"]["preprocess"].get("ea", True)
+        if r["algorithm"] in refs and (label_of(r) == r["algorithm"] or (plain and r["algorithm"] not in ref_runs)):
+            ref_runs[r["algorithm"]] = r
     head = ["algorithm", "subjects", "seeds"] + [f"{m} mean ± std (%)" for m in metrics]
     head += [f"p vs {k}" for k in refs if k in ref_runs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
