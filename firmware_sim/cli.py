@@ -9,8 +9,7 @@ from typing import Annotated
 
 import typer
 
-from firmware_sim import logger
-from firmware_sim.player import PlayerConfig, play_many
+from firmware_sim.player import PlayerConfig, play_many, run_to_end
 from firmware_sim.recording import Recording, load_eegmmidb, load_recording
 from trainer.errors import NeuroFedError
 
@@ -74,27 +73,7 @@ def play(
         print(f"{stream}: {rec.n_channels} ch @ {rec.sfreq:g} Hz, {rec.n_samples / rec.sfreq:.1f} s, "
               f"{len(rec.markers)} markers, source_id {cfg.source_id}")
     players = play_many(items)
-    deadline = None if duration is None else time.monotonic() + duration
-    try:
-        while any(p.is_alive() for p in players):
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            time.sleep(0.1)
-    except KeyboardInterrupt:
-        logger.info("interrupted")
-    for p in players:
-        p.stop()
-    errors = []
-    for p in players:
-        try:
-            p.join(timeout=5)
-        except NeuroFedError as exc:
-            errors.append(str(exc))
-    for p in players:
-        print(f"{p.cfg.name}: {p.n_pushed} samples pushed, {p.n_dropped} lost, {len(p.markers_sent)} markers")
-    if errors:
-        raise NeuroFedError("; ".join(errors))
-
+    run_to_end(players, None if duration is None else time.monotonic() + duration)
 
 def main() -> None:
     """Entry point: NeuroFed's own errors print one clear line and exit 2."""

@@ -232,6 +232,30 @@ class HeadsetPlayer(threading.Thread):
         logger.info("headset %s: done (%d samples pushed, %d lost)", c.name, self.n_pushed, self.n_dropped)
 
 
+def run_to_end(players: list[HeadsetPlayer], deadline: float | None = None) -> None:
+    """Wait until every player has finished (or ``deadline`` on the monotonic clock, or Ctrl-C),
+    stop and join them, print one summary line each; raise one NeuroFedError naming any failure."""
+    try:
+        while any(p.is_alive() for p in players):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        logger.info("interrupted")
+    for p in players:
+        p.stop()
+    errors = []
+    for p in players:
+        try:
+            p.join(timeout=5)
+        except NeuroFedError as exc:
+            errors.append(str(exc))
+        print(f"{p.cfg.name}: {p.n_pushed} samples pushed, {p.n_dropped} lost, {len(p.markers_sent)} markers",
+              flush=True)
+    if errors:
+        raise NeuroFedError("; ".join(errors))
+
+
 def play_many(items: list[tuple[Recording, PlayerConfig]]) -> list[HeadsetPlayer]:
     """Start several headsets (one thread each) and return them running."""
     players = [HeadsetPlayer(r, c) for r, c in items]

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from firmware_sim.player import HeadsetPlayer, PlayerConfig
+from firmware_sim.player import HeadsetPlayer, PlayerConfig, run_to_end
 from firmware_sim.recording import load_eegmmidb
 from trainer.errors import NeuroFedError
 
@@ -66,23 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             players.append(LeadInPlayer(rec, cfg))
         for p in players:
             p.start()
-        try:
-            while any(p.is_alive() for p in players):
-                time.sleep(0.1)
-        except KeyboardInterrupt:
-            pass
-        for p in players:
-            p.stop()
-        errors = []
-        for p in players:
-            try:
-                p.join(timeout=5)
-            except NeuroFedError as exc:
-                errors.append(str(exc))
-            print(f"{p.cfg.name}: {p.n_pushed} samples pushed, {p.n_dropped} lost, {len(p.markers_sent)} markers",
-                  flush=True)
-        if errors:
-            raise NeuroFedError("; ".join(errors))
+        run_to_end(players)
     except NeuroFedError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
