@@ -79,8 +79,7 @@ def find_stream(name: str | None = None, stype: str | None = None, source_id: st
     pred = _predicate(name, stype, source_id)
     found = pylsl.resolve_bypred(pred, 1, timeout)
     if not found:
-        # list what is visible with a 2 s window: liblsl's shorter resolves miss streams under load
-        visible = sorted(f"{i.name()} ({i.type()}, {i.source_id()})" for i in pylsl.resolve_streams(2.0))
+        visible = sorted(f"{i.name()} ({i.type()}, {i.source_id()})" for i in pylsl.resolve_streams(0.5))
         raise StreamError(f"no LSL stream matching {pred} within {timeout:g} s; visible: {visible or 'none'}")
     if len(found) > 1:
         logger.warning("%d streams match %s; using the first (%s)", len(found), pred, found[0].source_id())

@@ -46,7 +46,8 @@ def test_ring_buffer_locate():
 
 
 def test_find_stream_by_name_type_source_id_and_timeout():
-    rec = Recording(np.zeros((400, 3), np.float32), 100.0, ["C3", "Cz", "C4"], [], "zeros")
+    # 60 s of signal: the stream must outlive every resolve below (a 4 s one ended mid-test on a busy machine)
+    rec = Recording(np.zeros((6000, 3), np.float32), 100.0, ["C3", "Cz", "C4"], [], "zeros")
     cfg = PlayerConfig(name=unique_name("res"), speed=1, markers=False)
     p = HeadsetPlayer(rec, cfg)
     p.start()
