@@ -71,10 +71,11 @@ def run_loop(
     max_seconds: float | None = None,
     max_windows: int | None = None,
 ) -> dict:
-    """Pull, window, decode, publish until ``stop``, ``max_seconds`` or ``max_windows``.
+    """Pull, window, decode, publish until ``stop``, ``max_seconds``, ``max_windows`` or Ctrl-C.
 
     ``eeg``/``markers`` need a ``pull()`` like :class:`edge.lsl_io.Inlet` (markers: ``pull_markers()``).
-    Returns counts and the latency (LSL clock now minus window end) of each prediction.
+    Returns counts and the latency (LSL clock after publishing minus window end) of the predictions;
+    Ctrl-C ends the loop and still returns them.
     """
     from edge.lsl_io import local_clock
 
@@ -83,37 +84,40 @@ def run_loop(
         len(engine.stream_ch_names),
         int((max(engine.cfg.tmax, 0) + 10.0) * engine.stream_sfreq) + engine.window_samples,
     )
-    n_pred = n_rej = 0
+    counts = {"predictions": 0, "rejections": 0}
     lat: list[float] = []
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     wanted = {c.lower() for c in cues}
-    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-        data, ts = eeg.pull()
-        if markers is not None:
-            for t, label in markers.pull_markers():
-                if label.lower() in wanted:
-                    windower.add_cue(t, label)
-        if len(ts):
-            ring.push(np.asarray(data, np.float64) * scale, ts)
-        for window, t_end in windower.poll(ring):
-            res = engine.process(window, t_end)
-            if isinstance(res, Prediction):
-                n_pred += 1
-                lat.append(local_clock() - t_end)
-            else:
-                n_rej += 1
-            for sink in sinks:
-                sink(res)
-            if max_windows is not None and n_pred + n_rej >= max_windows:
-                stop.set()
-        if not len(ts):
-            time.sleep(0.002)
+    try:
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            data, ts = eeg.pull()
+            if markers is not None:
+                for t, label in markers.pull_markers():
+                    if label.lower() in wanted:
+                        windower.add_cue(t, label)
+            if len(ts):
+                ring.push(np.asarray(data, np.float64) * scale, ts)
+            for window, t_end in windower.poll(ring):
+                res = engine.process(window, t_end)
+                for sink in sinks:
+                    sink(res)
+                if isinstance(res, Prediction):
+                    counts["predictions"] += 1
+                    lat.append(local_clock() - t_end)
+                else:
+                    counts["rejections"] += 1
+                if max_windows is not None and counts["predictions"] + counts["rejections"] >= max_windows:
+                    stop.set()
+            if not len(ts):
+                time.sleep(0.001)
+    except KeyboardInterrupt:
+        pass
     ms = np.array(lat) * 1e3
     return {
-        "predictions": n_pred,
-        "rejections": n_rej,
+        **counts,
         "latency_ms_p50": float(np.median(ms)) if len(ms) else None,
         "latency_ms_p90": float(np.percentile(ms, 90)) if len(ms) else None,
+        "latency_ms_p99": float(np.percentile(ms, 99)) if len(ms) else None,
     }
 
 
@@ -241,8 +245,6 @@ def infer(
             stop,
             duration,
         )
-    except KeyboardInterrupt:
-        stats = {}
     finally:
         eeg.close()
         if mk is not None:

@@ -51,6 +51,9 @@ def play(
     include_rest: Annotated[bool, typer.Option("--include-rest", help="Also send T0 as 'rest' markers.")] = False,
     duration: Annotated[float | None, typer.Option(help="Stop after this many wall-clock seconds.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of jitter and drops.")] = 0,
+    wait_consumers: Annotated[float, typer.Option(help="Seconds to wait for an inlet on each stream before streaming (0 = don't).")] = 0.0,
+    lead_in: Annotated[float, typer.Option(help="Seconds to wait after the inlets attached, before the first sample.")] = 0.0,
+    go_file: Annotated[Path | None, typer.Option(help="Then also wait (bounded by --wait-consumers) until this file exists.")] = None,
 ) -> None:
     """Stream until the recordings end (or --duration, or Ctrl-C)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -68,7 +71,9 @@ def play(
     for i, (tag, rec) in enumerate(recs):
         stream = name if len(recs) == 1 else f"{name}-{tag}"
         cfg = PlayerConfig(name=stream, chunk_size=chunk_size, speed=speed, loop=loop, clock_offset=clock_offset,
-                           jitter=jitter, drop_prob=drop_prob, outages=outages, counter=counter, seed=seed + i)
+                           jitter=jitter, drop_prob=drop_prob, outages=outages, counter=counter, seed=seed + i,
+                           wait_consumers=wait_consumers, lead_in=lead_in,
+                           go_file=None if go_file is None else str(go_file))
         items.append((rec, cfg))
         print(f"{stream}: {rec.n_channels} ch @ {rec.sfreq:g} Hz, {rec.n_samples / rec.sfreq:.1f} s, "
               f"{len(rec.markers)} markers, source_id {cfg.source_id}")

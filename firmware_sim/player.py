@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -59,6 +60,12 @@ class PlayerConfig:
         Stop after this many samples (across loops).
     linger : float
         Seconds the outlets stay open after the last push (so inlets receive the tail).
+    lead_in : float
+        Seconds to wait after the consumers attached (first start only) before the first sample, so a
+        consumer that opens several streams is ready for all of them.
+    go_file : str or None
+        After the lead-in, also wait (at most ``wait_consumers`` seconds, or 60 s if that is 0) until
+        this file exists: a launcher creates it once every consumer is ready.
     unit : str
         Unit written in the channel description (change it only to simulate a misconfigured headset).
     seed : int
@@ -79,6 +86,8 @@ class PlayerConfig:
     wait_consumers: float = 0.0
     max_samples: int | None = None
     linger: float = 1.0
+    lead_in: float = 0.0
+    go_file: str | None = None
     unit: str = "microvolts"
     seed: int = 0
 
@@ -89,6 +98,8 @@ class PlayerConfig:
             raise NeuroFedError(f"speed must be > 0, got {self.speed}")
         if not 0 <= self.drop_prob < 1:
             raise NeuroFedError(f"drop_prob must be in [0, 1), got {self.drop_prob}")
+        if self.lead_in < 0 or self.wait_consumers < 0:
+            raise NeuroFedError(f"lead_in and wait_consumers must be >= 0, got {self.lead_in}, {self.wait_consumers}")
         if self.jitter < 0:
             raise NeuroFedError(f"jitter must be >= 0, got {self.jitter}")
         for at, dur in self.outages:
@@ -139,6 +150,20 @@ class HeadsetPlayer(threading.Thread):
                 logger.warning("headset %s: no inlet after %g s; streaming anyway", self.cfg.name,
                                self.cfg.wait_consumers)
 
+    def _wait_go(self) -> None:
+        """Lead-in, then the go file (first start only; see :class:`PlayerConfig`)."""
+        c = self.cfg
+        if c.lead_in > 0:
+            self._stop_evt.wait(c.lead_in)
+        if c.go_file is None:
+            return
+        go = Path(c.go_file)
+        end = time.monotonic() + (c.wait_consumers or 60.0)
+        while not go.exists() and time.monotonic() < end and not self._stop_evt.is_set():
+            self._stop_evt.wait(0.05)
+        if not go.exists():
+            logger.warning("headset %s: go file %s not created in time; streaming anyway", c.name, go)
+
     def stop(self) -> None:
         """Ask the thread to finish after the current chunk."""
         self._stop_evt.set()
@@ -169,6 +194,7 @@ class HeadsetPlayer(threading.Thread):
         self._open()
         if c.wait_consumers > 0:
             self._wait_consumers()
+        self._wait_go()
         self.ready.set()
         n, sfreq = rec.n_samples, rec.sfreq
         counter_col = 0 if rec.ch_names[0] == "Samples" else None

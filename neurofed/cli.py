@@ -50,9 +50,12 @@ for _mod in COMMAND_MODULES:
 try:
     from edge.bench_lsl import register_bench as _register_lsl_bench
 
+    from neurofed.bench_e2e import register as _register_e2e_bench
+
     _register_lsl_bench(bench)
+    _register_e2e_bench(bench)
 except ImportError as _exc:
-    print(f"warning: LSL benchmark unavailable ({_exc})", file=sys.stderr)
+    print(f"warning: LSL benchmarks unavailable ({_exc})", file=sys.stderr)
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from neurofed.demo_run import Run, console, recording_seconds
-from neurofed.supervise import DemoError, command, module_command
+from neurofed.supervise import DemoError, command
 
 
 def _progress(tap, curve, rounds: int) -> None:
@@ -73,7 +73,7 @@ def live(run: Run) -> dict:
                                    "--quiet", "--timeout", "90", "--duration", str(int(dur / cfg.live_speed + 240))))
     watch = LiveWatch(stream, f"{stream}-predictions", timeout=run.budget(120))
     watch.start()
-    run.sup.start("headset-heldout", module_command("neurofed.headsets", "--subjects", str(h), "--data-dir",
+    run.sup.start("headset-heldout", command("headset-sim", "--subjects", str(h), "--data-dir",
                                                     str(run.data_dir), "--runs", cfg.runs, "--speed", str(cfg.live_speed),
                                                     "--name", stream, "--wait-consumers", "120", "--lead-in", "0.5",
                                                     "--go-file", str(go)))

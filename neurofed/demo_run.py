@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from neurofed.demo import DemoConfig
-from neurofed.supervise import DemoError, Supervisor, command, module_command
+from neurofed.supervise import DemoError, Supervisor, command
 
 console = Console(highlight=False, width=None if Console().is_terminal else 120)
 
@@ -163,7 +163,7 @@ def capture(run: Run) -> dict:
                                     "--duration", str(int(wall + 150))))
         names.append(name)
     time.sleep(1.0)
-    run.sup.start("headsets-train", module_command("neurofed.headsets", "--subjects", ",".join(map(str, cfg.subjects)),
+    run.sup.start("headsets-train", command("headset-sim", "--subjects", ",".join(map(str, cfg.subjects)),
                                                    "--data-dir", str(run.data_dir), "--runs", cfg.runs,
                                                    "--speed", str(cfg.speed), "--name", run.stream,
                                                    "--wait-consumers", "90", "--lead-in", "1.0"))

@@ -36,11 +36,6 @@ def command(tool: str, *args: str) -> list[str]:
     return [sys.executable, "-c", code, *args]
 
 
-def module_command(module: str, *args: str) -> list[str]:
-    """``[python, -m, module, *args]``."""
-    return [sys.executable, "-m", module, *args]
-
-
 @dataclass
 class Child:
     """One running child process."""

@@ -158,7 +158,22 @@ def test_several_headsets_no_loss():
     assert len({c.source_id for c in cfgs}) == 3
 
 
+def test_go_file_holds_the_first_sample(tmp_path):
+    """With a go file the headset waits (after its inlets attached) until the launcher creates it."""
+    go = tmp_path / "go"
+    p, eeg, _ = _start(_synthetic(n=100), markers=False, lead_in=0.2, go_file=str(go), linger=0.5)
+    time.sleep(1.0)
+    assert p.n_pushed == 0 and not p.ready.is_set()  # inlets are attached, yet nothing streams
+    t_go = local_clock()
+    go.touch()
+    _, ts = drain(eeg, lambda d, t: len(t) >= 100, timeout=10)
+    p.join(timeout=5)
+    assert len(ts) == 100 and ts[0] >= t_go - 0.05  # sample 0 was captured after the go
+
+
 def test_bad_config():
+    with pytest.raises(NeuroFedError, match="lead_in"):
+        PlayerConfig(name="x", lead_in=-1)
     with pytest.raises(NeuroFedError, match="speed"):
         PlayerConfig(name="x", speed=0)
     with pytest.raises(NeuroFedError, match="drop_prob"):

@@ -30,6 +30,19 @@ def test_simulate_ct_loso_writes_results_and_resumes(tmp_path, data_dir):
     assert json.loads((out / "results.json").read_text())["per_subject"] == r["per_subject"]
     rep = CliRunner().invoke(app, ["report", str(out), "--out", str(tmp_path / "rep")])
     assert rep.exit_code == 0 and (tmp_path / "rep" / "per_subject_bca.png").stat().st_size > 1000
+    # more seeds extend the run: seed 0's jobs are kept, seed 1's added, results average over both
+    res3 = CliRunner().invoke(app, [*args[:-2], "--seeds", "0,1", *args[-2:]])
+    assert res3.exit_code == 0, res3.output
+    assert sorted(p.name for p in (out / "jobs").iterdir()) == ["seed0_fold00.json", "seed0_fold01.json",
+                                                                 "seed0_fold02.json", "seed1_fold00.json",
+                                                                 "seed1_fold01.json", "seed1_fold02.json"]
+    assert json.loads((out / "results.json").read_text())["config"]["seeds"] == [0, 1]
+    # any other change is refused with one line
+    res4 = CliRunner().invoke(app, [*args, "--lr", "0.1"])
+    assert res4.exit_code != 0 and "different configuration" in str(res4.exception)
+    proc = subprocess.run([sys.executable, "-m", "neurofed.cli", *args, "--lr", "0.1"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "different configuration" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_simulate_without_held_out_saves_checkpoint(tmp_path, data_dir):

@@ -52,6 +52,23 @@ def test_preprocessing_and_ea(data_dir, own_cache, small_cfg):
     np.testing.assert_allclose(cov, np.eye(21), atol=1e-4)  # EA whitens the mean covariance
 
 
+@pytest.mark.parametrize("sfreq,new", [(160.0, 80.0), (160.0, 128.0), (250.0, 160.0)])
+def test_cached_filter_designs_give_scipy_defaults_exactly(sfreq, new):
+    """Band-pass and resampling reuse their designs (the live decoder calls them per window) bit for bit."""
+    from fractions import Fraction
+
+    from scipy import signal
+
+    from trainer.data.preprocess import bandpass, resample
+
+    x = np.random.default_rng(0).normal(0, 20, (3, 4, int(4 * sfreq)))
+    for _ in range(2):  # second call: from the cache
+        sos = signal.butter(4, [8.0, 30.0], btype="bandpass", fs=sfreq, output="sos")
+        assert np.array_equal(bandpass(x, sfreq, 8.0, 30.0), signal.sosfiltfilt(sos, x, axis=-1))
+        f = Fraction(new / sfreq).limit_denominator(1000)
+        assert np.array_equal(resample(x, sfreq, new), signal.resample_poly(x, f.numerator, f.denominator, axis=-1))
+
+
 def test_cache_hit_is_identical_and_fast(data_dir, own_cache, small_cfg):
     t0 = time.perf_counter()
     a = load_eegmmidb_subject(3, small_cfg, data_dir)

@@ -16,6 +16,7 @@ import torch
 
 from trainer.checkpoint import ModelMeta, save_checkpoint
 from trainer.data import PreprocessConfig, load_subjects
+from trainer.errors import NeuroFedError
 from trainer.experiments.protocol import make_folds
 from trainer.experiments.runner import EvalSpec, evaluate_subjects, global_state_of, run_centralised, run_federated
 from trainer.fl.local import LocalConfig
@@ -130,6 +131,15 @@ def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
     }
 
 
+def same_run(old: dict, new: dict) -> bool:
+    """Whether ``new`` may resume ``old``'s directory: equal configurations, except that seeds may be added.
+
+    Jobs are stored per (seed, fold), so extending ``--seeds 0`` to ``--seeds 0,1,2`` reuses seed 0's jobs.
+    """
+    a, b = dict(old), dict(new)
+    return set(a.pop("seeds", [])) <= set(b.pop("seeds", [])) and a == b
+
+
 def run_simulation(
     cfg: SimConfig, out_dir: str | os.PathLike, workers: int = 1,
     on_done: Callable[[dict, int, int], None] | None = None, threads: int | None = None,
@@ -139,8 +149,9 @@ def run_simulation(
     (out / "jobs").mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
     cfg_json = json.dumps(asdict(cfg), indent=1, sort_keys=True)
-    if cfg_path.exists() and json.loads(cfg_path.read_text()) != json.loads(cfg_json):
-        raise ValueError(f"{out} holds a run with a different configuration; use another --out or delete it")
+    if cfg_path.exists() and not same_run(json.loads(cfg_path.read_text()), json.loads(cfg_json)):
+        raise NeuroFedError(f"{out} holds a run with a different configuration (only --seeds may be extended); "
+                             "use another --out or delete it")
     cfg_path.write_text(cfg_json)
     folds = make_folds(cfg.subjects, cfg.protocol, cfg.fold_seed)
     todo, done = [], []

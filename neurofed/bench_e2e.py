@@ -1,0 +1,187 @@
+"""``neurofed bench e2e``: live decoding latency, last EEG sample of a window in -> prediction out, over LSL.
+
+Three real processes on a private LSL session, as on a headset host:
+
+- ``headset-sim`` replays a recorded EEGMMIDB subject in real time (chunks of ``--chunk`` samples);
+- ``edge-client infer`` decodes it with an exported ONNX model (guard, online EA, batch-specific BN
+  context of the last B windows, onnxruntime on one thread) and publishes each prediction on its
+  LSL output stream;
+- this process watches the EEG stream and the prediction stream (:class:`neurofed.livewatch.LiveWatch`).
+
+Latency of one prediction = arrival here of the prediction sample - arrival here of the EEG sample that
+ends its window (both stamped with the LSL clock by one polling thread). It covers the LSL hop to the
+decoder, windowing, preprocessing, EA, the forward pass and the LSL hop back. ``--load N`` adds N more
+simulated 64-channel headsets on the same host, each ingested by its own ``edge-client record``
+process, so the decoder shares the CPU with a busy host.
+
+Without ``--model`` an EEGNet (batch-specific BN, 21 sensorimotor channels, 80 Hz, 4 s window: the
+demo's layout) is exported with random weights (seed 0), verified against torch on the streamed
+subject's trials like every export: latency does not depend on weight values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from trainer.errors import NeuroFedError
+
+
+def build_latency_model(out: Path, subject: int, data_dir: Path | None) -> Path:
+    """Export a random-init EEGNet with the demo's preprocessing and the subject's real channel layout."""
+    import torch
+
+    from export.onnx_export import export_model
+    from trainer.checkpoint import ModelMeta
+    from trainer.data import PreprocessConfig, load_eegmmidb_subject
+    from trainer.models import build_model
+
+    cfg = PreprocessConfig.from_preset("sensorimotor21", resample=80.0)
+    sd = load_eegmmidb_subject(subject, cfg, data_dir)
+    torch.manual_seed(0)
+    net = build_model("eegnet", sd.X.shape[1], len(sd.classes), sd.X.shape[2], sd.sfreq, "batch_specific")
+    meta = ModelMeta("eegnet", sd.X.shape[1], len(sd.classes), sd.X.shape[2], sd.sfreq, "batch_specific",
+                     list(sd.ch_names), list(sd.classes), cfg.to_dict(), "untrained (latency benchmark)", 8,
+                     dict(sd.file_hashes), {"seed": 0})
+    export_model(net, meta, out, sd.X[:16], [sd.subject], held_out=False)
+    return out
+
+
+def _stats(ms: np.ndarray) -> dict:
+    return {
+        "n": int(len(ms)),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p90_ms": float(np.percentile(ms, 90)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "max_ms": float(ms.max()),
+        "mean_ms": float(ms.mean()),
+    }
+
+
+def run_e2e(
+    model: Path,
+    subject: int,
+    data_dir: Path | None,
+    seconds: float,
+    mode: str = "sliding",
+    step: float = 0.1,
+    chunk: int = 16,
+    load: int = 0,
+    log_dir: Path | None = None,
+) -> dict:
+    """Stream ``seconds`` of the subject live, decode, and return latency statistics (see module doc)."""
+    from edge.bench_lsl import _private_lsl
+    from neurofed.livewatch import LiveWatch
+    from neurofed.supervise import Supervisor, command
+
+    if mode not in ("sliding", "cue"):
+        raise NeuroFedError(f"mode {mode!r}: use sliding or cue")
+    if seconds <= 0:
+        raise NeuroFedError(f"--seconds must be > 0, got {seconds}")
+    _private_lsl()
+    tag = uuid.uuid4().hex[:8]
+    stream = f"bench-e2e-{tag}"
+    logs = Path(log_dir or tempfile.mkdtemp(prefix="neurofed-bench-e2e-"))
+    sup = Supervisor(logs, dict(os.environ))
+    go = logs / f"{tag}.go"
+    data_args = ["--data-dir", str(data_dir)] if data_dir else []
+    try:
+        if load:
+            load_subjects = ",".join(str(s) for s in range(1, load + 1))
+            sup.start("load-headsets", command("headset-sim", "--subjects", load_subjects, *data_args,
+                                               "--name", f"{stream}-load", "--loop", "--wait-consumers", "60"))
+            for s in range(1, load + 1):
+                sup.start(f"load-record-{s}", command(
+                    "edge-client", "record", "--stream", f"{stream}-load-S{s:03d}",
+                    "--store", str(logs / f"store-load-{s}"), "--subject", f"S{s:03d}", "--sfreq", "160",
+                    "--resolve-timeout", "60", "--duration", str(int(seconds + 120))))
+        sup.start("infer", command("edge-client", "infer", "--model", str(model), "--stream", stream,
+                                   "--mode", mode, "--step", str(step), "--quiet", "--timeout", "60",
+                                   "--duration", str(int(seconds + 120))))
+        watch = LiveWatch(stream, f"{stream}-predictions", timeout=90.0)
+        watch.start()
+        sup.start("headset", command("headset-sim", "--subject", str(subject), *data_args, "--name", stream,
+                                     "--chunk-size", str(chunk), "--loop", "--wait-consumers", "90",
+                                     "--lead-in", "0.5", "--go-file", str(go)))
+        end = time.monotonic() + 120
+        while not watch.ready.is_set() and watch.is_alive() and time.monotonic() < end:
+            sup.check_alive(["infer", "headset"], "bench e2e start-up")
+            time.sleep(0.1)
+        if not watch.ready.is_set():
+            raise NeuroFedError(f"bench e2e: streams never connected ({watch.error or 'timeout'}; logs in {logs})")
+        go.touch()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            sup.check_alive(list(sup.children), "bench e2e")
+            time.sleep(0.2)
+        watch.stop_evt.set()
+        watch.join(timeout=10)
+    finally:
+        sup.stop_all()
+    lat = watch.latencies_ms()
+    if len(lat) == 0:
+        raise NeuroFedError(f"bench e2e: no prediction arrived in {seconds:g} s (logs in {logs})")
+    warm = lat[min(len(lat) - 1, 8):]  # the first windows wait for the BN context to fill (not steady state)
+    return {
+        "mode": mode,
+        "step_s": step if mode == "sliding" else None,
+        "chunk_samples": chunk,
+        "subject": subject,
+        "seconds": seconds,
+        "load_headsets": load,
+        "predictions": len(watch.preds),
+        "matched": int(len(lat)),
+        "latency_ms": _stats(warm),
+        "latency_ms_including_first_8": _stats(lat),
+        "logs": str(logs),
+    }
+
+
+def register(bench: typer.Typer) -> None:
+    """Add ``neurofed bench e2e``."""
+
+    @bench.command("e2e")
+    def bench_e2e(
+        model: Annotated[Path | None, typer.Option(help="exported .onnx (default: random-init EEGNet, demo layout)")] = None,
+        subject: Annotated[int, typer.Option(help="EEGMMIDB subject replayed live")] = 9,
+        data_dir: Annotated[Path | None, typer.Option(help="EEGMMIDB folder (default $NEUROFED_DATA or ../shared/data)")] = None,
+        seconds: Annotated[float, typer.Option(help="streaming time per run (real time)")] = 60.0,
+        mode: Annotated[str, typer.Option(help="sliding (a window every --step s) or cue (one per cue)")] = "sliding",
+        step: Annotated[float, typer.Option(help="sliding mode: seconds between windows")] = 0.1,
+        chunk: Annotated[int, typer.Option(help="samples per LSL push of the headset")] = 16,
+        load: Annotated[str, typer.Option(help="comma list of extra busy headsets per run, e.g. 0,4")] = "0,4",
+        out: Annotated[Path, typer.Option(help="JSON results")] = Path("docs/bench/e2e.json"),
+    ) -> None:
+        """End-to-end live decoding latency: window's last EEG sample in -> prediction out (LSL)."""
+        from trainer.bench import write_result
+
+        loads = [int(x) for x in load.split(",") if x.strip()]
+        if any(n < 0 or n > 20 for n in loads):
+            raise NeuroFedError(f"--load {load!r}: each value must be 0..20")
+        with tempfile.TemporaryDirectory(prefix="neurofed-bench-e2e-") as tmp:
+            m = model
+            if m is None:
+                print("exporting a random-init EEGNet (demo layout) for the latency run ...")
+                m = build_latency_model(Path(tmp) / "latency.onnx", subject, data_dir)
+            elif not m.is_file():
+                raise NeuroFedError(f"{m}: ONNX model not found")
+            runs = []
+            for n in loads:
+                r = run_e2e(m, subject, data_dir, seconds, mode, step, chunk, n, Path(tmp) / f"load{n}")
+                r.pop("logs")
+                lat = r["latency_ms"]
+                print(f"load {n} headsets: {r['matched']} predictions, latency p50 {lat['p50_ms']:.2f} ms, "
+                      f"p90 {lat['p90_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, max {lat['max_ms']:.2f} ms")
+                runs.append(r)
+        res = {"model": str(model) if model else "random-init EEGNet, 21 ch, 80 Hz, 4 s window, BN context 8",
+               "targets": {"p50_ms": 10.0, "p99_ms": 30.0}, "runs": runs}
+        p = write_result(out.stem, res, out.parent)
+        print(f"-> {p}")

@@ -1,0 +1,40 @@
+"""``neurofed bench e2e``: real headset-sim and edge-client infer processes over a private LSL session."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+NEUROFED = [sys.executable, "-c", "import sys; sys.argv[0] = 'neurofed'; from neurofed.cli import main; main()"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_bench_e2e_measures_live_latency(tmp_path: Path, data_dir: Path) -> None:
+    out = tmp_path / "e2e.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", NEUROFED_CACHE=str(tmp_path / "cache"))
+    env.pop("LSLAPICFG", None)  # the bench makes its own private session
+    proc = subprocess.run([*NEUROFED, "bench", "e2e", "--seconds", "6", "--load", "0", "--subject", "2",
+                           "--data-dir", str(data_dir), "--out", str(out)],
+                          check=False, capture_output=True, text=True, timeout=230, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    (run,) = res["runs"]
+    # a window every 0.1 s for ~6 s (the first ones need a full 4 s window of signal)
+    assert run["matched"] >= 10 and run["matched"] <= run["predictions"]
+    lat = run["latency_ms"]
+    assert 0 < lat["p50_ms"] <= lat["p99_ms"] <= lat["max_ms"] < 1000
+    assert res["targets"] == {"p50_ms": 10.0, "p99_ms": 30.0}
+    assert "latency p50" in proc.stdout
+
+
+def test_bench_e2e_rejects_bad_options(tmp_path: Path) -> None:
+    proc = subprocess.run([*NEUROFED, "bench", "e2e", "--model", str(tmp_path / "missing.onnx"), "--load", "0"],
+                          check=False, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "missing.onnx: ONNX model not found" in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr
