@@ -74,9 +74,14 @@ def bench_train(
     threads: Annotated[int, typer.Option(help="torch threads")] = 1,
     batch_size: Annotated[int, typer.Option()] = 32,
     steps: Annotated[int, typer.Option()] = 30,
+    models: Annotated[str, typer.Option(help="comma list of eegnet, shallow, deep")] = "eegnet,shallow,deep",
     out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
 ) -> None:
-    """Training throughput (trials/s) per model and step cost of SAM and SAFE relative to SGD (median step times)."""
+    """Training throughput (trials/s) per model and step cost of SAM and SAFE relative to SGD.
+
+    Medians of wall time and of the calling thread's CPU time (``time.thread_time``; with one torch
+    thread all the work runs there), so the ratios can be read on a machine other jobs share.
+    """
     import torch
 
     from trainer.fl.local import LocalConfig, train_local
@@ -90,32 +95,41 @@ def bench_train(
     for shape_name, (c, t, sf) in shapes.items():
         X = rng.standard_normal((batch_size * 4, c, t)).astype(np.float32)
         y = rng.integers(0, 2, len(X))
-        for model_name in ("eegnet", "shallow", "deep"):
+        for model_name in models.split(","):
             if model_name == "deep" and t < 441:
                 continue
             # interleave the three step kinds and take medians, so machine load hits them alike
-            models, cfg = {}, LocalConfig(batch_size=batch_size, local_epochs=1)
+            per_alg, cfg = {}, LocalConfig(batch_size=batch_size, local_epochs=1)
             for alg in ("fedavg", "fedbs", "safe"):
                 strat = get_strategy(alg)
-                models[alg] = (strat, build_model(model_name, c, 2, t, sf, strat.bn_mode))
+                per_alg[alg] = (strat, build_model(model_name, c, 2, t, sf, strat.bn_mode))
             xb, yb = X[:batch_size], y[:batch_size]
-            samples: dict[str, list[float]] = {a: [] for a in models}
+            wall: dict[str, list[float]] = {a: [] for a in per_alg}
+            cpu: dict[str, list[float]] = {a: [] for a in per_alg}
             for i in range(steps + 1):
-                for alg, (strat, model) in models.items():
-                    t0 = time.perf_counter()
+                for alg, (strat, model) in per_alg.items():
+                    t0, c0 = time.perf_counter(), time.thread_time()
                     train_local(model, xb, yb, strat, cfg, 0)
                     if i:  # first round is warm-up
-                        samples[alg].append(time.perf_counter() - t0)
-            timings = {a: float(np.median(v)) for a, v in samples.items()}
-            model = models["fedavg"][1]
+                        wall[alg].append(time.perf_counter() - t0)
+                        cpu[alg].append(time.thread_time() - c0)
+            timings = {a: float(np.median(v)) for a, v in wall.items()}
+            cpu_t = {a: float(np.median(v)) for a, v in cpu.items()}
+            model = per_alg["fedavg"][1]
             rows.append({"shape": shape_name, "model": model_name, "params": count_parameters(model),
                          "sgd_step_ms": 1000 * timings["fedavg"], "sgd_trials_per_s": batch_size / timings["fedavg"],
                          "sam_over_sgd": timings["fedbs"] / timings["fedavg"],
-                         "safe_over_sgd": timings["safe"] / timings["fedavg"]})
-            typer.echo(f"{shape_name:18s} {model_name:8s} SGD {rows[-1]['sgd_step_ms']:.1f} ms/step "
-                       f"({rows[-1]['sgd_trials_per_s']:.0f} trials/s)  SAM x{rows[-1]['sam_over_sgd']:.2f}  "
-                       f"SAFE x{rows[-1]['safe_over_sgd']:.2f}")
-    res = {"command": f"neurofed bench train --threads {threads} --batch-size {batch_size} --steps {steps}",
+                         "safe_over_sgd": timings["safe"] / timings["fedavg"],
+                         "sgd_step_cpu_ms": 1000 * cpu_t["fedavg"],
+                         "sam_over_sgd_cpu": cpu_t["fedbs"] / cpu_t["fedavg"],
+                         "safe_over_sgd_cpu": cpu_t["safe"] / cpu_t["fedavg"]})
+            r = rows[-1]
+            typer.echo(f"{shape_name:18s} {model_name:8s} SGD {r['sgd_step_ms']:.1f} ms/step "
+                       f"({r['sgd_trials_per_s']:.0f} trials/s)  SAM x{r['sam_over_sgd']:.2f} "
+                       f"(CPU x{r['sam_over_sgd_cpu']:.2f})  SAFE x{r['safe_over_sgd']:.2f} "
+                       f"(CPU x{r['safe_over_sgd_cpu']:.2f})")
+    res = {"command": f"neurofed bench train --threads {threads} --batch-size {batch_size} --steps {steps} "
+                      f"--models {models}",
            "batch_size": batch_size, "threads": threads, "rows": rows, "peak_rss_mb": peak_rss_mb()}
     typer.echo(f"-> {write_result('train', res, out_dir)}")
 
