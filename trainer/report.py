@@ -50,13 +50,16 @@ def markdown_table(runs: list[dict], refs: tuple[str, ...] = ("ct", "fedavg")) -
         if r["algorithm"] in refs and (label_of(r) == r["algorithm"] or (plain and r["algorithm"] not in ref_runs)):
             ref_runs[r["algorithm"]] = r
     head = ["algorithm", "subjects", "seeds"] + [f"{m} mean ± std (%)" for m in metrics]
+    head += ["bca std over seeds"]
     head += [f"p vs {k}" for k in refs if k in ref_runs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
-        row = [label_of(r), str(len(r["per_subject"])), str(len(r["config"]["seeds"]))]
+        n_seeds = len(r.get("per_seed") or r["config"]["seeds"])  # seeds actually run
+        row = [label_of(r), str(len(r["per_subject"])), str(n_seeds)]
         for m in metrics:
             s = r["summary"].get(m)
             row.append(f"{100 * s['mean']:.1f} ± {100 * s['std_subjects']:.1f}" if s else "-")
+        row.append(f"{100 * r['summary']['bca']['std_seeds']:.1f}" if n_seeds > 1 else "-")
         for k in refs:
             if k in ref_runs:
                 p = None if ref_runs[k] is r else paired_p(r, ref_runs[k])

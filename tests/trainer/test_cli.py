@@ -37,6 +37,12 @@ def test_simulate_ct_loso_writes_results_and_resumes(tmp_path, data_dir):
                                                                  "seed0_fold02.json", "seed1_fold00.json",
                                                                  "seed1_fold01.json", "seed1_fold02.json"]
     assert json.loads((out / "results.json").read_text())["config"]["seeds"] == [0, 1]
+    rep2 = CliRunner().invoke(app, ["report", str(out), "--out", str(tmp_path / "rep2")])
+    assert rep2.exit_code == 0
+    row = [ln for ln in (tmp_path / "rep2" / "report.md").read_text().splitlines() if ln.startswith("| run ")][0]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:3] == ["3", "2"]  # 3 subjects, 2 seeds actually run
+    assert float(cells[-2]) >= 0.0  # the std over seeds is shown once there are two (then: p vs ct)
     # any other change is refused with one line
     res4 = CliRunner().invoke(app, [*args, "--lr", "0.1"])
     assert res4.exit_code != 0 and "different configuration" in str(res4.exception)
