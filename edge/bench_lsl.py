@@ -10,7 +10,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -19,6 +18,8 @@ from typing import Annotated
 import numpy as np
 import typer
 
+from edge.lsl_config import use_private_session
+
 CONFIGS = ((64, 160.0, 4), (256, 1000.0, 10))  # channels, Hz, samples per push
 
 
@@ -26,10 +27,7 @@ def _private_lsl() -> None:
     """Own LSL session so the benchmark never sees (or disturbs) other streams."""
     if "LSLAPICFG" in os.environ:
         return
-    path = Path(tempfile.mkdtemp(prefix="neurofed-bench-lsl-")) / "lsl_api.cfg"
-    path.write_text(f"[lab]\nSessionID = bench-{uuid.uuid4().hex}\n\n[multicast]\nResolveScope = machine\n\n"
-                    "[log]\nlevel = -3\n")
-    os.environ["LSLAPICFG"] = str(path)
+    use_private_session("bench")
 
 
 def _serve(specs: list[tuple[str, int, float, int]], seconds: float, counts) -> None:

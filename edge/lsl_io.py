@@ -80,7 +80,9 @@ def find_stream(name: str | None = None, stype: str | None = None, source_id: st
     found = pylsl.resolve_bypred(pred, 1, timeout)
     if not found:
         visible = sorted(f"{i.name()} ({i.type()}, {i.source_id()})" for i in pylsl.resolve_streams(0.5))
-        raise StreamError(f"no LSL stream matching {pred} within {timeout:g} s; visible: {visible or 'none'}")
+        raise StreamError(f"no LSL stream matching {pred} within {timeout:g} s; visible: {visible or 'none'} "
+                          "(a stream on this machine that stays invisible while others show: raise [ports] "
+                          "PortRange in lsl_api.cfg, see edge/lsl_config.py)")
     if len(found) > 1:
         logger.warning("%d streams match %s; using the first (%s)", len(found), pred, found[0].source_id())
     return found[0]

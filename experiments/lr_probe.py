@@ -2,13 +2,18 @@
 
 Usage: python experiments/lr_probe.py ALGORITHM LR BATCH ROUNDS  (prints held-out BCA every 5 rounds)
 """
-import sys, time, numpy as np, torch
+import sys
+import time
+
+import torch
+
 torch.set_num_threads(1)
-from trainer.data import PreprocessConfig, load_subjects, list_subjects
+from trainer.data import PreprocessConfig, list_subjects, load_subjects
 from trainer.experiments.protocol import make_folds
 from trainer.experiments.runner import EvalSpec, run_centralised, run_federated
 from trainer.fl.local import LocalConfig
 from trainer.fl.strategies import get_strategy
+
 cfg = PreprocessConfig.from_preset("sensorimotor21", resample=80.0)
 subs = list_subjects()
 test_ids = make_folds(subs, "kfold:5", 0)[0]

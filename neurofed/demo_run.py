@@ -12,13 +12,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from edge.lsl_config import session_config
 from neurofed.demo import DemoConfig
 from neurofed.supervise import DemoError, Supervisor, command
 
 console = Console(highlight=False, width=None if Console().is_terminal else 120)
-
-LSL_CFG = "[lab]\nSessionID = {session}\n\n[multicast]\nResolveScope = machine\n\n[log]\nlevel = -3\n"
-
 
 class Run:
     """State shared by the phases of one demo run."""
@@ -41,7 +39,7 @@ class Run:
         self.results: dict = {"config": cfg.to_dict(), "run_dir": str(self.dir), "federation_name": self.federation,
                               "run_tag": self.tag}
         lsl_cfg = self.dir / "lsl_api.cfg"
-        lsl_cfg.write_text(LSL_CFG.format(session=f"neurofed-demo-{self.tag}"))
+        lsl_cfg.write_text(session_config(f"neurofed-demo-{self.tag}"))
         if "pylsl" in sys.modules and os.environ.get("LSLAPICFG") != str(lsl_cfg):
             raise DemoError("pylsl was loaded before the demo could give this process its private LSL session; "
                             "run the demo in a fresh process (`neurofed demo`)")

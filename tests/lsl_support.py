@@ -7,29 +7,16 @@ before anything loads pylsl, so parallel test runs never see each other's stream
 from __future__ import annotations
 
 import os
-import tempfile
 import uuid
-from pathlib import Path
 
-_CFG_TEMPLATE = """[lab]
-SessionID = {session}
-
-[multicast]
-ResolveScope = machine
-
-[log]
-level = -3
-"""
+from edge.lsl_config import use_private_session
 
 
 def configure_lsl() -> str:
     """Write a private lsl_api.cfg, point $LSLAPICFG at it (once per process) and return the session id."""
     if os.environ.get("NEUROFED_LSL_SESSION"):
         return os.environ["NEUROFED_LSL_SESSION"]
-    session = f"neurofed-test-{uuid.uuid4().hex}"
-    path = Path(tempfile.mkdtemp(prefix="neurofed-lsl-")) / "lsl_api.cfg"
-    path.write_text(_CFG_TEMPLATE.format(session=session))
-    os.environ["LSLAPICFG"] = str(path)
+    session, _ = use_private_session("neurofed-test")
     os.environ["NEUROFED_LSL_SESSION"] = session
     return session
 
