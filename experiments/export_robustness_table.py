@@ -33,3 +33,30 @@ for alg in ("fedavg", "safe"):
     row += [cell(d / f"{alg}.{a}.{e}.json") for a in ("fgsm", "pgd") for e in EPS]
     row.append("-" if ratio is None else f"{100 * ratio:.0f} %")
     print("| " + " | ".join(row) + " |")
+
+# BCA vs attack budget of the exported models (ORT), next to the JSON files
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+fig, ax = plt.subplots(figsize=(6, 4))
+for alg in ("fedavg", "safe"):
+    if not (d / f"{alg}.benign.json").is_file():
+        continue
+    benign = json.loads((d / f"{alg}.benign.json").read_text())["summary"]["bca"]["mean"]
+    for atk, style in (("fgsm", "-o"), ("pgd", "--s")):
+        xs, ys = [0.0], [100 * benign]
+        for e in EPS:
+            p = d / f"{alg}.{atk}.{e}.json"
+            if p.is_file():
+                xs.append(float(e))
+                ys.append(100 * json.loads(p.read_text())["summary"]["bca_attacked"]["mean"])
+        ax.plot(xs, ys, style, label=f"{alg} {atk.upper()}")
+ax.axhline(50, color="grey", lw=0.8, ls=":")
+ax.set_xlabel("attack budget ε (× per-channel std)")
+ax.set_ylabel("BCA on held-out subjects (%)")
+ax.set_title("Exported models (onnxruntime), 6 held-out subjects")
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(d / "bca_vs_eps.png", dpi=100)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Render the published reports from the committed results (no training): the comparison table, the ablations
+# and the sensitivity runs. Usage: bash experiments/reports.sh
+set -euo pipefail
+t=experiments/results/table
+neurofed report $t/ct $t/ct_noea $t/fedavg $t/fedprox $t/scaffold $t/moon $t/fedbn $t/fedbs $t/safe --out docs/results
+a=experiments/results/ablation
+runs=(); for r in $t/fedavg $t/fedbs $a/fedbs_nosam $a/fedbs_standardbn $a/fedavg_sam $t/safe $a/safe_noawp $a/safe_nofat \
+  $a/safe_fat005 $a/safe_fat010; do [ -f $r/results.json ] && runs+=($r); done
+neurofed report "${runs[@]}" --out docs/results/ablation
+s=experiments/results/sensitivity
+runs=($t/fedbs); for r in $s/fedbs_e1 $s/fedbs_e4 $s/fedbs_b16 $s/fedbs_b32 $s/fedbs_rho005 $s/fedbs_rho02 $s/fedbs_ch64; do
+  [ -f $r/results.json ] && runs+=($r); done
+neurofed report "${runs[@]}" --out docs/results/sensitivity
