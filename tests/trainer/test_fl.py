@@ -166,3 +166,20 @@ def test_runs_are_reproducible(subjects4, alg):
     for k, v in m1.state_dict().items():
         assert torch.equal(v, m2.state_dict()[k]), k
     assert r1["curve"] == r2["curve"] and sum(r1["participation"].values()) == 4
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_scaffold_displacement_recovers_the_gradient_with_momentum(momentum):
+    """SCAFFOLD's c_i = (x - y_i) / (lr * D_K): under a constant gradient g it is exactly g, with or without
+    momentum (torch's SGD, fresh buffer, as in every local round)."""
+    from trainer.fl.client import momentum_displacement
+
+    g = torch.tensor([1.0, -2.0, 0.5])
+    w = nn.Parameter(torch.zeros(3))
+    opt = torch.optim.SGD([w], lr=0.1, momentum=momentum)
+    for _ in range(12):
+        opt.zero_grad()
+        (w * g).sum().backward()  # d/dw = g, constant
+        opt.step()
+    torch.testing.assert_close(-w.detach() / (0.1 * momentum_displacement(12, momentum)), g)
+    assert momentum_displacement(12, 0.0) == 12.0 and momentum_displacement(12, 0.9) > 4 * 12

@@ -81,6 +81,21 @@ def init_client_state(global_state: dict[str, Tensor], model: nn.Module, strateg
     return st
 
 
+def momentum_displacement(k_steps: int, momentum: float) -> float:
+    """How far K heavy-ball SGD steps (fresh momentum buffer, lr 1) move under a constant unit gradient.
+
+    ``sum_{k=1..K} (1 - m^k) / (1 - m)``; equals ``K`` for plain SGD. SCAFFOLD's option-II control
+    variate ``(x - y_i) / (K lr)`` assumes plain SGD; with momentum 0.9 the displacement after the
+    ~12 local steps of our protocol is ~4.6x larger, the control variates ~4.6x too large, and
+    training diverged (loss 1e5 after 12 rounds, BCA 50 % on every subject). Dividing by
+    ``lr * momentum_displacement(K, m)`` makes ``c_i`` the client's mean gradient again (tested).
+    """
+    k = max(int(k_steps), 1)
+    if momentum == 0:
+        return float(k)
+    return float(sum((1 - momentum ** j) / (1 - momentum) for j in range(1, k + 1)))
+
+
 def client_update(
     model: nn.Module,
     down: dict[str, Tensor],
@@ -140,9 +155,8 @@ def client_update(
     if strategy.local_bn:
         new.bn = {k: state[k].clone() for k in bn_state_keys(model)}
     if strategy.scaffold:
-        k_steps = max(metrics["steps"], 1.0)
-        ci_new = {n: ctx.scaffold_ci[n] - ctx.scaffold_c[n] + (start[n] - state[n]) / (k_steps * cfg.lr)
-                  for n in start}
+        step = cfg.lr * momentum_displacement(int(metrics["steps"]), cfg.momentum)
+        ci_new = {n: ctx.scaffold_ci[n] - ctx.scaffold_c[n] + (start[n] - state[n]) / step for n in start}
         extras = {f"scaffold_dc.{n}": ci_new[n] - ctx.scaffold_ci[n] for n in start}
         new.scaffold_c = ci_new
     if strategy.moon_mu > 0:
