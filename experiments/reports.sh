@@ -7,8 +7,8 @@ neurofed report $t/ct $t/ct_noea $t/fedavg $t/fedprox $t/scaffold $t/moon $t/fed
 a=experiments/results/ablation
 runs=(); for r in $t/fedavg $t/fedbs $a/fedbs_nosam $a/fedbs_standardbn $a/fedavg_sam $t/safe $a/safe_noawp $a/safe_nofat \
   $a/safe_fat005 $a/safe_fat010; do [ -f $r/results.json ] && runs+=($r); done
-neurofed report "${runs[@]}" --out docs/results/ablation
+neurofed report "${runs[@]}" --seeds 0 --out docs/results/ablation   # ablations ran seed 0: compare on seed 0
 s=experiments/results/sensitivity
 runs=($t/fedbs); for r in $s/fedbs_e1 $s/fedbs_e4 $s/fedbs_b16 $s/fedbs_b32 $s/fedbs_rho005 $s/fedbs_rho02 $s/fedbs_ch64; do
   [ -f $r/results.json ] && runs+=($r); done
-neurofed report "${runs[@]}" --out docs/results/sensitivity
+neurofed report "${runs[@]}" --seeds 0 --refs fedbs --out docs/results/sensitivity

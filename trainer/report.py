@@ -11,7 +11,9 @@ import typer
 from scipy import stats
 
 
-def load_runs(run_dirs: list[Path]) -> list[dict]:
+def load_runs(run_dirs: list[Path], seeds: list[int] | None = None) -> list[dict]:
+    """Read each run's results.json; with ``seeds``, keep only those seeds' results (per subject and summary
+    are recomputed from ``per_seed``; the learning curve stays the mean over all the run's seeds)."""
     runs = []
     for d in run_dirs:
         p = d / "results.json" if d.is_dir() else d
@@ -19,8 +21,22 @@ def load_runs(run_dirs: list[Path]) -> list[dict]:
             raise typer.BadParameter(f"{p}: no results.json (run `neurofed simulate --out {d}` first)")
         r = json.loads(p.read_text())
         r["_dir"] = str(d)
+        if seeds is not None:
+            r = only_seeds(r, seeds)
         runs.append(r)
     return runs
+
+
+def only_seeds(run: dict, seeds: list[int]) -> dict:
+    """The run restricted to ``seeds`` (those it has); an error naming the run if it has none of them."""
+    from trainer.experiments.simulate import aggregate_seeds
+
+    kept = {k: v for k, v in (run.get("per_seed") or {}).items() if int(k) in seeds}
+    if not kept:
+        have = sorted(int(k) for k in run.get("per_seed") or {})
+        raise typer.BadParameter(f"{run['_dir']}: has seeds {have}, none of {sorted(seeds)}")
+    per_subject, summary = aggregate_seeds(kept)
+    return {**run, "per_seed": kept, "per_subject": per_subject, "summary": summary}
 
 
 def label_of(run: dict) -> str:
@@ -125,11 +141,19 @@ def plots(runs: list[dict], out: Path) -> list[Path]:
 def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="run directories (each with results.json)")],
     out: Annotated[Path, typer.Option(help="folder for report.md and PNG plots")] = Path("runs/report"),
+    seeds: Annotated[str | None, typer.Option(help="only these seeds, e.g. '0' or '0,1' (default: all a run has)")] = None,
+    refs: Annotated[str, typer.Option(help="algorithms to give paired p-values against (their plain run)")] = "ct,fedavg",
 ) -> None:
     """Render a markdown table (mean ± std, paired t-test p-values) and PNG plots from runs."""
-    runs = load_runs(run_dirs)
+    wanted = None
+    if seeds is not None:
+        try:
+            wanted = [int(x) for x in seeds.split(",") if x.strip()]
+        except ValueError:
+            raise typer.BadParameter(f"--seeds {seeds!r}: expected comma-separated integers") from None
+    runs = load_runs(run_dirs, wanted)
     out.mkdir(parents=True, exist_ok=True)
-    table = markdown_table(runs)
+    table = markdown_table(runs, tuple(x.strip() for x in refs.split(",") if x.strip()))
     pngs = plots(runs, out)
     md = "# NeuroFed report\n\n" + table + "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
     (out / "report.md").write_text(md)

@@ -100,11 +100,18 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
     return result
 
 
-def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
-    """Aggregate per-(fold, seed) results into results.json content."""
-    per_seed: dict[int, dict[str, dict]] = {}
-    for j in jobs:
-        per_seed.setdefault(j["seed"], {}).update(j["per_subject"])
+def aggregate_seeds(per_seed: dict) -> tuple[dict[str, dict[str, float]], dict[str, dict]]:
+    """Per-subject means over seeds and the summary (mean and std over subjects, std of the seed means).
+
+    Parameters
+    ----------
+    per_seed : dict
+        ``{seed: {subject: {metric: value}}}``.
+
+    Returns
+    -------
+    per_subject, summary : dict, dict
+    """
     metrics = sorted({m for ps in per_seed.values() for row in ps.values() for m in row})
     subjects = sorted({s for ps in per_seed.values() for s in ps})
     per_subject = {s: {m: float(np.mean([per_seed[sd][s][m] for sd in per_seed if s in per_seed[sd]]))
@@ -115,6 +122,15 @@ def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
         subj = [per_subject[s][m] for s in subjects]
         summary[m] = {"mean": float(np.mean(subj)), "std_subjects": float(np.std(subj)),
                       "std_seeds": float(np.std(seed_means)), "per_seed": seed_means}
+    return per_subject, summary
+
+
+def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
+    """Aggregate per-(fold, seed) results into results.json content."""
+    per_seed: dict[int, dict[str, dict]] = {}
+    for j in jobs:
+        per_seed.setdefault(j["seed"], {}).update(j["per_subject"])
+    per_subject, summary = aggregate_seeds(per_seed)
     rounds = sorted({p["round"] for j in jobs for p in j["curve"] if "bca" in p})
     curve = [{"round": r, "bca": float(np.mean([p["bca"] for j in jobs for p in j["curve"]
                                                  if p["round"] == r and "bca" in p]))} for r in rounds]

@@ -1,0 +1,59 @@
+"""``neurofed report --seeds``: restricting runs to some seeds recomputes per-subject means and the summary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from scipy import stats
+from typer.testing import CliRunner
+
+from neurofed.cli import app
+
+
+def _run(tmp_path, name: str, per_seed: dict) -> str:
+    d = tmp_path / name
+    d.mkdir()
+    from trainer.experiments.simulate import aggregate_seeds
+
+    per_subject, summary = aggregate_seeds(per_seed)
+    r = {"algorithm": name, "model": "eegnet", "config": {"seeds": [int(k) for k in per_seed], "preprocess": {}},
+         "summary": summary, "per_subject": per_subject, "per_seed": per_seed, "curve": []}
+    (d / "results.json").write_text(json.dumps(r))
+    return str(d)
+
+
+def test_report_seeds_keeps_only_those_seeds(tmp_path):
+    subs = ["S001", "S002", "S003", "S004"]
+    a = _run(tmp_path, "fedavg", {"0": {s: {"bca": 0.6} for s in subs}, "1": {s: {"bca": 0.8} for s in subs}})
+    b = _run(tmp_path, "ablation", {"0": {s: {"bca": 0.6 + 0.01 * i} for i, s in enumerate(subs)}})
+    res = CliRunner().invoke(app, ["report", a, b, "--out", str(tmp_path / "all")])
+    assert res.exit_code == 0, res.output
+    rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.strip("|").split("|")]
+            for ln in (tmp_path / "all" / "report.md").read_text().splitlines() if ln.startswith("| ")}
+    assert rows["fedavg"][2] == "2" and rows["fedavg"][3].startswith("70.0")  # mean of seeds 0 and 1
+    res = CliRunner().invoke(app, ["report", a, b, "--seeds", "0", "--out", str(tmp_path / "s0")])
+    assert res.exit_code == 0, res.output
+    rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.strip("|").split("|")]
+            for ln in (tmp_path / "s0" / "report.md").read_text().splitlines() if ln.startswith("| ")}
+    assert rows["fedavg"][2] == "1" and rows["fedavg"][3].startswith("60.0 ± 0.0")
+    assert rows["ablation"][3].startswith("61.5")
+    # paired over seed 0 only: differences 0, 1, 2, 3 points
+    assert rows["ablation"][-1] == f"{stats.ttest_rel([0.6, 0.61, 0.62, 0.63], [0.6] * 4).pvalue:.3g}"
+
+
+@pytest.mark.parametrize("seeds,msg", [("7", "none of [7]"), ("x", "comma-separated integers")])
+def test_report_seeds_errors_name_the_problem(tmp_path, seeds, msg):
+    a = _run(tmp_path, "fedavg", {"0": {s: {"bca": 0.6} for s in ["S001", "S002", "S003"]}})
+    res = CliRunner().invoke(app, ["report", a, "--seeds", seeds, "--out", str(tmp_path / "r")])
+    assert res.exit_code != 0 and msg in res.output
+
+
+def test_report_refs_chooses_the_p_value_columns(tmp_path):
+    subs = ["S001", "S002", "S003"]
+    a = _run(tmp_path, "fedbs", {"0": {s: {"bca": 0.6} for s in subs}})
+    b = _run(tmp_path, "fedbs_e1", {"0": {s: {"bca": 0.5 + 0.01 * i} for i, s in enumerate(subs)}})
+    res = CliRunner().invoke(app, ["report", a, b, "--refs", "fedbs", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    head = (tmp_path / "r" / "report.md").read_text().splitlines()[2]
+    assert head.rstrip(" |").endswith("p vs fedbs") and "p vs ct" not in head
