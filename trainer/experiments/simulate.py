@@ -6,10 +6,10 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -18,7 +18,13 @@ from trainer.checkpoint import ModelMeta, save_checkpoint
 from trainer.data import PreprocessConfig, load_subjects
 from trainer.errors import NeuroFedError
 from trainer.experiments.protocol import make_folds
-from trainer.experiments.runner import EvalSpec, evaluate_subjects, global_state_of, run_centralised, run_federated
+from trainer.experiments.runner import (
+    EvalSpec,
+    evaluate_subjects,
+    global_state_of,
+    run_centralised,
+    run_federated,
+)
 from trainer.fl.local import LocalConfig
 from trainer.fl.strategies import get_strategy
 
