@@ -20,9 +20,9 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 
 
 # --- feature modules register their commands here (one line each) ---
-from edge.record_cli import register as _register_record; _register_record(app)  # noqa: E402,E702
-from edge.join_cli import register as _register_join; _register_join(app)  # noqa: E402,E702
-from edge.infer_cli import register as _register_infer; _register_infer(app)  # noqa: E402,E702
+from edge.record_cli import register as _register_record; _register_record(app)
+from edge.join_cli import register as _register_join; _register_join(app)
+from edge.infer_cli import register as _register_infer; _register_infer(app)
 
 
 def main() -> None:

@@ -146,7 +146,7 @@ def evaluate(
     twin = torch_twin(om.meta, model_path, checkpoint) if attack else None
     per: dict[str, dict] = {}
     for subj, (X, y) in data.items():
-        row = {"n_trials": int(len(X)), "bca": bca(y, om.predict(X, bs))}
+        row = {"n_trials": len(X), "bca": bca(y, om.predict(X, bs))}
         if twin is not None:
             Xa = attack_batches(twin, X, y, attack, eps, bs, seed)
             row["bca_attacked"] = bca(y, om.predict(Xa, bs))

@@ -67,7 +67,7 @@ def accuracy_delta(fp32: str | os.PathLike, int8: str | os.PathLike, X: np.ndarr
     la, lb = a.logits(X), b.logits(X)
     pa, pb = la.argmax(1), lb.argmax(1)
     return {
-        "n_trials": int(len(X)),
+        "n_trials": len(X),
         "bca_fp32": bca(y, pa),
         "bca_int8": bca(y, pb),
         "bca_delta": bca(y, pb) - bca(y, pa),

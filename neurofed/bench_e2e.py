@@ -21,7 +21,6 @@ subject's trials like every export: latency does not depend on weight values.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
@@ -57,7 +56,7 @@ def build_latency_model(out: Path, subject: int, data_dir: Path | None) -> Path:
 
 def _stats(ms: np.ndarray) -> dict:
     return {
-        "n": int(len(ms)),
+        "n": len(ms),
         "p50_ms": float(np.percentile(ms, 50)),
         "p90_ms": float(np.percentile(ms, 90)),
         "p99_ms": float(np.percentile(ms, 99)),
@@ -138,7 +137,7 @@ def run_e2e(
         "seconds": seconds,
         "load_headsets": load,
         "predictions": len(watch.preds),
-        "matched": int(len(lat)),
+        "matched": len(lat),
         "latency_ms": _stats(warm),
         "latency_ms_including_first_8": _stats(lat),
         "logs": str(logs),

@@ -49,7 +49,6 @@ for _mod in COMMAND_MODULES:
         print(f"warning: commands of {_mod.split('.')[0]}/ unavailable ({_exc})", file=sys.stderr)
 try:
     from edge.bench_lsl import register_bench as _register_lsl_bench
-
     from neurofed.bench_e2e import register as _register_e2e_bench
 
     _register_lsl_bench(bench)

@@ -7,7 +7,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import numpy as np
 import typer
@@ -41,8 +41,8 @@ def peak_rss_mb() -> float:
 def bench_data(
     subjects: Annotated[str, typer.Option(help="subjects to time")] = "1-5",
     channels: Annotated[str, typer.Option()] = "sensorimotor21",
-    resample: Annotated[Optional[float], typer.Option()] = 80.0,
-    data_dir: Annotated[Optional[str], typer.Option(envvar="NEUROFED_DATA")] = None,
+    resample: Annotated[float | None, typer.Option()] = 80.0,
+    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None,
     out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
 ) -> None:
     """EDF load + preprocess time per subject, cold (empty cache) vs cached."""

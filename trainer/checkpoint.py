@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from trainer.errors import NeuroFedError

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -16,7 +16,6 @@ console = Console()
 def parse_subjects(spec: str | None, data_dir: str | None) -> list[int]:
     """``all`` / None -> every subject in the data folder; else ``1,2,5-9``."""
     from trainer.data import list_subjects
-
     from trainer.errors import NeuroFedError
 
     if spec in (None, "", "all"):
@@ -48,7 +47,7 @@ def parse_attacks(spec: str | None) -> list[list]:
     return out
 
 
-def preprocess_from_options(channels: str, resample: Optional[float], ea: bool, fmin: float, fmax: float,
+def preprocess_from_options(channels: str, resample: float | None, ea: bool, fmin: float, fmax: float,
                             tmin: float, tmax: float):
     from trainer.data import PreprocessConfig
 
@@ -74,7 +73,7 @@ def simulate(
     model: Annotated[str, typer.Option(help="eegnet, shallow, deep")] = "eegnet",
     subjects: Annotated[str, typer.Option(help="'all' or e.g. '1-10,12'")] = "all",
     protocol: Annotated[str, typer.Option(help="loso, kfold:K (subject groups), or none")] = "loso",
-    test_subjects: Annotated[Optional[str], typer.Option(help="'none': no held-out subject; train on all and save the global checkpoint")] = None,
+    test_subjects: Annotated[str | None, typer.Option(help="'none': no held-out subject; train on all and save the global checkpoint")] = None,
     rounds: Annotated[int, typer.Option(help="communication rounds (CT: epochs)")] = 100,
     fraction: Annotated[float, typer.Option(help="fraction of clients per round (floor)")] = 0.5,
     local_epochs: Annotated[int, typer.Option(help="local epochs per round")] = 2,
@@ -85,27 +84,27 @@ def simulate(
     weight_decay: Annotated[float, typer.Option()] = 1e-4,
     seeds: Annotated[str, typer.Option(help="comma list of seeds")] = "0",
     channels: Annotated[str, typer.Option(help="all, sensorimotor21, or a comma list")] = "sensorimotor21",
-    resample: Annotated[Optional[float], typer.Option(help="Hz; omit to keep 160 Hz")] = 80.0,
+    resample: Annotated[float | None, typer.Option(help="Hz; omit to keep 160 Hz")] = 80.0,
     ea: Annotated[bool, typer.Option("--ea/--no-ea", help="per-subject Euclidean alignment")] = True,
     fmin: Annotated[float, typer.Option()] = 8.0,
     fmax: Annotated[float, typer.Option()] = 30.0,
     tmin: Annotated[float, typer.Option()] = 0.0,
     tmax: Annotated[float, typer.Option()] = 4.0,
-    attack: Annotated[Optional[str], typer.Option(help="e.g. 'fgsm:0.03,pgd:0.03' (eps x per-channel std)")] = None,
-    bn_mode: Annotated[Optional[str], typer.Option(help="override: standard or batch_specific")] = None,
-    bn_sync: Annotated[Optional[str], typer.Option(help="local (paper) or stale_global (authors' code)")] = None,
-    sam_rho: Annotated[Optional[float], typer.Option(help="override SAM rho (0 = off)")] = None,
-    fat_eps: Annotated[Optional[float], typer.Option(help="override FGSM-AT eps (0 = off)")] = None,
-    awp_gamma: Annotated[Optional[float], typer.Option(help="override AWP gamma (0 = off)")] = None,
-    prox_mu: Annotated[Optional[float], typer.Option(help="override FedProx mu")] = None,
-    moon_mu: Annotated[Optional[float], typer.Option(help="override MOON mu")] = None,
-    local_bn: Annotated[Optional[bool], typer.Option("--local-bn/--shared-bn", help="override the local-BN rule")] = None,
+    attack: Annotated[str | None, typer.Option(help="e.g. 'fgsm:0.03,pgd:0.03' (eps x per-channel std)")] = None,
+    bn_mode: Annotated[str | None, typer.Option(help="override: standard or batch_specific")] = None,
+    bn_sync: Annotated[str | None, typer.Option(help="local (paper) or stale_global (authors' code)")] = None,
+    sam_rho: Annotated[float | None, typer.Option(help="override SAM rho (0 = off)")] = None,
+    fat_eps: Annotated[float | None, typer.Option(help="override FGSM-AT eps (0 = off)")] = None,
+    awp_gamma: Annotated[float | None, typer.Option(help="override AWP gamma (0 = off)")] = None,
+    prox_mu: Annotated[float | None, typer.Option(help="override FedProx mu")] = None,
+    moon_mu: Annotated[float | None, typer.Option(help="override MOON mu")] = None,
+    local_bn: Annotated[bool | None, typer.Option("--local-bn/--shared-bn", help="override the local-BN rule")] = None,
     test_batch: Annotated[int, typer.Option(help="test batch size (batch-specific BN)")] = 8,
     eval_every: Annotated[int, typer.Option(help="evaluate the global model every N rounds (learning curve)")] = 10,
     workers: Annotated[int, typer.Option(help="parallel processes over folds/seeds")] = 1,
-    threads: Annotated[Optional[int], typer.Option(help="torch threads per worker (default: cores / workers)")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads per worker (default: cores / workers)")] = None,
     fold_seed: Annotated[int, typer.Option(help="seed of the k-fold subject grouping")] = 0,
-    data_dir: Annotated[Optional[str], typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder")] = None,
+    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder")] = None,
     out: Annotated[Path, typer.Option(help="run directory (re-running resumes it)")] = Path("runs/simulate"),
 ) -> None:
     """Leave-one-subject-out (or k-fold / no held-out) CT or federated training on real EEG."""
@@ -150,7 +149,7 @@ data_app = typer.Typer(help="Find, check and download EEG recordings.", no_args_
 
 
 @data_app.command("info")
-def data_info(data_dir: Annotated[Optional[str], typer.Option(envvar="NEUROFED_DATA")] = None) -> None:
+def data_info(data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None) -> None:
     """Where the data is and which subjects have all left/right imagery runs."""
     from trainer.data import list_subjects, resolve_data_dir
 
@@ -162,7 +161,7 @@ def data_info(data_dir: Annotated[Optional[str], typer.Option(envvar="NEUROFED_D
 @data_app.command("download")
 def data_download(
     subjects: Annotated[str, typer.Option(help="e.g. 1-10")] = "1",
-    path: Annotated[Optional[str], typer.Option(help="MNE data folder (default ~/mne_data)")] = None,
+    path: Annotated[str | None, typer.Option(help="MNE data folder (default ~/mne_data)")] = None,
 ) -> None:
     """Download EEGMMIDB runs 4/8/12 with MNE (needs the network; fails in seconds when offline)."""
     from trainer.data.eegmmidb import download

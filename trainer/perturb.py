@@ -15,7 +15,7 @@ them; with standard BN, :func:`frozen_bn_stats` keeps the second pass from updat
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn

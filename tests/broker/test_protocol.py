@@ -6,8 +6,8 @@ import json
 import struct
 
 import pytest
-from pydantic import ValidationError
 import torch
+from pydantic import ValidationError
 
 from broker.protocol import (
     JoinMsg,

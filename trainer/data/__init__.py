@@ -5,16 +5,16 @@ Filtering, resampling and alignment are pure numpy functions over epoch arrays
 live LSL stream as trainer/ runs on files.
 """
 
-from trainer.data.config import PreprocessConfig, SENSORIMOTOR_21
-from trainer.data.dataset import SubjectData, load_subjects, load_eegmmidb_subject
-from trainer.data.eegmmidb import resolve_data_dir, list_subjects
+from trainer.data.config import SENSORIMOTOR_21, PreprocessConfig
+from trainer.data.dataset import SubjectData, load_eegmmidb_subject, load_subjects
+from trainer.data.eegmmidb import list_subjects, resolve_data_dir
 
 __all__ = [
-    "PreprocessConfig",
     "SENSORIMOTOR_21",
+    "PreprocessConfig",
     "SubjectData",
-    "load_subjects",
-    "load_eegmmidb_subject",
-    "resolve_data_dir",
     "list_subjects",
+    "load_eegmmidb_subject",
+    "load_subjects",
+    "resolve_data_dir",
 ]

@@ -68,7 +68,7 @@ class PreprocessConfig:
                 raise ValueError("channel list has duplicates")
 
     @classmethod
-    def from_preset(cls, channels: str = "all", **kwargs: object) -> "PreprocessConfig":
+    def from_preset(cls, channels: str = "all", **kwargs: object) -> PreprocessConfig:
         """Build with a named channel preset (``all`` or ``sensorimotor21``) or a comma list."""
         if channels in CHANNEL_PRESETS:
             chs = CHANNEL_PRESETS[channels]
@@ -82,7 +82,7 @@ class PreprocessConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PreprocessConfig":
+    def from_dict(cls, d: dict) -> PreprocessConfig:
         d = dict(d)
         if d.get("channels") is not None:
             d["channels"] = tuple(d["channels"])

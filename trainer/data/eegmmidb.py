@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from trainer.errors import DataError, DownloadUnavailable
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 

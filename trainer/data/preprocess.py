@@ -6,9 +6,9 @@ edge device), so a captured epoch equals its offline twin to float tolerance.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from fractions import Fraction
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 from scipy import signal

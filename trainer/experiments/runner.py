@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import copy
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import torch

@@ -42,7 +42,7 @@ class ClientState:
         return out
 
     @classmethod
-    def from_tensors(cls, flat: dict[str, Tensor]) -> "ClientState":
+    def from_tensors(cls, flat: dict[str, Tensor]) -> ClientState:
         parts: dict[str, dict[str, Tensor]] = {}
         for k, v in flat.items():
             for attr, prefix in _PREFIXES.items():
@@ -161,4 +161,4 @@ def client_update(
         new.scaffold_c = ci_new
     if strategy.moon_mu > 0:
         new.moon_prev = {k: v.clone() for k, v in state.items()}
-    return ClientUpdate(state, int(len(X)), extras, metrics), new
+    return ClientUpdate(state, len(X), extras, metrics), new

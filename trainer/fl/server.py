@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -99,7 +99,7 @@ class ServerState:
         return out
 
     @classmethod
-    def from_tensors(cls, flat: dict[str, Tensor], round_idx: int) -> "ServerState":
+    def from_tensors(cls, flat: dict[str, Tensor], round_idx: int) -> ServerState:
         g = {k[7:]: v for k, v in flat.items() if k.startswith("global.")}
         e = {k[6:]: v for k, v in flat.items() if k.startswith("extra.")}
         return cls(g, round_idx, e)

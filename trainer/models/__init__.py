@@ -27,6 +27,16 @@ def count_parameters(model: nn.Module) -> int:
 
 
 __all__ = [
-    "BN_MODES", "MODELS", "build_model", "count_parameters", "bn_modules", "bn_state_keys",
-    "bn_mode_of", "float_state_keys", "make_bn", "EEGNet", "ShallowConvNet", "DeepConvNet",
+    "BN_MODES",
+    "MODELS",
+    "DeepConvNet",
+    "EEGNet",
+    "ShallowConvNet",
+    "bn_mode_of",
+    "bn_modules",
+    "bn_state_keys",
+    "build_model",
+    "count_parameters",
+    "float_state_keys",
+    "make_bn",
 ]
