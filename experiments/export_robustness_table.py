@@ -35,10 +35,10 @@ for alg in ("fedavg", "safe"):
     print("| " + " | ".join(row) + " |")
 
 # BCA vs attack budget of the exported models (ORT), next to the JSON files
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(6, 4))
 for alg in ("fedavg", "safe"):

@@ -56,8 +56,10 @@ def paired_p(a: dict, b: dict, metric: str = "bca") -> float | None:
     return float(stats.ttest_rel(x, y).pvalue)
 
 
-def markdown_table(runs: list[dict], refs: tuple[str, ...] = ("ct", "fedavg")) -> str:
-    """Accuracy (and robustness) table, with paired p-values against CT and FedAvg where present."""
+def markdown_table(runs: list[dict], refs: tuple[str, ...] = ("ct", "fedavg"),
+                   p_metrics: tuple[str, ...] = ("bca",)) -> str:
+    """Accuracy (and robustness) table, with paired p-values (per metric in ``p_metrics``) against the plain runs
+    of the algorithms in ``refs`` where present."""
     metrics = sorted({m for r in runs for m in r["summary"]}, key=lambda m: (m != "bca", m))
     # reference = the run named like the algorithm (e.g. directory "ct"), else its first plain run
     ref_runs: dict[str, dict] = {}
@@ -67,7 +69,7 @@ def markdown_table(runs: list[dict], refs: tuple[str, ...] = ("ct", "fedavg")) -
             ref_runs[r["algorithm"]] = r
     head = ["algorithm", "subjects", "seeds"] + [f"{m} mean ± std (%)" for m in metrics]
     head += ["bca std over seeds"]
-    head += [f"p vs {k}" for k in refs if k in ref_runs]
+    head += [f"p vs {k}" + ("" if pm == "bca" else f" ({pm})") for pm in p_metrics for k in refs if k in ref_runs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
         n_seeds = len(r.get("per_seed") or r["config"]["seeds"])  # seeds actually run
@@ -76,10 +78,11 @@ def markdown_table(runs: list[dict], refs: tuple[str, ...] = ("ct", "fedavg")) -
             s = r["summary"].get(m)
             row.append(f"{100 * s['mean']:.1f} ± {100 * s['std_subjects']:.1f}" if s else "-")
         row.append(f"{100 * r['summary']['bca']['std_seeds']:.1f}" if n_seeds > 1 else "-")
-        for k in refs:
-            if k in ref_runs:
-                p = None if ref_runs[k] is r else paired_p(r, ref_runs[k])
-                row.append("-" if p is None else f"{p:.3g}")
+        for pm in p_metrics:
+            for k in refs:
+                if k in ref_runs:
+                    p = None if ref_runs[k] is r or pm not in r["summary"] else paired_p(r, ref_runs[k], pm)
+                    row.append("-" if p is None else f"{p:.3g}")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -143,6 +146,7 @@ def report(
     out: Annotated[Path, typer.Option(help="folder for report.md and PNG plots")] = Path("runs/report"),
     seeds: Annotated[str | None, typer.Option(help="only these seeds, e.g. '0' or '0,1' (default: all a run has)")] = None,
     refs: Annotated[str, typer.Option(help="algorithms to give paired p-values against (their plain run)")] = "ct,fedavg",
+    p_metrics: Annotated[str, typer.Option(help="metrics to test, e.g. 'bca,pgd@0.03'")] = "bca",
 ) -> None:
     """Render a markdown table (mean ± std, paired t-test p-values) and PNG plots from runs."""
     wanted = None
@@ -153,7 +157,11 @@ def report(
             raise typer.BadParameter(f"--seeds {seeds!r}: expected comma-separated integers") from None
     runs = load_runs(run_dirs, wanted)
     out.mkdir(parents=True, exist_ok=True)
-    table = markdown_table(runs, tuple(x.strip() for x in refs.split(",") if x.strip()))
+    known = {m for r in runs for m in r["summary"]}
+    pms = tuple(x.strip() for x in p_metrics.split(",") if x.strip())
+    if unknown := [m for m in pms if m not in known]:
+        raise typer.BadParameter(f"--p-metrics {','.join(unknown)}: no run has it (runs have {sorted(known)})")
+    table = markdown_table(runs, tuple(x.strip() for x in refs.split(",") if x.strip()), pms)
     pngs = plots(runs, out)
     md = "# NeuroFed report\n\n" + table + "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
     (out / "report.md").write_text(md)

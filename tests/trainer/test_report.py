@@ -57,3 +57,18 @@ def test_report_refs_chooses_the_p_value_columns(tmp_path):
     assert res.exit_code == 0, res.output
     head = (tmp_path / "r" / "report.md").read_text().splitlines()[2]
     assert head.rstrip(" |").endswith("p vs fedbs") and "p vs ct" not in head
+
+
+def test_report_p_metrics_adds_robustness_p_values(tmp_path):
+    subs = ["S001", "S002", "S003", "S004"]
+    a = _run(tmp_path, "fedavg", {"0": {s: {"bca": 0.6, "pgd@0.03": 0.2} for s in subs}})
+    b = _run(tmp_path, "safe", {"0": {s: {"bca": 0.6, "pgd@0.03": 0.3 + 0.01 * i} for i, s in enumerate(subs)}})
+    res = CliRunner().invoke(app, ["report", a, b, "--p-metrics", "bca,pgd@0.03", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    lines = (tmp_path / "r" / "report.md").read_text().splitlines()
+    assert lines[2].rstrip(" |").endswith("p vs fedavg | p vs fedavg (pgd@0.03)")
+    safe = [c.strip() for c in next(ln for ln in lines if ln.startswith("| safe")).strip("|").split("|")]
+    want = stats.ttest_rel([0.3, 0.31, 0.32, 0.33], [0.2] * 4).pvalue
+    assert safe[-2:] == ["1", f"{want:.3g}"]  # equal benign BCA: p 1; PGD: paired test
+    bad = CliRunner().invoke(app, ["report", a, "--p-metrics", "fgsm@0.1", "--out", str(tmp_path / "r2")])
+    assert bad.exit_code != 0 and "no run has it" in bad.output
