@@ -208,7 +208,7 @@ def run_bench(out: Path, data_dir: Path | None, many: int, broker: str) -> dict[
     raw21 = 2 * sum(v.numel() * v.element_size() for v in m21.state_dict().values())
     r1 = small["rounds"][1]
     measured = (r1["bytes_down"] + r1["bytes_up"] / len(r1["participants"])) / raw21
-    e21 = [r for r in wire if r["model"] == "eegnet-21ch-80Hz" and r["strategy"] == "fedbs" and not r["zlib"]][0]
+    e21 = next(r for r in wire if r["model"] == "eegnet-21ch-80Hz" and r["strategy"] == "fedbs" and not r["zlib"])
     res = {
         "command": f"neurofed bench mqtt --many {many} --broker {broker}",
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),

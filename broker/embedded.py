@@ -11,6 +11,7 @@ import logging
 import socket
 import threading
 import time
+from typing import Self
 
 from broker import logger
 from broker.transport import TransportError
@@ -83,7 +84,7 @@ class EmbeddedBroker:
         finally:
             self._loop.close()
 
-    def start(self, timeout: float = 10.0) -> EmbeddedBroker:
+    def start(self, timeout: float = 10.0) -> Self:
         if port_open(self.host, self.port):
             raise TransportError(f"port {self.host}:{self.port} is already in use")
         self._thread = threading.Thread(target=self._run, name="amqtt-broker", daemon=True)
@@ -113,7 +114,7 @@ class EmbeddedBroker:
         finally:
             self.stop()
 
-    def __enter__(self) -> EmbeddedBroker:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -18,7 +18,7 @@ import struct
 import time
 import uuid
 import zlib
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from safetensors.torch import load as st_load
@@ -38,7 +38,7 @@ NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 HEX64 = r"^([0-9a-f]{64})?$"
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
-Scalar = Union[bool, int, float, str]
+Scalar = bool | int | float | str
 
 
 class ProtocolError(NeuroFedError, ValueError):

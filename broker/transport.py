@@ -15,7 +15,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Self
 from urllib.parse import unquote, urlsplit
 
 import paho.mqtt.client as mqtt
@@ -138,7 +138,7 @@ class MqttTransport:
         c.on_message = self._on_message
         return c
 
-    def connect(self, timeout: float = 10.0) -> MqttTransport:
+    def connect(self, timeout: float = 10.0) -> Self:
         """Connect (MQTT v5 first under ``auto``), start the network thread, wait for CONNACK."""
         versions = {"auto": [True, False], "5": [True], "3.1.1": [False]}[self.protocol]
         last = "no attempt"
@@ -253,7 +253,7 @@ class MqttTransport:
             raise TransportError(f"{self.client_id}: transport is not connected (call connect() first)")
         return self._client
 
-    def __enter__(self) -> MqttTransport:
+    def __enter__(self) -> Self:
         return self if self._client is not None else self.connect()
 
     def __exit__(self, *exc: object) -> None:

@@ -150,7 +150,8 @@ class InferenceEngine:
         Channel labels of the incoming stream (any superset/order of the model's channels).
     stream_sfreq : float
         Nominal rate of the stream in Hz.
-    guard : GuardConfig
+    guard : GuardConfig, optional
+        Input-guard thresholds (default: ``GuardConfig()``).
     context : int, optional
         Batch size for BN context (default: model metadata ``test_batch_size``).
     ea_reference : ndarray, optional
@@ -162,7 +163,7 @@ class InferenceEngine:
         model: OnnxModel,
         stream_ch_names: Sequence[str],
         stream_sfreq: float,
-        guard: GuardConfig = GuardConfig(),
+        guard: GuardConfig | None = None,
         context: int | None = None,
         ea_reference: np.ndarray | None = None,
         ea_min_windows: int = 1,
@@ -171,7 +172,7 @@ class InferenceEngine:
         m: OnnxModelMeta = self.meta
         self.cfg = PreprocessConfig.from_dict({**m.preprocess, "channels": list(m.ch_names)})
         self.stream_ch_names, self.stream_sfreq = list(stream_ch_names), float(stream_sfreq)
-        self.guard = guard
+        self.guard = guard if guard is not None else GuardConfig()
         check_stream(m, self.stream_ch_names, self.stream_sfreq)
         self.window_samples = n_times_for(self.stream_sfreq, self.cfg)
         probe = np.zeros((1, len(self.stream_ch_names), self.window_samples))

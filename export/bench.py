@@ -92,13 +92,13 @@ def bench_shape(
             xt = torch.from_numpy(x)
             row: dict = {}
 
-            def eager() -> None:
+            def eager(xt: torch.Tensor = xt) -> None:
                 with torch.inference_mode():
                     net(xt)
 
             row["torch_eager"] = _timeit(eager, reps, warmup)
             for name, om in sessions.items():
-                row[name] = _timeit(lambda om=om: om.forward(x), reps, warmup)
+                row[name] = _timeit(lambda om=om, x=x: om.forward(x), reps, warmup)
             row["speedup_fp32_vs_torch"] = row["torch_eager"]["p50_ms"] / row["onnxruntime_fp32"]["p50_ms"]
             row["speedup_int8_vs_fp32"] = (
                 row["onnxruntime_fp32"]["p50_ms"] / row["onnxruntime_int8"]["p50_ms"]

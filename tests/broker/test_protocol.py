@@ -26,8 +26,8 @@ from broker.protocol import (
 
 
 def _update(**kw):
-    base = dict(federation="fed", sender="S001", round=3, task_id=new_id(), n_samples=45, base_sha256="a" * 64,
-                metrics={"loss": 0.5})
+    base = {"federation": "fed", "sender": "S001", "round": 3, "task_id": new_id(), "n_samples": 45,
+            "base_sha256": "a" * 64, "metrics": {"loss": 0.5}}
     base.update(kw)
     return UpdateMsg(**base)
 

@@ -31,8 +31,8 @@ def setup():
 
 
 def _msg(rules, **kw):
-    d = dict(federation="f", sender="S001", round=rules.round, task_id=rules.task_id, n_samples=45,
-             base_sha256=rules.base_sha256)
+    d = {"federation": "f", "sender": "S001", "round": rules.round, "task_id": rules.task_id, "n_samples": 45,
+         "base_sha256": rules.base_sha256}
     d.update(kw)
     return UpdateMsg(**d)
 

@@ -33,7 +33,7 @@ torch.set_num_threads(1)
 def test_export_variant(model, bn_mode, tmp_path, data_dir, cache_env):
     ckpt = make_checkpoint(tmp_path / "m.safetensors", model, bn_mode, data_dir)
     out = tmp_path / "m.onnx"
-    meta, rep = export_checkpoint(ckpt, out, data_dir)
+    _meta, rep = export_checkpoint(ckpt, out, data_dir)
     # verified on a real subject the checkpoint was not trained on, at batch 1/4/8
     assert rep.held_out and rep.subjects == ["S003"] and rep.n_trials == 45
     assert set(rep.max_abs_diff) == {"1", "4", "8"}
@@ -80,7 +80,7 @@ def test_verification_fails_loudly_on_mismatch(eegnet_bs, data_dir):
 
 
 def test_graph_checks_reject_training_bn_and_fixed_batch(eegnet_bs):
-    ckpt, onnx_path = eegnet_bs
+    _ckpt, onnx_path = eegnet_bs
     proto = onnx.load(str(onnx_path))
     bn = next(n for n in proto.graph.node if n.op_type == "BatchNormalization")
     bn.attribute.append(helper.make_attribute("training_mode", 1))
@@ -123,6 +123,7 @@ def test_export_missing_checkpoint_is_one_clear_error(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     assert r.returncode == 2 and "checkpoint file not found" in r.stderr and "Traceback" not in r.stderr
 

@@ -39,7 +39,7 @@ def test_simulate_ct_loso_writes_results_and_resumes(tmp_path, data_dir):
     assert json.loads((out / "results.json").read_text())["config"]["seeds"] == [0, 1]
     rep2 = CliRunner().invoke(app, ["report", str(out), "--out", str(tmp_path / "rep2")])
     assert rep2.exit_code == 0
-    row = [ln for ln in (tmp_path / "rep2" / "report.md").read_text().splitlines() if ln.startswith("| run ")][0]
+    row = next(ln for ln in (tmp_path / "rep2" / "report.md").read_text().splitlines() if ln.startswith("| run "))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:3] == ["3", "2"]  # 3 subjects, 2 seeds actually run
     assert float(cells[-2]) >= 0.0  # the std over seeds is shown once there are two (then: p vs ct)
@@ -47,7 +47,7 @@ def test_simulate_ct_loso_writes_results_and_resumes(tmp_path, data_dir):
     res4 = CliRunner().invoke(app, [*args, "--lr", "0.1"])
     assert res4.exit_code != 0 and "different configuration" in str(res4.exception)
     proc = subprocess.run([sys.executable, "-m", "neurofed.cli", *args, "--lr", "0.1"], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, check=False)
     assert proc.returncode == 2 and "different configuration" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -59,12 +59,12 @@ def test_simulate_without_held_out_saves_checkpoint(tmp_path, data_dir):
     r = json.loads((out / "results.json").read_text())
     from trainer.checkpoint import load_checkpoint
 
-    model, meta = load_checkpoint(r["checkpoints"][0])
+    _model, meta = load_checkpoint(r["checkpoints"][0])
     assert meta.strategy == "fedbs" and meta.bn_mode == "batch_specific" and meta.n_channels == 21
 
 
 def test_bad_data_dir_is_one_clear_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "neurofed.cli", "simulate", "--data-dir", str(tmp_path / "missing"),
-                           "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+                           "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr

@@ -65,7 +65,7 @@ def load_moabb_subject(dataset: str, subject: int, cfg: PreprocessConfig | None 
             )
             try:
                 proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                      timeout=OFFLINE_BUDGET_S)
+                                      timeout=OFFLINE_BUDGET_S, check=False)
                 ok = proc.returncode == 0 and out.exists()
             except subprocess.TimeoutExpired:
                 ok = False
