@@ -14,5 +14,5 @@ runs=($t/fedbs); for r in $s/fedbs_e1 $s/fedbs_e4 $s/fedbs_b16 $s/fedbs_b32 $s/f
   [ -f $r/results.json ] && runs+=($r); done
 neurofed report "${runs[@]}" --seeds 0 --refs fedbs --out docs/results/sensitivity
 # the ablations extended to seeds 0-2 (experiments/ablation_seeds.txt), against the table's 3-seed runs
-neurofed report $t/fedavg $t/fedbs $a/fedbs_nosam $a/fedavg_sam $t/safe $a/safe_noawp \
+neurofed report $t/fedavg $t/fedbs $a/fedbs_nosam $a/fedavg_sam $t/safe $a/safe_noawp $a/safe_nofat \
   --p-metrics bca,pgd@0.03 --refs fedavg,fedbs,safe --out docs/results/ablation_seeds
