@@ -99,7 +99,16 @@ def test_list_subjects_and_env_var(data_dir, monkeypatch):
     monkeypatch.setenv("NEUROFED_DATA", str(data_dir))
     assert resolve_data_dir() == Path(data_dir).resolve()
     subs = list_subjects()
-    assert len(subs) == 30 and subs[0] == 1 and subs[-1] == 42
+    # the shared set: S001-S019 and S024-S050 (46 subjects; S020-S023 are not shared)
+    assert subs == [*range(1, 20), *range(24, 51)]
+
+
+@pytest.mark.parametrize("subject", [34, 37, 41])
+def test_runs_ending_4s_after_last_cue_keep_all_trials(data_dir, small_cfg, subject):
+    # these runs end exactly 4.0 s after their last cue (640 samples at 160 Hz): a [0, 4) s window fits
+    sd = load_eegmmidb_subject(subject, small_cfg, data_dir)
+    assert len(sd.y) == 45 and np.isfinite(sd.X).all()
+    assert sorted(np.bincount(sd.y).tolist()) == sorted({34: [21, 24], 37: [23, 22], 41: [24, 21]}[subject])
 
 
 def _mne_layout(tmp_path: Path, data_dir: Path, subject: int = 1) -> Path:
