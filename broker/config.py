@@ -68,18 +68,16 @@ class FederationSection(_Frozen):
     compress: bool = Field(default=True, description="zlib-compress tensor bodies (lossless; ~0.93-0.98x for weights)")
     aggregation: Literal["exact", "streaming"] = Field(
         default="exact", description="exact: server_update over all updates sorted by id (bit-reproducible); "
-        "streaming: WeightedSum as updates arrive, O(model) memory (same maths, arrival summation order)")
+        "streaming: the same aggregator fed as updates arrive, O(model) memory (same maths, arrival summation order)")
 
     @model_validator(mode="after")
     def _strategy_exists(self) -> FederationSection:
         from trainer.fl.strategies import get_strategy
 
         try:
-            st = get_strategy(self.strategy, **self.strategy_overrides)
+            get_strategy(self.strategy, **self.strategy_overrides)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"strategy: {exc}") from None
-        if st.scaffold and self.aggregation == "streaming":
-            raise ValueError("streaming aggregation does not support SCAFFOLD's control variates; use exact")
         return self
 
 

@@ -41,16 +41,9 @@ from broker.protocol import (
 from broker.registry import Registry
 from broker.rounds import RoundState, SeenIds
 from broker.transport import Incoming, MqttTransport, TransportError
-from broker.validation import Rejected, UpdateRules, check_envelope, check_join, expected_extras, tensor_specs
+from broker.validation import Rejected, UpdateRules, check_envelope, check_join, tensor_specs
 from trainer.errors import NeuroFedError
-from trainer.fl.server import (
-    ServerState,
-    WeightedSum,
-    downlink,
-    select_clients,
-    server_extras_for_clients,
-    server_update,
-)
+from trainer.fl.server import RoundAggregator, ServerState, downlink, select_clients, server_extras_for_clients
 from trainer.models import build_model
 
 
@@ -236,21 +229,22 @@ class Coordinator:
         r = self.server.round
         chosen = select_clients(self.registry.candidates(), self.fed.fraction, r, self.fed.seed)
         down = downlink(self.server.global_state, self.strategy, self.model)
-        extras = server_extras_for_clients(self.server)
+        extras = server_extras_for_clients(self.server, self.strategy)
         task = TaskMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=r, rounds_total=self.fed.rounds,
                        task_id=new_id(), selected=chosen, deadline_s=self.fed.round_deadline_s, seed=self.fed.seed,
                        strategy=self.fed.strategy, strategy_overrides=dict(self.fed.strategy_overrides),
                        local=self.local.to_dict(), compress=self.fed.compress)
         rules = UpdateRules(
             round=r, task_id=task.task_id, base_sha256=state_sha256(down), selected=frozenset(chosen),
-            state_specs=tensor_specs(self.server.global_state), extra_specs=expected_extras(self.model, self.strategy),
+            state_specs=tensor_specs(self.server.global_state), extra_specs=self.strategy.upload_specs(self.model),
             global_state=self.server.global_state,
             n_trials={c: i.n_trials for c, i in self.registry.clients.items()},
             norm_bound=self.cfg.validation.norm_bound, norm_action=self.cfg.validation.norm_action,
         )
         self._task_payload = encode(task, pack({"down": down, "extra": extras}), compress=self.fed.compress)
         rs = RoundState(r, task.task_id, chosen, rules, self.fed.round_deadline_s,
-                        stream=WeightedSum() if self.fed.aggregation == "streaming" else None)
+                        aggregator=RoundAggregator(self.server, self.strategy, max(len(self.registry), 1)),
+                        stream=self.fed.aggregation == "streaming")
         rs.bytes_down = len(self._task_payload)
         self.current = rs
         self._pub(self.topics.task, self._task_payload, retain=True)
@@ -273,10 +267,7 @@ class Coordinator:
         t_last = max(rs.arrival.values())
         self.current = None
         updates = rs.ordered()
-        if rs.stream is not None:  # same weighted mean as server_update, accumulated on arrival
-            self.server = ServerState(rs.stream.result(), self.server.round + 1, dict(self.server.extras))
-        else:
-            self.server = server_update(self.server, updates, self.strategy, max(len(self.registry), 1))
+        self.server = rs.aggregate()
         for cid, _ in updates:
             self.registry.clients[cid].rounds_done += 1
         loss = [u.metrics.get("loss") for _, u in updates if "loss" in u.metrics]

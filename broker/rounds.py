@@ -11,7 +11,7 @@ from torch import Tensor
 from broker.protocol import UpdateMsg
 from broker.validation import Rejected, UpdateRules, check_update
 from trainer.fl.client import ClientUpdate
-from trainer.fl.server import WeightedSum
+from trainer.fl.server import RoundAggregator
 
 
 class SeenIds:
@@ -50,7 +50,8 @@ class RoundState:
     offline: set[str] = field(default_factory=set)
     bytes_up: int = 0
     bytes_down: int = 0
-    stream: WeightedSum | None = None  # streaming aggregation: O(model) memory, updates not kept
+    aggregator: RoundAggregator | None = None  # the round's aggregation (trainer.fl.server)
+    stream: bool = False  # add each update to the aggregator on arrival and keep only its metrics
 
     @property
     def deadline(self) -> float:
@@ -65,8 +66,8 @@ class RoundState:
             raise
         finally:
             seen.add(msg.msg_id)
-        if self.stream is not None:
-            self.stream.add(upd.state, float(upd.n_samples))
+        if self.stream and self.aggregator is not None:
+            self.aggregator.add(upd)
             upd = ClientUpdate({}, upd.n_samples, {}, upd.metrics)
         self.updates[msg.sender] = upd
         self.arrival[msg.sender] = time.monotonic()
@@ -90,3 +91,12 @@ class RoundState:
 
     def ordered(self) -> list[tuple[str, ClientUpdate]]:
         return sorted(self.updates.items())
+
+    def aggregate(self):
+        """The new server state: streamed updates are already in; otherwise add them in client-id order."""
+        if self.aggregator is None:
+            raise ValueError("round has no aggregator")
+        if not self.stream:
+            for _, u in self.ordered():
+                self.aggregator.add(u)
+        return self.aggregator.result()

@@ -10,12 +10,15 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from broker.protocol import COORDINATOR_ID, JoinMsg, ModelSpec, UpdateMsg, unpack
 from trainer.errors import NeuroFedError
+from trainer.fl.api import TensorSpec, tensor_specs
 from trainer.fl.client import ClientUpdate
-from trainer.fl.strategies import Strategy
+
+__all__ = ["Rejected", "TensorSpec", "UpdateRules", "check_envelope", "check_join", "check_update", "tensor_specs",
+           "update_norm"]
 
 #: kinds each topic may carry, and who may send them
 CLIENT_KINDS = {"join": "join", "status": "status", "update": "update", "error": "error"}
@@ -27,23 +30,6 @@ class Rejected(NeuroFedError):
     def __init__(self, code: str, detail: str) -> None:
         super().__init__(f"{code}: {detail}")
         self.code, self.detail = code, detail
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-
-def tensor_specs(tensors: dict[str, Tensor]) -> dict[str, TensorSpec]:
-    return {k: TensorSpec(tuple(v.shape), v.dtype) for k, v in tensors.items()}
-
-
-def expected_extras(model: nn.Module, strategy: Strategy) -> dict[str, TensorSpec]:
-    """Extras a client must upload: SCAFFOLD's ``scaffold_dc.<param>``, else nothing."""
-    if not strategy.scaffold:
-        return {}
-    return {f"scaffold_dc.{n}": TensorSpec(tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
 
 
 def check_envelope(kind: str, topic_client: str | None, msg: object, federation: str) -> None:

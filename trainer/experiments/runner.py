@@ -113,7 +113,7 @@ def run_federated(
         r = server.round
         chosen = select_clients(ids, fraction, r, seed)
         down = downlink(server.global_state, strategy, model)
-        extras = server_extras_for_clients(server)
+        extras = server_extras_for_clients(server, strategy)
         updates = []
         for cid in chosen:
             sd = clients[cid]

@@ -78,7 +78,7 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
             logger.info("fold %d seed %d: round %d/%d loss %.3f%s", fold_idx, seed, r, total, point["loss"],
                         f" held-out BCA {100 * point['bca']:.1f}%" if "bca" in point else "")
 
-    if cfg.algorithm == "ct":
+    if strategy.centralised:
         local = LocalConfig(**{**cfg.local, "batch_size": cfg.ct_batch_size})
         model, info = run_centralised(train, cfg.model, strategy, local, cfg.rounds, seed, spec, log_round)
     else:

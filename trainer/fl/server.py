@@ -1,18 +1,25 @@
-"""Server side: seeded client selection, downlink, streaming weighted aggregation, server state."""
+"""Server side: seeded client selection, downlink, streaming aggregation of a round, server state.
+
+One aggregation path for the simulation and the MQTT coordinator: :class:`RoundAggregator` takes
+each accepted update once (on arrival, or in client-id order for bit-reproducible runs) and
+:func:`server_update` is that aggregator fed in sorted order.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 from torch import Tensor, nn
 
+from trainer.fl.aggregate import WeightedSum
+from trainer.fl.api import Strategy
 from trainer.fl.client import ClientUpdate
-from trainer.fl.strategies import Strategy
-from trainer.models.bn import bn_state_keys
+
+__all__ = ["RoundAggregator", "ServerState", "WeightedSum", "downlink", "select_clients",
+           "server_extras_for_clients", "server_update"]
 
 
 def select_clients(client_ids: Sequence[str], fraction: float, round_idx: int, seed: int) -> list[str]:
@@ -30,49 +37,9 @@ def select_clients(client_ids: Sequence[str], fraction: float, round_idx: int, s
     return sorted(ids[i] for i in rng.choice(len(ids), size=k, replace=False))
 
 
-def downlink(global_state: dict[str, Tensor], strategy: Strategy, model: nn.Module) -> dict[str, Tensor]:
-    """What the server sends to clients: everything, minus BN entries under the local-BN rule."""
-    if strategy.local_bn and strategy.bn_sync == "local":
-        drop = bn_state_keys(model)
-        return {k: v for k, v in global_state.items() if k not in drop}
-    return dict(global_state)
-
-
-class WeightedSum:
-    """Streaming weighted average of state dicts: memory O(model), not O(clients x model).
-
-    Floating tensors are accumulated in float64 and cast back to their dtype; integer tensors
-    (BN's ``num_batches_tracked``) take the maximum.
-    """
-
-    def __init__(self) -> None:
-        self._sum: dict[str, Tensor] = {}
-        self._dtype: dict[str, torch.dtype] = {}
-        self.total_weight = 0.0
-        self.count = 0
-
-    def add(self, state: dict[str, Tensor], weight: float) -> None:
-        if weight <= 0:
-            raise ValueError(f"aggregation weight must be > 0, got {weight}")
-        if self._sum and state.keys() != self._sum.keys():
-            raise ValueError("state dicts to aggregate have different keys")
-        for k, v in state.items():
-            if torch.is_floating_point(v):
-                acc = v.detach().to(torch.float64) * weight
-                self._sum[k] = self._sum[k] + acc if k in self._sum else acc
-            else:
-                self._sum[k] = torch.maximum(self._sum[k], v) if k in self._sum else v.clone()
-            self._dtype[k] = v.dtype
-        self.total_weight += weight
-        self.count += 1
-
-    def result(self) -> dict[str, Tensor]:
-        if not self.count:
-            raise ValueError("nothing to aggregate")
-        return {
-            k: (v / self.total_weight).to(self._dtype[k]) if torch.is_floating_point(v) else v.clone()
-            for k, v in self._sum.items()
-        }
+def downlink(global_state: Mapping[str, Tensor], strategy: Strategy, model: nn.Module) -> dict[str, Tensor]:
+    """What the server sends to clients (the strategy's BN rule decides)."""
+    return strategy.downlink(global_state, model)
 
 
 @dataclass
@@ -105,9 +72,48 @@ class ServerState:
         return cls(g, round_idx, e)
 
 
-def server_extras_for_clients(server: ServerState) -> dict[str, Tensor]:
-    """Extras the clients need this round (SCAFFOLD's ``c``)."""
-    return dict(server.extras)
+def server_extras_for_clients(server: ServerState, strategy: Strategy) -> dict[str, Tensor]:
+    """Strategy tensors the clients need this round (e.g. SCAFFOLD's ``c``)."""
+    return strategy.downlink_extras(server.extras)
+
+
+class RoundAggregator:
+    """Aggregates one round in O(model) memory: :meth:`add` each accepted update once, then :meth:`result`.
+
+    The global state is the trial-weighted mean of the clients' state dicts (every entry, BN
+    included; what is *sent* is the strategy's downlink rule); each component with a server rule
+    (SCAFFOLD's control variate, server momentum ...) accumulates its extras alongside and edits
+    the result.
+
+    Parameters
+    ----------
+    server : ServerState
+        The state the round started from.
+    strategy : Strategy
+    n_clients_total : int
+        Clients known to the federation (SCAFFOLD's ``|S|/N``).
+    """
+
+    def __init__(self, server: ServerState, strategy: Strategy, n_clients_total: int) -> None:
+        self.server = server
+        self.states = WeightedSum()
+        self.parts = strategy.server_rounds(server.extras, n_clients_total)
+
+    @property
+    def count(self) -> int:
+        return self.states.count
+
+    def add(self, update: ClientUpdate) -> None:
+        self.states.add(update.state, float(update.n_samples))
+        for p in self.parts:
+            p.add(update.extras, update.n_samples)
+
+    def result(self) -> ServerState:
+        new_global = self.states.result()
+        extras = dict(self.server.extras)
+        for p in self.parts:
+            new_global, extras = p.finish(self.server.global_state, new_global, extras, self.states.count)
+        return ServerState(new_global, self.server.round + 1, extras)
 
 
 def server_update(
@@ -116,26 +122,10 @@ def server_update(
     strategy: Strategy,
     n_clients_total: int,
 ) -> ServerState:
-    """Aggregate one round's updates (sorted by client id; weights = trial counts).
-
-    Every entry is aggregated, BN included; what is *sent* is decided by :func:`downlink`.
-    SCAFFOLD: ``c <- c + |S|/N * mean_i(dc_i)``.
-    """
+    """Aggregate one round's updates in client-id order (bit-reproducible; weights = trial counts)."""
     if not updates:
         raise ValueError("no updates to aggregate")
-    ordered = sorted(updates, key=lambda t: t[0])
-    acc = WeightedSum()
-    for _, u in ordered:
-        acc.add(u.state, float(u.n_samples))
-    new_global = acc.result()
-    extras = dict(server.extras)
-    if strategy.scaffold:
-        dc = WeightedSum()
-        for _, u in ordered:
-            dc.add({k[len("scaffold_dc."):]: v for k, v in u.extras.items() if k.startswith("scaffold_dc.")}, 1.0)
-        mean_dc = dc.result()
-        frac = len(ordered) / max(n_clients_total, 1)
-        for n, d in mean_dc.items():
-            key = f"scaffold_c.{n}"
-            extras[key] = extras.get(key, torch.zeros_like(d)) + frac * d
-    return ServerState(new_global, server.round + 1, extras)
+    agg = RoundAggregator(server, strategy, n_clients_total)
+    for _, u in sorted(updates, key=lambda t: t[0]):
+        agg.add(u)
+    return agg.result()

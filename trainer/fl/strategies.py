@@ -1,100 +1,92 @@
-"""Federated strategies as data: which BN mode, whether BN stays local, which local regularisers.
+"""The registry of federated algorithms: the one place the CLIs, federation.toml, the wire validation
+and the docs' algorithm table come from.
 
-========  ===============  =========  =====================================================
-name      bn_mode          local_bn   local training
-========  ===============  =========  =====================================================
-fedavg    standard         no         SGD
-fedprox   standard         no         SGD + (mu/2)||w - w_global||^2
-scaffold  standard         no         SGD with control-variate correction
-moon      standard         no         SGD + model-contrastive loss
-fedbn     standard         yes        SGD (BN params and running stats stay on the client)
-fedbs     batch_specific   yes        SAM (rho 0.1)
-safe      batch_specific   yes        FGSM adversarial training (0.03 x std) + AWP (0.01)
-ct        standard         -          centralised (pooled) training, not federated
-========  ===============  =========  =====================================================
-
-``local_bn`` is FedBS's rule: clients upload every parameter, the server aggregates every
-parameter (BN included), but the model sent down omits the BN entries, so each client keeps
-its own BN during training; the final global model carries the aggregated BN.
+Adding an algorithm = one module in :mod:`trainer.fl.algorithms` (its components and its
+:class:`~trainer.fl.api.Algorithm` entry) + one line in ``ALGORITHMS`` below + its tests.
+See docs/methods.md, "How to add an algorithm".
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-BN_SYNC = ("local", "stale_global")
+from trainer.fl.algorithms import base, fedbs, fedprox, moon, safe, scaffold
+from trainer.fl.api import Algorithm, Component, Param, Strategy
+
+#: every algorithm, in the order of the docs' table
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
+    base.CT,
+    base.FEDAVG,
+    fedprox.FEDPROX,
+    scaffold.SCAFFOLD,
+    moon.MOON,
+    base.FEDBN,
+    fedbs.FEDBS,
+    safe.SAFE,
+)}
+
+#: component types in registry order (the order in which loss terms and weight perturbations compose)
+COMPONENTS: tuple[type[Component], ...] = tuple(dict.fromkeys(c for a in ALGORITHMS.values() for c in a.components))
+
+#: every tunable setting: the BN rule's and each component's, by flat name
+PARAMS: dict[str, Param] = {p.name: p for p in (*base.BN_PARAMS, *(p for c in COMPONENTS for p in c.PARAMS))}
 
 
-@dataclass(frozen=True)
-class Strategy:
-    """One federated algorithm (and its ablations).
-
-    Parameters
-    ----------
-    name : str
-    bn_mode : {"standard", "batch_specific"}
-    local_bn : bool
-        BN keys are not sent down (FedBN / FedBS / SAFE).
-    bn_sync : {"local", "stale_global"}
-        ``local`` (paper): a client trains from its own BN. ``stale_global`` (authors' code):
-        the aggregated BN of the previous round is copied into the client at its next round.
-    sam_rho : float
-        SAM radius (0 = off). Non-adaptive: ``e = rho * g / ||g||`` over all parameters.
-    fat_eps : float
-        FGSM adversarial training budget as a multiple of each trial's per-channel std (0 = off).
-    awp_gamma : float
-        Adversarial weight perturbation size relative to each weight tensor's norm (0 = off).
-    prox_mu : float
-        FedProx proximal weight (0 = off).
-    scaffold : bool
-        SCAFFOLD control variates.
-    moon_mu, moon_tau : float
-        MOON contrastive weight (0 = off) and temperature.
-    """
-
-    name: str
-    bn_mode: str = "standard"
-    local_bn: bool = False
-    bn_sync: str = "local"
-    sam_rho: float = 0.0
-    fat_eps: float = 0.0
-    awp_gamma: float = 0.0
-    prox_mu: float = 0.0
-    scaffold: bool = False
-    moon_mu: float = 0.0
-    moon_tau: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.bn_mode not in ("standard", "batch_specific"):
-            raise ValueError(f"bn_mode must be standard or batch_specific, got {self.bn_mode!r}")
-        if self.bn_sync not in BN_SYNC:
-            raise ValueError(f"bn_sync must be one of {BN_SYNC}, got {self.bn_sync!r}")
-        for f in ("sam_rho", "fat_eps", "awp_gamma", "prox_mu", "moon_mu"):
-            if getattr(self, f) < 0:
-                raise ValueError(f"{f} must be >= 0, got {getattr(self, f)}")
-        if self.moon_tau <= 0:
-            raise ValueError("moon_tau must be > 0")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+def _check_registry() -> None:
+    names = [p.name for p in (*base.BN_PARAMS, *(p for c in COMPONENTS for p in c.PARAMS))]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise RuntimeError(f"strategy parameters defined twice: {sorted(dup)}")
+    for a in ALGORITHMS.values():
+        unknown = set(a.settings) - set(PARAMS)
+        if unknown:
+            raise RuntimeError(f"algorithm {a.name} sets unknown parameters {sorted(unknown)}")
 
 
-STRATEGIES: dict[str, Strategy] = {
-    "ct": Strategy("ct"),
-    "fedavg": Strategy("fedavg"),
-    "fedprox": Strategy("fedprox", prox_mu=0.01),
-    "scaffold": Strategy("scaffold", scaffold=True),
-    "moon": Strategy("moon", moon_mu=1.0, moon_tau=0.5),
-    "fedbn": Strategy("fedbn", local_bn=True),
-    "fedbs": Strategy("fedbs", bn_mode="batch_specific", local_bn=True, sam_rho=0.1),
-    "safe": Strategy("safe", bn_mode="batch_specific", local_bn=True, fat_eps=0.03, awp_gamma=0.01),
-}
+_check_registry()
 
 
 def get_strategy(name: str, **overrides: Any) -> Strategy:
-    """A named strategy with optional field overrides (ablations), e.g. ``get_strategy("fedbs", sam_rho=0)``."""
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown algorithm {name!r}; choose from {sorted(STRATEGIES)}")
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    return replace(STRATEGIES[name], **overrides)
+    """A named algorithm with optional parameter overrides (ablations, compositions).
+
+    ``get_strategy("fedbs", sam_rho=0)`` is FedBS without SAM; ``get_strategy("fedavg", prox_mu=1.0,
+    sam_rho=0.1)`` composes a FedProx term and SAM. ``None`` values are ignored.
+
+    Raises
+    ------
+    ValueError
+        Unknown algorithm or parameter, or a value out of range (the message names it).
+    """
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")
+    algo = ALGORITHMS[name]
+    settings = {p.name: p.default for p in PARAMS.values()}
+    settings.update(algo.settings)
+    for k, v in overrides.items():
+        if v is None:
+            continue
+        if k not in PARAMS:
+            raise ValueError(f"unknown strategy parameter {k!r}; known: {', '.join(PARAMS)}")
+        settings[k] = PARAMS[k].check(v)
+    components = tuple(c for cls in COMPONENTS if (c := cls.build(settings)) is not None)
+    return Strategy(name, settings, components, algo.centralised)
+
+
+def algorithm_table() -> str:
+    """The docs' algorithm table (markdown), generated from the registry (docs/methods.md embeds it)."""
+    rows = ["| algorithm | BN | BN sent down | settings | what it does | reference |", "|---|---|---|---|---|---|"]
+    for a in ALGORITHMS.values():
+        st = get_strategy(a.name)
+        bn = st.bn_mode.replace("_", "-")
+        down = "-" if a.centralised else ("no" if st.local_bn and st.bn_sync == "local" else "yes")
+        own = ", ".join(f"{k}={v}" for k, v in a.settings.items() if k not in ("bn_mode", "local_bn")) or "-"
+        rows.append(f"| {a.name} | {bn} | {down} | {own} | {a.summary} | {a.reference or '-'} |")
+    return "\n".join(rows)
+
+
+def parameter_table() -> str:
+    """Every strategy parameter (markdown): name, type, neutral value, meaning."""
+    rows = ["| parameter | type | off / default | meaning |", "|---|---|---|---|"]
+    for p in PARAMS.values():
+        rows.append(f"| `{p.name}` | {p.type.__name__} | {p.default} | {p.help} |")
+    return "\n".join(rows)

@@ -1,0 +1,22 @@
+"""Algorithms that are only a BN rule over weighted averaging: CT, FedAvg, FedBN."""
+
+from __future__ import annotations
+
+from trainer.fl.api import BN_MODES, BN_SYNC, Algorithm, Param
+
+#: the BN rule's settings (every strategy has them; see :class:`trainer.fl.api.Strategy`)
+BN_PARAMS = (
+    Param("bn_mode", str, "standard", "BatchNorm statistics: standard (running) or batch_specific (FedBS/SAFE)",
+          choices=BN_MODES, minimum=None),
+    Param("local_bn", bool, False, "BN entries are not sent down: each client trains with its own BN",
+          flag="--local-bn/--shared-bn"),
+    Param("bn_sync", str, "local", "local (paper): a client keeps its BN; stale_global (authors' code): the last "
+          "aggregated BN is sent down", choices=BN_SYNC, minimum=None),
+)
+
+CT = Algorithm("ct", "centralised training on the pooled trials (the upper reference, not federated)",
+               centralised=True)
+FEDAVG = Algorithm("fedavg", "weighted averaging of full state dicts (trial-count weights)",
+                   reference="McMahan et al., AISTATS 2017")
+FEDBN = Algorithm("fedbn", "FedAvg, BN entries stay on the clients", settings={"local_bn": True},
+                  reference="Li et al., ICLR 2021")

@@ -1,0 +1,313 @@
+"""The strategy interface: an algorithm is a BN rule plus a composition of components.
+
+A :class:`Component` owns one idea of one algorithm (a SAM perturbation, a FedProx term, SCAFFOLD's
+control variates, server momentum ...) and says, through optional hooks,
+
+* what a client does locally each round (:meth:`Component.local_round` returns a
+  :class:`LocalHook`: adversarial inputs, extra loss terms, weight perturbations, gradient
+  corrections, and what it keeps and uploads when the round ends),
+* which extra tensors travel up (:meth:`Component.upload_specs`, named and shaped, so the wire
+  validation asks the strategy instead of hard-coding prefixes) and down
+  (:meth:`Component.downlink_extras`),
+* how the server aggregates them (:meth:`Component.server_round`, streaming, O(model) memory).
+
+A :class:`Strategy` is the frozen composition: a name, the BN rule (``bn_mode``, ``local_bn``,
+``bn_sync``) and a flat mapping of parameter settings from which its active components are built.
+Ablations stay one-flag overrides (``get_strategy("fedbs", sam_rho=0)``) and components compose
+(``get_strategy("fedavg", sam_rho=0.1, prox_mu=0.01)``). The registry of algorithms is
+:mod:`trainer.fl.strategies`; the pure per-round functions that use this interface are
+:mod:`trainer.fl.client` and :mod:`trainer.fl.server` (shared by the simulation and the MQTT
+coordinator/edge clients).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from trainer.models.bn import bn_state_keys
+
+BN_MODES = ("standard", "batch_specific")
+BN_SYNC = ("local", "stale_global")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name-independent description of one tensor that travels on the wire."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def tensor_specs(tensors: Mapping[str, Tensor]) -> dict[str, TensorSpec]:
+    """Specs of a tensor dict (shape, dtype per name)."""
+    return {k: TensorSpec(tuple(v.shape), v.dtype) for k, v in tensors.items()}
+
+
+def param_specs(model: nn.Module, prefix: str) -> dict[str, TensorSpec]:
+    """One spec per trainable parameter, named ``<prefix>.<parameter name>``."""
+    return {f"{prefix}.{n}": TensorSpec(tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
+
+
+def strip(prefix: str, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Entries of ``tensors`` under ``<prefix>.``, with the prefix removed."""
+    p = prefix + "."
+    return {k[len(p):]: v for k, v in tensors.items() if k.startswith(p)}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tunable setting of a strategy (becomes ``--name`` in the CLI and a key in federation.toml).
+
+    Parameters
+    ----------
+    name : str
+        Flat name, unique across all components (``sam_rho``, ``prox_mu`` ...).
+    type : type
+        ``float``, ``int``, ``bool`` or ``str``.
+    default : Any
+        The value that switches the component off (or its neutral value).
+    help : str
+        One line for ``--help`` and the docs.
+    choices : tuple
+        Allowed values (``str`` parameters).
+    minimum : float or None
+        Smallest allowed value (numeric parameters).
+    flag : str or None
+        CLI flag declaration if not ``--<name>`` (e.g. ``--local-bn/--shared-bn``).
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple[Any, ...] = ()
+    minimum: float | None = 0.0
+    flag: str | None = None
+
+    def check(self, value: Any) -> Any:
+        """Validate and coerce one value; raises ``ValueError`` naming the parameter."""
+        if self.type is bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"{self.name} must be true or false, got {value!r}")
+            return value
+        if self.type in (int, float):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{self.name} must be a number, got {value!r}")
+            value = self.type(value)
+            if self.minimum is not None and value < self.minimum:
+                raise ValueError(f"{self.name} must be >= {self.minimum:g}, got {value}")
+            return value
+        if self.choices and value not in self.choices:
+            raise ValueError(f"{self.name} must be one of {self.choices}, got {value!r}")
+        return value
+
+
+@dataclass
+class RoundInputs:
+    """What a client received this round, besides its data.
+
+    Attributes
+    ----------
+    global_state : dict
+        The downlinked global model (FedProx anchor, MOON's global representation).
+    server_extras : dict
+        Strategy tensors sent down (e.g. ``scaffold_c.<param>``).
+    lr, momentum : float
+        The client's optimiser settings (SCAFFOLD's step normaliser).
+    """
+
+    global_state: Mapping[str, Tensor] = field(default_factory=dict)
+    server_extras: Mapping[str, Tensor] = field(default_factory=dict)
+    lr: float = 0.0
+    momentum: float = 0.0
+
+
+class LocalHook:
+    """One component's part in one client's round. Every hook is optional (the defaults do nothing).
+
+    The local-training step (:func:`trainer.fl.local.train_local`) calls, for each mini-batch:
+    :meth:`adversarial` (replace the inputs), the loss (cross-entropy + every :meth:`loss_term`),
+    backward, then, if any :meth:`weight_delta` is not None, the gradient at the perturbed
+    weights, then :meth:`correct` (edit gradients), then the optimiser step. After the round,
+    :meth:`finish` returns the tensors to upload and what the client keeps.
+    """
+
+    #: the loss needs the model's features (``model.features``/``model.classifier``)
+    needs_features: bool = False
+
+    def adversarial(self, model: nn.Module, xb: Tensor, yb: Tensor) -> Tensor:
+        return xb
+
+    def loss_term(self, xb: Tensor, z: Tensor | None) -> Tensor | None:
+        return None
+
+    def weight_delta(self, params: Sequence[nn.Parameter]) -> list[Tensor | None] | None:
+        return None
+
+    def correct(self, params: Sequence[nn.Parameter]) -> None:
+        return None
+
+    def finish(self, start: Mapping[str, Tensor], state: Mapping[str, Tensor],
+               metrics: Mapping[str, float]) -> tuple[dict[str, Tensor], dict[str, Tensor] | None]:
+        """``(upload extras, new client-kept tensors or None to keep the old ones)``."""
+        return {}, None
+
+
+class ServerRound:
+    """One component's part in aggregating one round (streaming: :meth:`add` sees each update once)."""
+
+    def add(self, extras: Mapping[str, Tensor], n_samples: int) -> None:
+        return None
+
+    def finish(self, old_global: Mapping[str, Tensor], new_global: dict[str, Tensor],
+               extras: dict[str, Tensor], n_updates: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """Return ``(global state, server extras)`` after this component's rule."""
+        return new_global, extras
+
+
+class Component:
+    """A composable piece of a federated algorithm; subclasses override what they need.
+
+    Class attributes
+    ----------------
+    PARAMS : tuple of Param
+        The settings this component owns; :meth:`build` turns them into an instance (or None = off).
+    KEY : str
+        Namespace of the tensors it keeps on the client and on the server (``<KEY>.<name>``).
+    """
+
+    PARAMS: ClassVar[tuple[Param, ...]] = ()
+    KEY: ClassVar[str] = ""
+
+    @classmethod
+    def build(cls, settings: Mapping[str, Any]) -> Component | None:
+        raise NotImplementedError
+
+    # client side
+    def local_round(self, model: nn.Module, kept: Mapping[str, Tensor] | None, inputs: RoundInputs) -> LocalHook | None:
+        """The hook for one round; ``kept`` is what this component stored on the client last time."""
+        return None
+
+    def upload_specs(self, model: nn.Module) -> dict[str, TensorSpec]:
+        """Extra tensors a client uploads with its state (validated by the coordinator)."""
+        return {}
+
+    # server side
+    def downlink_extras(self, server_extras: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Server-side tensors this component sends to the clients."""
+        return {}
+
+    def server_round(self, server_extras: Mapping[str, Tensor], n_clients_total: int) -> ServerRound | None:
+        return None
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A registry entry: a named algorithm, its components and its default settings.
+
+    Parameters
+    ----------
+    name : str
+    summary : str
+        One line for the docs' algorithm table and ``--help``.
+    components : tuple of Component subclasses
+        New component types this algorithm brings (an algorithm may also switch on others' by settings).
+    settings : dict
+        Parameter values (of any registered component or of the BN rule) that define it.
+    reference : str
+    centralised : bool
+        Pooled training (CT), not federated.
+    """
+
+    name: str
+    summary: str
+    components: tuple[type[Component], ...] = ()
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    reference: str = ""
+    centralised: bool = False
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A federated algorithm as configured: the BN rule and its active components.
+
+    Build it with :func:`trainer.fl.strategies.get_strategy`.
+
+    Attributes
+    ----------
+    name : str
+    settings : dict
+        Every registered parameter's value (``bn_mode``, ``local_bn``, ``bn_sync``, ``sam_rho`` ...).
+    components : tuple of Component
+        The active components, in registry order (the order loss terms and perturbations compose).
+    centralised : bool
+    """
+
+    name: str
+    settings: Mapping[str, Any]
+    components: tuple[Component, ...] = ()
+    centralised: bool = False
+
+    # ------------------------------------------------------------------ the BN rule
+    @property
+    def bn_mode(self) -> str:
+        return self.settings["bn_mode"]
+
+    @property
+    def local_bn(self) -> bool:
+        return bool(self.settings["local_bn"])
+
+    @property
+    def bn_sync(self) -> str:
+        return self.settings["bn_sync"]
+
+    def downlink(self, global_state: Mapping[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+        """What the server sends: everything, minus BN entries under the local-BN rule (FedBN/FedBS)."""
+        if self.local_bn and self.bn_sync == "local":
+            drop = bn_state_keys(model)
+            return {k: v for k, v in global_state.items() if k not in drop}
+        return dict(global_state)
+
+    # ------------------------------------------------------------------ wire
+    def upload_specs(self, model: nn.Module) -> dict[str, TensorSpec]:
+        """Extra tensors a client must upload (besides its state dict)."""
+        out: dict[str, TensorSpec] = {}
+        for c in self.components:
+            out.update(c.upload_specs(model))
+        return out
+
+    def downlink_extras(self, server_extras: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Server-side tensors the clients need this round."""
+        out: dict[str, Tensor] = {}
+        for c in self.components:
+            out.update(c.downlink_extras(server_extras))
+        return out
+
+    # ------------------------------------------------------------------ client
+    def local_hooks(self, model: nn.Module, kept: Mapping[str, Mapping[str, Tensor]],
+                    inputs: RoundInputs) -> list[tuple[str, LocalHook]]:
+        """One hook per component that acts locally, with the key of what it keeps."""
+        hooks = []
+        for c in self.components:
+            h = c.local_round(model, kept.get(c.KEY), inputs)
+            if h is not None:
+                hooks.append((c.KEY, h))
+        return hooks
+
+    # ------------------------------------------------------------------ server
+    def server_rounds(self, server_extras: Mapping[str, Tensor], n_clients_total: int) -> list[ServerRound]:
+        out = []
+        for c in self.components:
+            r = c.server_round(server_extras, n_clients_total)
+            if r is not None:
+                out.append(r)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Name and every setting (results.json, the coordinator's fingerprint)."""
+        return {"name": self.name, **dict(self.settings)}
