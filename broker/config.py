@@ -20,9 +20,9 @@ Example::
     channels = "sensorimotor21"
     resample = 80.0
 
-    [local]
-    batch_size = 32
-    local_epochs = 2
+    [local]                   # defaults: the published protocol (trainer.fl.local.LocalConfig)
+    lr = 0.05
+    batch_size = 8
 
     [validation]
     max_message_mb = 16

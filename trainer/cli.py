@@ -68,37 +68,42 @@ def print_results(results: dict) -> None:
     console.print(t)
 
 
+def _algorithm_help() -> str:
+    from trainer.fl.strategies import ALGORITHMS
+
+    return "; ".join(f"{a.name}: {a.summary}" for a in ALGORITHMS.values())
+
+
+def _preset_help() -> str:
+    from trainer.presets import PRESETS
+
+    return " | ".join(f"{p.name}: {p.summary}" + (f" (NOTE: {p.caveat})" if p.caveat else "") for p in PRESETS.values())
+
+
 def simulate(
-    algorithm: Annotated[str, typer.Option(help="ct, fedavg, fedprox, scaffold, moon, fedbn, fedbs, safe")] = "fedbs",
+    algorithm: Annotated[str, typer.Option(help=_algorithm_help())] = "fedbs",
+    preset: Annotated[str, typer.Option(help=_preset_help())] = "published",
     model: Annotated[str, typer.Option(help="eegnet, shallow, deep")] = "eegnet",
     subjects: Annotated[str, typer.Option(help="'all' or e.g. '1-10,12'")] = "all",
     protocol: Annotated[str, typer.Option(help="loso, kfold:K (subject groups), or none")] = "loso",
     test_subjects: Annotated[str | None, typer.Option(help="'none': no held-out subject; train on all and save the global checkpoint")] = None,
-    rounds: Annotated[int, typer.Option(help="communication rounds (CT: epochs)")] = 100,
-    fraction: Annotated[float, typer.Option(help="fraction of clients per round (floor)")] = 0.5,
-    local_epochs: Annotated[int, typer.Option(help="local epochs per round")] = 2,
-    batch_size: Annotated[int, typer.Option(help="client batch size")] = 32,
-    ct_batch_size: Annotated[int, typer.Option(help="CT batch size")] = 64,
-    lr: Annotated[float, typer.Option()] = 0.005,
-    momentum: Annotated[float, typer.Option()] = 0.9,
-    weight_decay: Annotated[float, typer.Option()] = 1e-4,
+    rounds: Annotated[int | None, typer.Option(help="communication rounds (CT: epochs) [default: preset's]")] = None,
+    fraction: Annotated[float | None, typer.Option(help="fraction of clients per round (floor) [default: preset's]")] = None,
+    local_epochs: Annotated[int | None, typer.Option(help="local epochs per round [default: preset's]")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="client batch size [default: preset's]")] = None,
+    ct_batch_size: Annotated[int | None, typer.Option(help="CT batch size [default: preset's]")] = None,
+    lr: Annotated[float | None, typer.Option(help="SGD learning rate [default: preset's]")] = None,
+    momentum: Annotated[float | None, typer.Option(help="[default: preset's]")] = None,
+    weight_decay: Annotated[float | None, typer.Option(help="[default: preset's]")] = None,
     seeds: Annotated[str, typer.Option(help="comma list of seeds")] = "0",
-    channels: Annotated[str, typer.Option(help="all, sensorimotor21, or a comma list")] = "sensorimotor21",
-    resample: Annotated[float | None, typer.Option(help="Hz; omit to keep 160 Hz")] = 80.0,
+    channels: Annotated[str | None, typer.Option(help="all, sensorimotor21, or a comma list [default: preset's]")] = None,
+    resample: Annotated[float | None, typer.Option(help="Hz; 0 keeps 160 Hz [default: preset's]")] = None,
     ea: Annotated[bool, typer.Option("--ea/--no-ea", help="per-subject Euclidean alignment")] = True,
     fmin: Annotated[float, typer.Option()] = 8.0,
     fmax: Annotated[float, typer.Option()] = 30.0,
     tmin: Annotated[float, typer.Option()] = 0.0,
     tmax: Annotated[float, typer.Option()] = 4.0,
     attack: Annotated[str | None, typer.Option(help="e.g. 'fgsm:0.03,pgd:0.03' (eps x per-channel std)")] = None,
-    bn_mode: Annotated[str | None, typer.Option(help="override: standard or batch_specific")] = None,
-    bn_sync: Annotated[str | None, typer.Option(help="local (paper) or stale_global (authors' code)")] = None,
-    sam_rho: Annotated[float | None, typer.Option(help="override SAM rho (0 = off)")] = None,
-    fat_eps: Annotated[float | None, typer.Option(help="override FGSM-AT eps (0 = off)")] = None,
-    awp_gamma: Annotated[float | None, typer.Option(help="override AWP gamma (0 = off)")] = None,
-    prox_mu: Annotated[float | None, typer.Option(help="override FedProx mu")] = None,
-    moon_mu: Annotated[float | None, typer.Option(help="override MOON mu")] = None,
-    local_bn: Annotated[bool | None, typer.Option("--local-bn/--shared-bn", help="override the local-BN rule")] = None,
     test_batch: Annotated[int, typer.Option(help="test batch size (batch-specific BN)")] = 8,
     eval_every: Annotated[int, typer.Option(help="evaluate the global model every N rounds (learning curve)")] = 10,
     workers: Annotated[int, typer.Option(help="parallel processes over folds/seeds")] = 1,
@@ -106,26 +111,48 @@ def simulate(
     fold_seed: Annotated[int, typer.Option(help="seed of the k-fold subject grouping")] = 0,
     data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder")] = None,
     out: Annotated[Path, typer.Option(help="run directory (re-running resumes it)")] = Path("runs/simulate"),
+    **strategy_params: object,
 ) -> None:
-    """Leave-one-subject-out (or k-fold / no held-out) CT or federated training on real EEG."""
+    """Leave-one-subject-out (or k-fold / no held-out) CT or federated training on real EEG.
+
+    Defaults are the published protocol (--preset published); every option given explicitly overrides
+    the preset. Strategy parameters (generated from the algorithm registry) override the algorithm's
+    own settings for ablations and compositions, e.g. --algorithm fedbs --sam-rho 0.
+    """
     from trainer.experiments.simulate import SimConfig, run_simulation
     from trainer.fl.local import LocalConfig
+    from trainer.presets import get_preset
 
-    pre = preprocess_from_options(channels, resample, ea, fmin, fmax, tmin, tmax)
+    try:
+        pre_set = get_preset(preset)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--preset") from None
+    if pre_set.caveat:
+        console.print(f"[yellow]preset {pre_set.name}: {pre_set.caveat}[/yellow]")
+    pick = lambda v, d: d if v is None else v  # noqa: E731
+    if resample is None:
+        resample = pre_set.resample
+    pre = preprocess_from_options(pick(channels, pre_set.channels), resample or None, ea, fmin, fmax, tmin, tmax)
     if test_subjects is not None:
         if test_subjects.lower() != "none":
             raise typer.BadParameter("--test-subjects takes only 'none' (use --protocol for held-out subjects)")
         protocol = "none"
-    overrides = {"bn_mode": bn_mode, "bn_sync": bn_sync, "sam_rho": sam_rho, "fat_eps": fat_eps,
-                 "awp_gamma": awp_gamma, "prox_mu": prox_mu, "moon_mu": moon_mu, "local_bn": local_bn}
+    p = pre_set.local
+    local = LocalConfig(pick(lr, p.lr), pick(momentum, p.momentum), pick(weight_decay, p.weight_decay),
+                        pick(batch_size, p.batch_size), pick(local_epochs, p.local_epochs))
     cfg = SimConfig(
         algorithm=algorithm, model=model, subjects=parse_subjects(subjects, data_dir), protocol=protocol,
-        rounds=rounds, fraction=fraction, seeds=[int(s) for s in seeds.split(",")],
-        local=LocalConfig(lr, momentum, weight_decay, batch_size, local_epochs).to_dict(), ct_batch_size=ct_batch_size,
-        preprocess=pre.to_dict(), test_batch=test_batch, eval_every=eval_every, attacks=parse_attacks(attack),
-        strategy_overrides={k: v for k, v in overrides.items() if v is not None}, data_dir=data_dir, fold_seed=fold_seed,
+        rounds=pick(rounds, pre_set.rounds), fraction=pick(fraction, pre_set.fraction),
+        seeds=[int(s) for s in seeds.split(",")], local=local.to_dict(),
+        ct_batch_size=pick(ct_batch_size, pre_set.ct_batch_size), preprocess=pre.to_dict(), test_batch=test_batch,
+        eval_every=eval_every, attacks=parse_attacks(attack),
+        strategy_overrides={k: v for k, v in strategy_params.items() if v is not None}, data_dir=data_dir,
+        fold_seed=fold_seed,
     )
-    cfg.strategy()  # validate overrides before any work
+    try:
+        cfg.strategy()  # validate overrides before any work
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console) as prog:
         task = prog.add_task(f"{algorithm} {protocol}", total=None)
@@ -143,6 +170,55 @@ def simulate(
     for c in results["checkpoints"]:
         console.print(f"global model checkpoint: {c}")
     console.print(f"results: {out / 'results.json'}")
+
+
+def with_strategy_options(func):
+    """Give ``func`` (which takes ``**strategy_params``) one CLI option per registered strategy parameter.
+
+    The options come from :data:`trainer.fl.strategies.PARAMS`, so a new algorithm's parameters appear in
+    ``neurofed simulate --help`` without touching this file. Each defaults to None (= the algorithm's value).
+    """
+    import inspect
+    import typing
+
+    from trainer.fl.strategies import PARAMS
+
+    sig = inspect.signature(func)
+    hints = typing.get_type_hints(func, include_extras=True)  # keep typer's Annotated options
+    fixed = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()
+             if p.kind != inspect.Parameter.VAR_KEYWORD]
+    extra = []
+    for prm in PARAMS.values():
+        decl = prm.flag or f"--{prm.name.replace('_', '-')}"
+        choices = f" ({', '.join(map(str, prm.choices))})" if prm.choices else ""
+        opt = typer.Option(decl, help=f"{prm.help}{choices}", rich_help_panel="Strategy parameters (override the algorithm's)")
+        extra.append(inspect.Parameter(prm.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                       annotation=Annotated[prm.type | None, opt]))
+    func.__signature__ = sig.replace(parameters=[*fixed, *extra])
+    return func
+
+
+def algorithms(markdown: Annotated[bool, typer.Option(help="print the docs' markdown tables")] = False) -> None:
+    """The registered federated algorithms and their parameters (from trainer/fl/strategies.py)."""
+    from trainer.fl.strategies import docs_tables
+
+    if markdown:
+        print(docs_tables())
+        return
+    from trainer.fl.strategies import ALGORITHMS, PARAMS
+
+    t = Table(title="algorithms (neurofed simulate --algorithm NAME; federation.toml [federation] strategy)")
+    for c in ("name", "settings", "what it does"):
+        t.add_column(c)
+    for a in ALGORITHMS.values():
+        t.add_row(a.name, ", ".join(f"{k}={v}" for k, v in a.settings.items()), a.summary)
+    console.print(t)
+    t = Table(title="strategy parameters (--name in simulate; [federation] strategy_overrides)")
+    for c in ("name", "type", "off/default", "meaning"):
+        t.add_column(c)
+    for p in PARAMS.values():
+        t.add_row(p.name, p.type.__name__, str(p.default), p.help)
+    console.print(t)
 
 
 data_app = typer.Typer(help="Find, check and download EEG recordings.", no_args_is_help=True)
@@ -172,7 +248,8 @@ def data_download(
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add trainer commands and benchmarks."""
-    app.command("simulate")(simulate)
+    app.command("simulate")(with_strategy_options(simulate))
+    app.command("algorithms")(algorithms)
     app.add_typer(data_app, name="data")
     from trainer import bench as trainer_bench
     from trainer import report as trainer_report

@@ -68,3 +68,27 @@ def test_bad_data_dir_is_one_clear_line(tmp_path):
                            "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_default_simulate_leaves_chance_and_paper_preset_does_not(tmp_path, data_dir, small_cfg):
+    """No default run trains to chance: `neurofed simulate` with its defaults (the published protocol) learns
+    on real data in a few rounds; the papers' lr 0.005 / batch 32 stays at the chance-level loss (ln 2)."""
+    from trainer.checkpoint import load_checkpoint
+    from trainer.data import load_subjects
+    from trainer.evaluate import bca, predict
+
+    base = ["simulate", "--algorithm", "fedavg", "--subjects", "1-4", "--rounds", "6", "--test-subjects", "none",
+            "--threads", "1", "--data-dir", str(data_dir)]
+    res = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "d")])
+    assert res.exit_code == 0, res.output
+    job = json.loads((tmp_path / "d" / "jobs" / "seed0_fold00.json").read_text())
+    assert job["curve"][-1]["loss"] < 0.62  # chance: ln 2 = 0.693
+    model, meta = load_checkpoint(job["checkpoint"])
+    assert meta.preprocess["resample"] == 80.0 and len(meta.ch_names) == 21  # the published input format
+    train = load_subjects([1, 2, 3, 4], small_cfg, data_dir)
+    assert sum(bca(sd.y, predict(model, sd.X, 8)) for sd in train) / 4 > 0.6
+    res = CliRunner().invoke(app, [*base, "--preset", "paper", "--channels", "sensorimotor21", "--resample", "80",
+                                   "--out", str(tmp_path / "p")])
+    assert res.exit_code == 0 and "45" in res.output  # the caveat is printed
+    job = json.loads((tmp_path / "p" / "jobs" / "seed0_fold00.json").read_text())
+    assert job["curve"][-1]["loss"] > 0.66

@@ -80,7 +80,8 @@ def algorithm_table() -> str:
         bn = st.bn_mode.replace("_", "-")
         down = "-" if a.centralised else ("no" if st.local_bn and st.bn_sync == "local" else "yes")
         own = ", ".join(f"{k}={v}" for k, v in a.settings.items() if k not in ("bn_mode", "local_bn")) or "-"
-        rows.append(f"| {a.name} | {bn} | {down} | {own} | {a.summary} | {a.reference or '-'} |")
+        summary = a.summary.replace("|", "\\|")
+        rows.append(f"| {a.name} | {bn} | {down} | {own} | {summary} | {a.reference or '-'} |")
     return "\n".join(rows)
 
 
@@ -90,3 +91,8 @@ def parameter_table() -> str:
     for p in PARAMS.values():
         rows.append(f"| `{p.name}` | {p.type.__name__} | {p.default} | {p.help} |")
     return "\n".join(rows)
+
+
+def docs_tables() -> str:
+    """Both tables, as docs/methods.md embeds them."""
+    return algorithm_table() + "\n\n" + parameter_table()
