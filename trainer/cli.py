@@ -104,6 +104,8 @@ def simulate(
     tmin: Annotated[float, typer.Option()] = 0.0,
     tmax: Annotated[float, typer.Option()] = 4.0,
     attack: Annotated[str | None, typer.Option(help="e.g. 'fgsm:0.03,pgd:0.03' (eps x per-channel std)")] = None,
+    byzantine: Annotated[str | None, typer.Option(help="simulated attackers FRACTION:ATTACK[:FACTOR], ATTACK in scale, "
+                                                       "signflip, labelflip, huge (e.g. 0.2:scale:10)")] = None,
     test_batch: Annotated[int, typer.Option(help="test batch size (batch-specific BN)")] = 8,
     eval_every: Annotated[int, typer.Option(help="evaluate the global model every N rounds (learning curve)")] = 10,
     workers: Annotated[int, typer.Option(help="parallel processes over folds/seeds")] = 1,
@@ -145,12 +147,16 @@ def simulate(
         rounds=pick(rounds, pre_set.rounds), fraction=pick(fraction, pre_set.fraction),
         seeds=[int(s) for s in seeds.split(",")], local=local.to_dict(),
         ct_batch_size=pick(ct_batch_size, pre_set.ct_batch_size), preprocess=pre.to_dict(), test_batch=test_batch,
-        eval_every=eval_every, attacks=parse_attacks(attack),
+        eval_every=eval_every, attacks=parse_attacks(attack), byzantine=byzantine,
         strategy_overrides={k: v for k, v in strategy_params.items() if v is not None}, data_dir=data_dir,
         fold_seed=fold_seed,
     )
     try:
         cfg.strategy()  # validate overrides before any work
+        if byzantine:
+            from trainer.fl.byzantine import Byzantine
+
+            Byzantine.parse(byzantine)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),

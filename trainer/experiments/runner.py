@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from trainer.data.dataset import SubjectData
 from trainer.evaluate import attacked_predict, bca, predict
+from trainer.fl.byzantine import Byzantine
 from trainer.fl.client import ClientState, client_update, init_client_state
 from trainer.fl.local import LocalConfig, train_local
 from trainer.fl.server import ServerState, downlink, select_clients, server_extras_for_clients, server_update
@@ -91,11 +92,13 @@ def run_federated(
     clients: dict[str, SubjectData], model_name: str, strategy: Strategy, cfg: LocalConfig, rounds: int,
     fraction: float, seed: int, spec: EvalSpec | None = None, progress: ProgressFn | None = None,
     server: ServerState | None = None, client_states: dict[str, ClientState] | None = None,
+    byzantine: Byzantine | None = None,
 ) -> tuple[nn.Module, dict]:
     """Federated training in process (one client per subject).
 
     Returns the final global model (aggregated BN included) and ``{"curve": [...], "participation": {...}}``.
-    ``server``/``client_states`` resume an interrupted run.
+    ``server``/``client_states`` resume an interrupted run; ``byzantine`` makes a seeded fraction of the
+    clients attack (robustness experiments, :mod:`trainer.fl.byzantine`).
     """
     spec = spec or EvalSpec()
     ids = sorted(clients)
@@ -108,6 +111,7 @@ def run_federated(
             states[cid] = init_client_state(server.global_state, model, strategy)
     worker = copy.deepcopy(model)
     participation = {cid: 0 for cid in ids}
+    attackers = set(byzantine.attackers(ids)) if byzantine is not None else set()
     curve = []
     while server.round < rounds:
         r = server.round
@@ -117,9 +121,12 @@ def run_federated(
         updates = []
         for cid in chosen:
             sd = clients[cid]
+            y = byzantine.labels(sd.y, len(sd.classes)) if cid in attackers else sd.y
             upd, states[cid] = client_update(
-                worker, down, states[cid], sd.X, sd.y, strategy, cfg, client_seed(seed, r, cid), extras
+                worker, down, states[cid], sd.X, y, strategy, cfg, client_seed(seed, r, cid), extras
             )
+            if cid in attackers:
+                upd = byzantine.poison(upd, server.global_state)
             updates.append((cid, upd))
             participation[cid] += 1
         server = server_update(server, updates, strategy, len(ids))
@@ -132,7 +139,9 @@ def run_federated(
         if progress:
             progress(server.round, rounds, point)
     model.load_state_dict(server.global_state)
-    return model, {"curve": curve, "participation": participation, "server": server, "client_states": states}
+    per_round = len(select_clients(ids, fraction, 0, seed))
+    return model, {"curve": curve, "participation": participation, "server": server, "client_states": states,
+                   "attackers": sorted(attackers), **strategy.report(len(ids), per_round, rounds)}
 
 
 def global_state_of(model: nn.Module) -> dict[str, Tensor]:

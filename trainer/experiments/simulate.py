@@ -25,6 +25,7 @@ from trainer.experiments.runner import (
     run_centralised,
     run_federated,
 )
+from trainer.fl.byzantine import Byzantine
 from trainer.fl.local import LocalConfig
 from trainer.fl.strategies import get_strategy
 
@@ -52,6 +53,7 @@ class SimConfig:
     test_batch: int = 8
     eval_every: int = 10
     attacks: list[list] = field(default_factory=list)  # [["pgd", 0.03], ...]
+    byzantine: str | None = None  # e.g. "0.2:scale:10" (trainer.fl.byzantine)
     strategy_overrides: dict = field(default_factory=dict)
     data_dir: str | None = None
     fold_seed: int = 0
@@ -83,13 +85,15 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
         model, info = run_centralised(train, cfg.model, strategy, local, cfg.rounds, seed, spec, log_round)
     else:
         local = LocalConfig(**cfg.local)
+        byz = Byzantine.parse(cfg.byzantine, seed) if cfg.byzantine else None
         model, info = run_federated({sd.subject: sd for sd in train}, cfg.model, strategy, local,
-                                    cfg.rounds, cfg.fraction, seed, spec, log_round)
+                                    cfg.rounds, cfg.fraction, seed, spec, log_round, byzantine=byz)
     seconds = time.time() - t0
     result = {
         "fold": fold_idx, "seed": seed, "test_subjects": [sd.subject for sd in test],
         "per_subject": evaluate_subjects(model, spec, seed) if test else {},
         "curve": info["curve"], "participation": info.get("participation", {}), "seconds": seconds,
+        **{k: info[k] for k in ("attackers", "privacy") if info.get(k)},
         "data_hashes": {k: v for sd in train + test for k, v in sd.file_hashes.items()},
     }
     if not test:  # deployment mode: save the global model
@@ -150,6 +154,7 @@ def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
         "seconds": float(sum(j["seconds"] for j in jobs)), "data_hashes": hashes,
         "checkpoints": [j["checkpoint"] for j in jobs if "checkpoint" in j],
         "torch": torch.__version__,
+        **({"privacy": jobs[0]["privacy"]} if jobs and "privacy" in jobs[0] else {}),
     }
 
 
@@ -159,6 +164,9 @@ def same_run(old: dict, new: dict) -> bool:
     Jobs are stored per (seed, fold), so extending ``--seeds 0`` to ``--seeds 0,1,2`` reuses seed 0's jobs.
     """
     a, b = dict(old), dict(new)
+    defaults = asdict(SimConfig())
+    for k in [k for k in b if k not in a and b[k] == defaults.get(k)]:  # a field added later, at its default
+        b.pop(k)
     return set(a.pop("seeds", [])) <= set(b.pop("seeds", [])) and a == b
 
 

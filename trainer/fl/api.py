@@ -170,6 +170,22 @@ class ServerRound:
         return new_global, extras
 
 
+class StateAggregator:
+    """How the server combines the clients' state dicts (default: :class:`trainer.fl.aggregate.WeightedSum`).
+
+    ``add`` each accepted state once with its weight (trial count), then ``result``. A rule that needs
+    every update at once (median, Krum, adaptive clipping) buffers them: memory O(clients x model).
+    """
+
+    count: int = 0
+
+    def add(self, state: Mapping[str, Tensor], weight: float) -> None:
+        raise NotImplementedError
+
+    def result(self) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+
 class Component:
     """A composable piece of a federated algorithm; subclasses override what they need.
 
@@ -204,6 +220,15 @@ class Component:
 
     def server_round(self, server_extras: Mapping[str, Tensor], n_clients_total: int) -> ServerRound | None:
         return None
+
+    def state_aggregator(self, old_global: Mapping[str, Tensor], round_idx: int,
+                         n_clients_total: int) -> StateAggregator | None:
+        """Replace the weighted mean of the states (robust rules, DP); at most one component may."""
+        return None
+
+    def report(self, n_clients_total: int, per_round: int, rounds: int) -> dict[str, Any]:
+        """Facts about a finished run this component vouches for (e.g. DP's epsilon), for results.json."""
+        return {}
 
 
 @dataclass(frozen=True)
@@ -306,6 +331,24 @@ class Strategy:
             r = c.server_round(server_extras, n_clients_total)
             if r is not None:
                 out.append(r)
+        return out
+
+    def state_aggregator(self, old_global: Mapping[str, Tensor], round_idx: int,
+                         n_clients_total: int) -> StateAggregator:
+        """The rule that combines this round's states: a component's, else the trial-weighted mean."""
+        from trainer.fl.aggregate import WeightedSum
+
+        for c in self.components:
+            agg = c.state_aggregator(old_global, round_idx, n_clients_total)
+            if agg is not None:
+                return agg
+        return WeightedSum()
+
+    def report(self, n_clients_total: int, per_round: int, rounds: int) -> dict[str, Any]:
+        """Every component's facts about a run of ``rounds`` rounds with ``per_round`` of ``n_clients_total``."""
+        out: dict[str, Any] = {}
+        for c in self.components:
+            out.update(c.report(n_clients_total, per_round, rounds))
         return out
 
     def to_dict(self) -> dict[str, Any]:

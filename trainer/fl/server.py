@@ -96,7 +96,7 @@ class RoundAggregator:
 
     def __init__(self, server: ServerState, strategy: Strategy, n_clients_total: int) -> None:
         self.server = server
-        self.states = WeightedSum()
+        self.states = strategy.state_aggregator(server.global_state, server.round, n_clients_total)
         self.parts = strategy.server_rounds(server.extras, n_clients_total)
 
     @property

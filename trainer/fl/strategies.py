@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.fl.algorithms import base, fedavgm, fedbs, fedprox, moon, safe, scaffold
+from trainer.fl.algorithms import base, dp, fedavgm, fedbs, fedprox, moon, robust, safe, scaffold
 from trainer.fl.api import Algorithm, Component, Param, Strategy
 
 #: every algorithm, in the order of the docs' table
@@ -24,6 +24,8 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     fedbs.FEDBS,
     safe.SAFE,
     fedavgm.FEDAVGM,
+    robust.FEDMEDIAN,
+    dp.DPFEDAVG,
 )}
 
 #: component types in registry order (the order in which loss terms and weight perturbations compose)
@@ -70,6 +72,9 @@ def get_strategy(name: str, **overrides: Any) -> Strategy:
             raise ValueError(f"unknown strategy parameter {k!r}; known: {', '.join(PARAMS)}")
         settings[k] = PARAMS[k].check(v)
     components = tuple(c for cls in COMPONENTS if (c := cls.build(settings)) is not None)
+    rules = [type(c).__name__ for c in components if type(c).state_aggregator is not Component.state_aggregator]
+    if len(rules) > 1:
+        raise ValueError(f"{' and '.join(rules)} both replace the server's aggregation rule; choose one")
     return Strategy(name, settings, components, algo.centralised)
 
 
