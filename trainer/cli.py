@@ -111,6 +111,7 @@ def simulate(
     workers: Annotated[int, typer.Option(help="parallel processes over folds/seeds")] = 1,
     threads: Annotated[int | None, typer.Option(help="torch threads per worker (default: cores / workers)")] = None,
     fold_seed: Annotated[int, typer.Option(help="seed of the k-fold subject grouping")] = 0,
+    folds: Annotated[str | None, typer.Option(help="run only these fold indices, e.g. '0' or '0,2' (pilots)")] = None,
     data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder")] = None,
     out: Annotated[Path, typer.Option(help="run directory (re-running resumes it)")] = Path("runs/simulate"),
     **strategy_params: object,
@@ -149,7 +150,7 @@ def simulate(
         ct_batch_size=pick(ct_batch_size, pre_set.ct_batch_size), preprocess=pre.to_dict(), test_batch=test_batch,
         eval_every=eval_every, attacks=parse_attacks(attack), byzantine=byzantine,
         strategy_overrides={k: v for k, v in strategy_params.items() if v is not None}, data_dir=data_dir,
-        fold_seed=fold_seed,
+        fold_seed=fold_seed, folds=[int(f) for f in folds.split(",")] if folds else None,
     )
     try:
         cfg.strategy()  # validate overrides before any work

@@ -92,3 +92,26 @@ def test_default_simulate_leaves_chance_and_paper_preset_does_not(tmp_path, data
     assert res.exit_code == 0 and "45" in res.output  # the caveat is printed
     job = json.loads((tmp_path / "p" / "jobs" / "seed0_fold00.json").read_text())
     assert job["curve"][-1]["loss"] > 0.66
+
+
+def test_runs_made_before_a_config_field_existed_still_resume():
+    from dataclasses import asdict
+
+    from trainer.experiments.simulate import SimConfig, same_run
+
+    new = asdict(SimConfig(subjects=[1, 2], seeds=[0, 1]))
+    old = {k: v for k, v in new.items() if k not in ("byzantine", "folds")}
+    old["seeds"] = [0]
+    assert same_run(old, new)  # fields added later, at their defaults, do not block resuming
+    assert not same_run(old, {**new, "byzantine": "0.2:scale:10"})
+
+
+def test_folds_option_runs_a_subset(tmp_path, data_dir):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["simulate", "--algorithm", "fedavg", "--subjects", "1-4", "--protocol", "kfold:2",
+                                   "--folds", "1", "--rounds", "1", "--threads", "1", "--data-dir", str(data_dir),
+                                   "--out", str(out), "--byzantine", "0.34:signflip"])
+    assert res.exit_code == 0, res.output
+    assert [p.name for p in (out / "jobs").iterdir()] == ["seed0_fold01.json"]
+    job = json.loads((out / "jobs" / "seed0_fold01.json").read_text())
+    assert len(job["attackers"]) == 1 and len(job["per_subject"]) == 2

@@ -54,6 +54,7 @@ class SimConfig:
     eval_every: int = 10
     attacks: list[list] = field(default_factory=list)  # [["pgd", 0.03], ...]
     byzantine: str | None = None  # e.g. "0.2:scale:10" (trainer.fl.byzantine)
+    folds: list[int] | None = None  # run only these fold indices (pilots); None = every fold
     strategy_overrides: dict = field(default_factory=dict)
     data_dir: str | None = None
     fold_seed: int = 0
@@ -187,6 +188,8 @@ def run_simulation(
     todo, done = [], []
     for seed in cfg.seeds:
         for k, fold in enumerate(folds):
+            if cfg.folds is not None and k not in cfg.folds:
+                continue
             p = out / "jobs" / f"seed{seed}_fold{k:02d}.json"
             if p.exists():
                 done.append(json.loads(p.read_text()))
