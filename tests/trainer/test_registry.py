@@ -31,8 +31,8 @@ def test_every_parameter_is_a_simulate_option():
 
 def test_overrides_compose_and_are_validated():
     st = get_strategy("fedavg", sam_rho=0.1, prox_mu=1.0)
-    assert [type(c).__name__ for c in st.components] == ["Prox", "SAM"]
-    assert get_strategy("fedbs", sam_rho=0.0).components == ()
+    assert [type(c).__name__ for c in st.components] == ["Prox", "SAM", "Robust"]  # Robust: default clipping
+    assert get_strategy("fedbs", sam_rho=0.0, clip_mult=0).components == ()
     assert get_strategy("safe").to_dict()["fat_eps"] == 0.03
     with pytest.raises(ValueError, match="unknown strategy parameter 'sam_roh'"):
         get_strategy("fedbs", sam_roh=0.1)

@@ -18,6 +18,8 @@ G = {"w": torch.zeros(3), "n": torch.tensor(0)}
 
 
 def _agg(values, weights=None, **over):
+    """One round of ``fedavg`` with ``over``; clipping off unless asked (the rules are pinned alone)."""
+    over.setdefault("clip_mult", 0.0)
     weights = weights or [1] * len(values)
     ups = [(f"c{i}", ClientUpdate({"w": torch.tensor(v, dtype=torch.float32), "n": torch.tensor(i)}, n))
            for i, (v, n) in enumerate(zip(values, weights))]
@@ -46,6 +48,15 @@ def test_adaptive_clipping_bounds_outliers_and_leaves_honest_updates_bit_exact()
     torch.testing.assert_close(out, torch.tensor([(1 + 5) / 4, 2 / 4, 3 / 4]))
     same = [[1.0, 0.5, 0.0], [0.0, 2.0, 0.25]]
     assert torch.equal(_agg(same, clip_mult=3.0)["w"], _agg(same)["w"])
+
+
+def test_clipping_is_on_by_default_and_dp_replaces_it():
+    assert [type(c).__name__ for c in get_strategy("fedbs").components] == ["SAM", "Robust"]
+    assert get_strategy("fedavg", clip_mult=0).components == ()
+    assert [type(c).__name__ for c in get_strategy("fedavg", dp_clip=1.0).components] == ["ClientDP"]
+    ups = [(f"c{i}", ClientUpdate({"w": torch.tensor(v)}, 1)) for i, v in enumerate([[1.0, 0.0], [0.0, 2.0], [90.0, 0.0]])]
+    out = server_update(ServerState({"w": torch.zeros(2)}), ups, get_strategy("fedavg"), 3).global_state["w"]
+    torch.testing.assert_close(out, torch.tensor([(1 + 6) / 3, 2 / 3]))  # 90 clipped to 3 x median norm 2
 
 
 def test_only_one_aggregation_rule():
@@ -85,7 +96,7 @@ def test_median_survives_a_1000x_client_on_real_data(subjects4):
     clients = {sd.subject: sd for sd in subjects4}
     cfg = LocalConfig(local_epochs=1)
     byz = Byzantine.parse("0.25:huge")
-    plain, _ = run_federated(clients, "eegnet", get_strategy("fedavg"), cfg, 2, 1.0, 0, byzantine=byz)
+    plain, _ = run_federated(clients, "eegnet", get_strategy("fedavg", clip_mult=0), cfg, 2, 1.0, 0, byzantine=byz)
     robust, info = run_federated(clients, "eegnet", get_strategy("fedavg", aggregator="median"), cfg, 2, 1.0, 0,
                                  byzantine=byz)
     norm = lambda m: float(sum(p.detach().double().norm() ** 2 for p in m.parameters()) ** 0.5)  # noqa: E731
