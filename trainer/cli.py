@@ -132,7 +132,7 @@ def simulate(
         raise typer.BadParameter(str(exc), param_hint="--preset") from None
     if pre_set.caveat:
         console.print(f"[yellow]preset {pre_set.name}: {pre_set.caveat}[/yellow]")
-    pick = lambda v, d: d if v is None else v  # noqa: E731
+    pick = lambda v, d: d if v is None else v
     if resample is None:
         resample = pre_set.resample
     pre = preprocess_from_options(pick(channels, pre_set.channels), resample or None, ea, fmin, fmax, tmin, tmax)

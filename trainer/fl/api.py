@@ -231,6 +231,24 @@ class Component:
         return {}
 
 
+class ScalarComponent(Component):
+    """A component switched on by its one parameter being > 0 (``PARAMS[0]``); by default its local hook is
+    ``HOOK(value)`` (SAM, FAT, AWP), subclasses may build a richer one (FedProx)."""
+
+    HOOK: ClassVar[type[LocalHook]]
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    @classmethod
+    def build(cls, settings: Mapping[str, Any]) -> Component | None:
+        v = settings[cls.PARAMS[0].name]
+        return cls(v) if v > 0 else None
+
+    def local_round(self, model: nn.Module, kept: Mapping[str, Tensor] | None, inputs: RoundInputs) -> LocalHook | None:
+        return self.HOOK(self.value)  # type: ignore[call-arg]
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """A registry entry: a named algorithm, its components and its default settings.

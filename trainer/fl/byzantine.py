@@ -63,7 +63,7 @@ class Byzantine:
             elif self.attack == "huge":
                 out[k] = w * self.factor
             else:
-                g = global_state[k] if k in global_state else w
+                g = global_state.get(k, w)
                 sign = 1.0 if self.attack == "scale" else -1.0
                 out[k] = g + sign * self.factor * (w - g)
         return ClientUpdate(out, upd.n_samples, upd.extras, upd.metrics)

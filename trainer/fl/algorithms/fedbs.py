@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from torch import Tensor, nn
-
-from trainer.fl.api import Algorithm, Component, LocalHook, Param, RoundInputs
+from trainer.fl.api import Algorithm, LocalHook, Param, ScalarComponent
 from trainer.perturb import sam_perturbation
 
 
@@ -19,20 +14,11 @@ class _SamHook(LocalHook):
         return sam_perturbation(list(params), self.rho)
 
 
-class SAM(Component):
+class SAM(ScalarComponent):
     """Non-adaptive SAM: ``e = rho g / ||g||`` over all parameters; the gradient at ``w + e`` is used."""
 
     PARAMS = (Param("sam_rho", float, 0.0, "SAM radius rho (0 = off)"),)
-
-    def __init__(self, rho: float) -> None:
-        self.rho = rho
-
-    @classmethod
-    def build(cls, settings: Mapping[str, Any]) -> SAM | None:
-        return cls(settings["sam_rho"]) if settings["sam_rho"] > 0 else None
-
-    def local_round(self, model: nn.Module, kept: Mapping[str, Tensor] | None, inputs: RoundInputs) -> LocalHook:
-        return _SamHook(self.rho)
+    HOOK = _SamHook
 
 
 FEDBS = Algorithm("fedbs", "local batch-specific BN + SAM (rho 0.1)", (SAM,),

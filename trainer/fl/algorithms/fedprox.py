@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from torch import Tensor, nn
 
-from trainer.fl.api import Algorithm, Component, LocalHook, Param, RoundInputs
+from trainer.fl.api import Algorithm, LocalHook, Param, RoundInputs, ScalarComponent
 
 
 class _ProxHook(LocalHook):
@@ -18,19 +17,12 @@ class _ProxHook(LocalHook):
         return 0.5 * self.mu * sum(((p - a) ** 2).sum() for p, a in zip(self.params, self.anchor))
 
 
-class Prox(Component):
+class Prox(ScalarComponent):
     PARAMS = (Param("prox_mu", float, 0.0, "FedProx proximal weight mu (0 = off; the papers use 1.0)"),)
-
-    def __init__(self, mu: float) -> None:
-        self.mu = mu
-
-    @classmethod
-    def build(cls, settings: Mapping[str, Any]) -> Prox | None:
-        return cls(settings["prox_mu"]) if settings["prox_mu"] > 0 else None
 
     def local_round(self, model: nn.Module, kept: Mapping[str, Tensor] | None, inputs: RoundInputs) -> LocalHook:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        return _ProxHook(self.mu, [p for _, p in named], [inputs.global_state[n].detach().clone() for n, _ in named])
+        return _ProxHook(self.value, [p for _, p in named], [inputs.global_state[n].detach().clone() for n, _ in named])
 
 
 FEDPROX = Algorithm("fedprox", "SGD + (mu/2)||w - w_global||^2, mu = 0.01", (Prox,), {"prox_mu": 0.01},

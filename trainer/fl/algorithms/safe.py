@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from torch import Tensor, nn
 
 from trainer.attacks import fgsm
-from trainer.fl.api import Algorithm, Component, LocalHook, Param, RoundInputs
+from trainer.fl.api import Algorithm, LocalHook, Param, ScalarComponent
 from trainer.perturb import awp_perturbation, frozen_bn_stats
 
 
@@ -21,20 +18,11 @@ class _FatHook(LocalHook):
             return fgsm(model, xb, yb, self.eps)
 
 
-class FAT(Component):
+class FAT(ScalarComponent):
     """Train on one-step FGSM examples, budget eps x each trial's per-channel std (BN statistics untouched)."""
 
     PARAMS = (Param("fat_eps", float, 0.0, "FGSM adversarial-training budget, x per-channel std (0 = off)"),)
-
-    def __init__(self, eps: float) -> None:
-        self.eps = eps
-
-    @classmethod
-    def build(cls, settings: Mapping[str, Any]) -> FAT | None:
-        return cls(settings["fat_eps"]) if settings["fat_eps"] > 0 else None
-
-    def local_round(self, model: nn.Module, kept: Mapping[str, Tensor] | None, inputs: RoundInputs) -> LocalHook:
-        return _FatHook(self.eps)
+    HOOK = _FatHook
 
 
 class _AwpHook(LocalHook):
@@ -45,20 +33,11 @@ class _AwpHook(LocalHook):
         return awp_perturbation(list(params), self.gamma)
 
 
-class AWP(Component):
+class AWP(ScalarComponent):
     """One-step, layer-wise ``v = gamma ||w|| g / ||g||`` on weight tensors (dim > 1), removed after the step."""
 
     PARAMS = (Param("awp_gamma", float, 0.0, "adversarial weight perturbation gamma (0 = off)"),)
-
-    def __init__(self, gamma: float) -> None:
-        self.gamma = gamma
-
-    @classmethod
-    def build(cls, settings: Mapping[str, Any]) -> AWP | None:
-        return cls(settings["awp_gamma"]) if settings["awp_gamma"] > 0 else None
-
-    def local_round(self, model: nn.Module, kept: Mapping[str, Tensor] | None, inputs: RoundInputs) -> LocalHook:
-        return _AwpHook(self.gamma)
+    HOOK = _AwpHook
 
 
 SAFE = Algorithm("safe", "local batch-specific BN + FGSM adversarial training (0.03 x std) + AWP (0.01)",

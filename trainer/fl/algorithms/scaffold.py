@@ -9,7 +9,17 @@ import torch
 from torch import Tensor, nn
 
 from trainer.fl.aggregate import WeightedSum
-from trainer.fl.api import Algorithm, Component, LocalHook, Param, RoundInputs, ServerRound, TensorSpec, param_specs, strip
+from trainer.fl.api import (
+    Algorithm,
+    Component,
+    LocalHook,
+    Param,
+    RoundInputs,
+    ServerRound,
+    TensorSpec,
+    param_specs,
+    strip,
+)
 
 
 def momentum_displacement(k_steps: int, momentum: float) -> float:
