@@ -87,6 +87,8 @@ class Swarm:
             self.t.subscribe(topic)
         self.rng = torch.Generator().manual_seed(seed)
         self.global_state: dict[str, torch.Tensor] | None = None
+        self.run_id = ""
+        self.model: torch.nn.Module | None = None
         self.model_times: list[tuple[int, float]] = []
         self.last_sent: dict[int, float] = {}
         self.done = False
@@ -99,17 +101,18 @@ class Swarm:
             if item is not None and item.event == "message" and item.payload:
                 msg, tensors = decode(item.payload)
                 if msg.kind == "model":
-                    self.global_state = tensors
+                    self.global_state, self.run_id = tensors, msg.run_id
         if self.global_state is None:
             raise TimeoutError("no model from the coordinator")
 
     def join(self, spec) -> None:
+        self.model = build_model(spec.model, spec.n_channels, spec.n_classes, spec.n_times, spec.sfreq, spec.bn_mode)
         for cid in self.ids:
             self.t.publish(self.topics.status(cid), encode(StatusMsg(federation=self.fed, sender=cid, state="online")),
                            retain=True, wait=None)
             self.t.publish(self.topics.join(cid), encode(JoinMsg(
                 federation=self.fed, sender=cid, n_trials=45, n_channels=spec.n_channels, n_times=spec.n_times,
-                sfreq=spec.sfreq, classes=list(spec.classes))), wait=None)
+                sfreq=spec.sfreq, classes=list(spec.classes), run_id=self.run_id)), wait=None)
 
     def serve(self, stop: threading.Event) -> None:
         while not stop.is_set() and not self.done:
@@ -123,14 +126,14 @@ class Swarm:
             elif msg.kind == "result" and msg.final:
                 self.done = True
             elif msg.kind == "task":
-                down = {k[5:]: v for k, v in tensors.items() if k.startswith("down.")}
+                down = downlink(self.global_state or {}, get_strategy(msg.strategy), self.model)
                 base = state_sha256(down)
                 full = {**(self.global_state or {}), **down}
                 for cid in msg.selected:
                     st = {k: v + 1e-3 * torch.randn(v.shape, generator=self.rng) if v.is_floating_point() else v
                           for k, v in full.items()}
                     u = UpdateMsg(federation=self.fed, sender=cid, round=msg.round, task_id=msg.task_id, n_samples=45,
-                                  base_sha256=base, metrics={"loss": 0.69})
+                                  base_sha256=base, metrics={"loss": 0.69}, run_id=msg.run_id)
                     body = pack({"state": st, "extra": {}})
                     self.t.publish(self.topics.update(cid), encode(u, body, compress=msg.compress), wait=None)
                 self.last_sent[msg.round] = time.monotonic()

@@ -13,8 +13,12 @@ def broker_cmd(
     host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
 ) -> None:
     """Run the embedded pure-Python MQTT 3.1.1 broker (amqtt) until Ctrl-C."""
+    from broker import logger
     from broker.embedded import EmbeddedBroker
+    from broker.secure import cleartext_warning
 
+    if (warn := cleartext_warning(host, tls=False, auth=False)) is not None:
+        logger.warning(warn)
     b = EmbeddedBroker(host, port or None)
     typer.echo(f"broker listening on {b.url}")
     b.serve_forever()
@@ -56,7 +60,8 @@ def broker_config_cmd(
     """Write a locked-down mosquitto.conf, password file and per-client ACL for a federation."""
     import os
 
-    from broker.secure import SecureBrokerSpec, write_broker_config
+    from broker import logger
+    from broker.secure import SecureBrokerSpec, cleartext_warning, write_broker_config
 
     ids = [c.strip() for c in clients.split(",") if c.strip()]
     given = {}
@@ -64,6 +69,8 @@ def broker_config_cmd(
         given = dict(kv.split("=", 1) for kv in os.environ.get(password_env, "").split(",") if "=" in kv)
     spec = SecureBrokerSpec(federation, ids, port=port, bind=bind, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca)
     files = write_broker_config(spec, out, given)
+    if (warn := cleartext_warning(bind, tls=tls_cert is not None, auth=True)) is not None:
+        logger.warning(warn)
     typer.echo(f"wrote {files.conf}, {files.passwd}, {files.acl}; credentials in {files.credentials} (mode 600)")
 
 

@@ -36,6 +36,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 COORDINATOR_ID = "coordinator"
 NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 HEX64 = r"^([0-9a-f]{64})?$"
+HEX32_OR_EMPTY = r"^([0-9a-f]{32})?$"
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Scalar = bool | int | float | str
@@ -126,6 +127,7 @@ class _Msg(BaseModel):
     sent_at: float = Field(default_factory=time.time, ge=0)
     body_len: int = Field(default=0, ge=0)
     body_sha256: str = Field(default="", pattern=HEX64)
+    run_id: str = Field(default="", pattern=HEX32_OR_EMPTY)  # the coordinator run this message belongs to
 
 
 class ModelSpec(BaseModel):
@@ -179,6 +181,7 @@ class TaskMsg(_Msg):
     strategy_overrides: dict[Annotated[str, Field(max_length=32)], Scalar] = Field(default_factory=dict, max_length=32)
     local: dict[Annotated[str, Field(max_length=32)], float | int] = Field(default_factory=dict, max_length=16)
     compress: bool = False  # clients zlib-compress their update bodies too
+    model_sha256: str = Field(default="", pattern=HEX64)  # the retained global model the round trains from
 
 
 class UpdateMsg(_Msg):
@@ -199,6 +202,7 @@ class ErrorMsg(_Msg):
     round: int | None = Field(default=None, ge=0)
     code: Annotated[str, Field(pattern=r"^[a-z_]{1,32}$")]
     message: str = Field(max_length=1000)
+    reply_to: str = Field(default="", pattern=HEX32_OR_EMPTY)  # msg_id of the rejected message
 
 
 class ResultMsg(_Msg):
@@ -228,9 +232,10 @@ class ModelMsg(_Msg):
 Message = Annotated[JoinMsg | StatusMsg | TaskMsg | UpdateMsg | ErrorMsg | ResultMsg | ModelMsg,
                     Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
-#: message kind -> whether it must carry a safetensors body
-BODY_REQUIRED = {"join": False, "status": False, "task": True, "update": True, "error": False,
-                 "result": False, "model": True}
+#: message kind -> must carry a safetensors body (True), must not (False), may (None: a task carries
+#: strategy extras such as SCAFFOLD's ``c`` only; the weights come from the retained ``model``)
+BODY_REQUIRED: dict[str, bool | None] = {"join": False, "status": False, "task": None, "update": True,
+                                         "error": False, "result": False, "model": True}
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -337,7 +342,7 @@ def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[
         if BODY_REQUIRED[msg.kind]:
             raise ProtocolError(f"a {msg.kind} message must carry tensors")
         return msg, None
-    if not BODY_REQUIRED[msg.kind]:
+    if BODY_REQUIRED[msg.kind] is False:
         raise ProtocolError(f"a {msg.kind} message must not carry a body")
     if sha256(body) != msg.body_sha256:
         raise ProtocolError("body SHA-256 does not match the header (corrupt or tampered)")
