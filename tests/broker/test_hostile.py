@@ -100,13 +100,13 @@ def test_reused_federation_name_new_run_trains_from_its_own_model(subjects4, mos
     start from run 2's initial model, and non-selected clients download no weights."""
     url, topics = mosquitto.url, Topics(fed_name)
     sd = {s.subject: s for s in subjects4[:3]}
-    lock, train = threading.Lock(), EdgeClient._train
+    lock, on_task = threading.Lock(), EdgeClient._on_task
 
     def one_at_a_time(self, *a):  # in-process clients share torch's global RNG (processes in deployment)
         with lock:
-            return train(self, *a)
+            return on_task(self, *a)
 
-    monkeypatch.setattr(EdgeClient, "_train", one_at_a_time)
+    monkeypatch.setattr(EdgeClient, "_on_task", one_at_a_time)
 
     def clients(ids):
         return [EdgeClient(url, fed_name, c, lambda spec, c=c: sd[c], tmp_path / "state", join_timeout=60) for c in ids]
