@@ -79,10 +79,16 @@ def bench_mqtt_cmd(
     data_dir: Annotated[Path | None, typer.Option(help="EEGMMIDB folder.")] = None,
     many: Annotated[int, typer.Option(help="Simulated lightweight clients for the scale test.")] = 500,
     broker: Annotated[str, typer.Option(help="'mosquitto' (127.0.0.1:1883) or 'embedded'.")] = "mosquitto",
+    only_bytes: Annotated[bool, typer.Option(
+        help="Only bytes per round (FedAvg, EEGNet, 24 real edge clients, half per round) vs Flower's gRPC figure.")] = False,
 ) -> None:
-    """Wire bytes vs raw tensor bytes, MQTT vs in-process round overhead, N-client round, publish latency."""
-    from broker.bench import run_bench
+    """Wire bytes vs raw tensor bytes, bytes per round, MQTT vs in-process round overhead, N-client round, latency."""
+    from broker.bench import run_bench, run_bytes_bench
 
+    if only_bytes:
+        res = run_bytes_bench(out, data_dir, broker)
+        typer.echo(f"wrote {out}: " + ", ".join(f"{k}={v}" for k, v in res["summary"].items()))
+        return
     res = run_bench(out, data_dir, many, broker)
     typer.echo(f"wrote {out}: " + ", ".join(f"{k}={v}" for k, v in res["summary"].items()))
 

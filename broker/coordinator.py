@@ -37,6 +37,7 @@ from broker.protocol import (
     new_id,
     pack,
     state_sha256,
+    tensors_to_bytes,
 )
 from broker.registry import Registry
 from broker.rounds import RoundState, SeenIds
@@ -100,6 +101,7 @@ class Coordinator:
         self.run_id = new_id()  # this run; every coordinator message carries it (a resumed run keeps its id)
         self.resume_online: int | None = None
         self._replied: set[tuple[str, int | None]] = set()
+        self._update_ref = b""
         self.current: RoundState | None = None
         self.handled = 0
         self.connects = 0
@@ -196,7 +198,8 @@ class Coordinator:
             return
         msg = None
         try:
-            msg, tensors = decode(item.payload, self.max_bytes)
+            ref = self._update_ref if kind == "update" and self.current is not None else None
+            msg, tensors = decode(item.payload, self.max_bytes, reference=ref)
             if kind == "error" and msg.sender == COORDINATOR_ID:
                 return  # our own reply to a client, echoed by an MQTT 3.1.1 broker (v5 subscribes no-local)
             check_envelope(kind, cid, msg, self.fed.name)
@@ -286,6 +289,7 @@ class Coordinator:
         # hash) and derives the downlink itself, so only the selected clients download weights this round
         self._task_payload = encode(task, pack({"extra": extras}) if extras else None, compress=self.fed.compress)
         self._replied.clear()
+        self._update_ref = tensors_to_bytes(pack({"state": self.server.global_state}))  # updates are delta-coded on it
         rs = RoundState(r, task.task_id, chosen, rules, self.fed.round_deadline_s,
                         stream=WeightedSum() if self.fed.aggregation == "streaming" else None)
         rs.bytes_down = len(self._task_payload) + len(self._model_payload or b"")

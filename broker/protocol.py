@@ -20,6 +20,7 @@ import uuid
 import zlib
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -30,6 +31,7 @@ from trainer.errors import NeuroFedError
 SCHEMA_VERSION = 1
 MAGIC = b"NF"
 FLAG_ZLIB = 0x01
+FLAG_DELTA = 0x02
 _PREFIX = struct.Struct(">2sBBI")
 MAX_HEADER_BYTES = 1 << 20
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
@@ -277,21 +279,59 @@ def state_sha256(tensors: dict[str, Tensor]) -> str:
 
 
 # ----------------------------------------------------------------------------- framing
-def encode(msg: _Msg, tensors: dict[str, Tensor] | None = None, compress: bool = False) -> bytes:
-    """Frame ``msg`` (and its tensors) for the wire; fills ``body_len``/``body_sha256``."""
+def delta_code(body: bytes, reference: bytes) -> bytes:
+    """XOR ``body`` with ``reference`` (over their common length), then group bytes by position mod 4.
+
+    Lossless and its own inverse's mirror (:func:`delta_decode`). For a trained state dict against the
+    global model it came from (same names, shapes and dtypes, so the same safetensors layout), the
+    float32 sign/exponent/high-mantissa bytes mostly XOR to zero and the grouping puts those zeros
+    together, so zlib then shrinks the body to roughly half (raw float32 weights barely compress).
+    """
+    a = np.frombuffer(body, dtype=np.uint8).copy()
+    n = min(len(a), len(reference))
+    a[:n] ^= np.frombuffer(reference, dtype=np.uint8, count=n)
+    m = len(a) // 4 * 4
+    a[:m] = a[:m].reshape(-1, 4).T.ravel()
+    return a.tobytes()
+
+
+def delta_decode(coded: bytes, reference: bytes) -> bytes:
+    """Inverse of :func:`delta_code`."""
+    a = np.frombuffer(coded, dtype=np.uint8).copy()
+    m = len(a) // 4 * 4
+    a[:m] = a[:m].reshape(4, -1).T.ravel()
+    n = min(len(a), len(reference))
+    a[:n] ^= np.frombuffer(reference, dtype=np.uint8, count=n)
+    return a.tobytes()
+
+
+def encode(msg: _Msg, tensors: dict[str, Tensor] | None = None, compress: bool = False,
+           reference: bytes | None = None) -> bytes:
+    """Frame ``msg`` (and its tensors) for the wire; fills ``body_len``/``body_sha256``.
+
+    ``reference``: safetensors bytes both sides hold (an update's: the global model it trained from,
+    ``tensors_to_bytes(pack({"state": global}))``); the body is sent delta-coded against it
+    (:func:`delta_code`, flag bit 1). Length and hash stay those of the plain body.
+    """
     body = tensors_to_bytes(tensors) if tensors is not None else b""
     if BODY_REQUIRED.get(msg.kind) and tensors is None:  # type: ignore[attr-defined]
         raise ProtocolError(f"a {msg.kind} message needs tensors")  # type: ignore[attr-defined]
     msg = msg.model_copy(update={"body_len": len(body), "body_sha256": sha256(body) if body else ""})
     header = msg.model_dump_json(exclude_none=False).encode()
     flags = 0
+    if reference is not None and body:
+        body, flags = delta_code(body, reference), FLAG_DELTA
     if compress and body:
-        body, flags = zlib.compress(body, 6), FLAG_ZLIB
+        body, flags = zlib.compress(body, 6), flags | FLAG_ZLIB
     return _PREFIX.pack(MAGIC, SCHEMA_VERSION, flags, len(header)) + header + body
 
 
-def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[Any, dict[str, Tensor] | None]:
+def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+           reference: bytes | None = None) -> tuple[Any, dict[str, Tensor] | None]:
     """Parse and verify a framed message: ``(message model, tensors or None)``.
+
+    ``reference``: the bytes a delta-coded body (flag bit 1) was coded against; such a body without
+    a reference is refused.
 
     Raises
     ------
@@ -311,7 +351,7 @@ def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[
         raise ProtocolError("bad magic: not a NeuroFed message")
     if version != SCHEMA_VERSION:
         raise ProtocolError(f"unsupported schema version {version} (this build speaks {SCHEMA_VERSION})")
-    if flags & ~FLAG_ZLIB:
+    if flags & ~(FLAG_ZLIB | FLAG_DELTA):
         raise ProtocolError(f"unknown frame flags {flags:#x}")
     if hlen > MAX_HEADER_BYTES or _PREFIX.size + hlen > len(payload):
         raise ProtocolError(f"header length {hlen} does not fit the payload")
@@ -338,6 +378,10 @@ def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[
             raise ProtocolError(f"compressed body is corrupt ({exc})") from None
     if len(body) != msg.body_len:
         raise ProtocolError(f"body is {len(body)} bytes, header says {msg.body_len}")
+    if flags & FLAG_DELTA:
+        if reference is None:
+            raise ProtocolError("delta-coded body, but no reference model to decode it against")
+        body = delta_decode(body, reference)
     if not body:
         if BODY_REQUIRED[msg.kind]:
             raise ProtocolError(f"a {msg.kind} message must carry tensors")

@@ -112,6 +112,8 @@ class MqttTransport:
         self.mqtt_version: str | None = None
         self.bytes_in = 0
         self.bytes_out = 0
+        self.msgs_in = 0
+        self.msgs_out = 0
         self._client: mqtt.Client | None = None
         self._connected = threading.Event()
         self._refusal: str | None = None
@@ -186,6 +188,7 @@ class MqttTransport:
 
     def _on_message(self, client, userdata, msg) -> None:
         self.bytes_in += len(msg.payload)
+        self.msgs_in += 1
         self._put(Incoming("message", msg.topic, bytes(msg.payload), bool(msg.retain)))
 
     def _put(self, item: Incoming) -> None:
@@ -241,6 +244,7 @@ class MqttTransport:
         except (ValueError, OSError) as exc:
             raise TransportError(f"publish to {topic!r} failed: {exc}") from None
         self.bytes_out += len(payload)
+        self.msgs_out += 1
         if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
             raise TransportError(f"publish to {topic!r} failed: {mqtt.error_string(info.rc)}")
         if info.rc == mqtt.MQTT_ERR_NO_CONN:

@@ -39,6 +39,7 @@ from broker.protocol import (
     encode,
     pack,
     state_sha256,
+    tensors_to_bytes,
     unpack,
 )
 from broker.transport import AuthError, Incoming, MqttTransport, TransportError, connect_with_backoff
@@ -165,10 +166,10 @@ class EdgeClient:
             logger.warning("%s: %s (will retry after reconnect)", self.cid, exc)
 
     def _send(self, topic: str, msg: Any, tensors: dict[str, Tensor] | None = None, compress: bool = False,
-              wait: float | None = 30.0) -> None:
+              wait: float | None = 30.0, reference: bytes | None = None) -> None:
         """Encode and publish one of our messages, remembering its id (to recognise replies about it)."""
         self.sent.append(msg.msg_id)
-        self._pub(topic, encode(msg, tensors, compress=compress), wait=wait)
+        self._pub(topic, encode(msg, tensors, compress=compress, reference=reference), wait=wait)
 
     def _want_model(self, want: bool) -> None:
         """Subscribe to the retained ``model`` only while we need it (saves a model download per round)."""
@@ -201,6 +202,7 @@ class EdgeClient:
                 logger.info("%s: run %s of %s had already finished; waiting for a new run", self.cid,
                             msg.run_id[:8] or "-", self.fed)
             return
+        joining = msg.run_id != self.run_id or self.data is None
         if msg.run_id != self.run_id:
             if self.run_id is not None:
                 logger.info("%s: the coordinator started a new run %s (was %s)", self.cid, msg.run_id[:8], self.run_id[:8])
@@ -221,7 +223,8 @@ class EdgeClient:
             self.state.init = {k: v.clone() for k, v in tensors.items()}
             self.state.save(self.path)
         self.global_state, self.global_hash = tensors, msg.body_sha256
-        self._announce()
+        if joining:  # not on every model fetch: a join per round would cost bytes for nothing
+            self._announce()
         if self.pending is not None and self.pending[0].run_id != self.run_id:
             self.pending = None  # a task of another run
         if self.pending is None or self.pending[0].model_sha256 == self.global_hash:
@@ -289,8 +292,10 @@ class EdgeClient:
         msg = UpdateMsg(federation=self.fed, sender=self.cid, round=task.round, task_id=task.task_id,
                         n_samples=upd.n_samples, base_sha256=base, run_id=task.run_id,
                         metrics={k: float(v) for k, v in upd.metrics.items()})
+        # delta-coded against the global model both sides hold (lossless; about half the bytes)
+        ref = tensors_to_bytes(pack({"state": self.global_state}))
         self._send(self.topics.update(self.cid), msg, pack({"state": upd.state, "extra": upd.extras}),
-                   compress=task.compress)
+                   compress=task.compress, reference=ref)
 
     def _on_coordinator_status(self, msg: StatusMsg) -> None:
         if self.run_id is None or not msg.run_id:
@@ -361,7 +366,9 @@ class EdgeClient:
         t_end = time.monotonic() + max_seconds if max_seconds else None
         t_join = time.monotonic() + self.join_timeout
         try:
-            for t in (self.topics.task, self.topics.result, self.topics.status(COORDINATOR_ID)):
+            # not `result`: the coordinator's retained status (`done` + run id) ends a run, so per-round
+            # results (participants, loss) need not reach every client
+            for t in (self.topics.task, self.topics.status(COORDINATOR_ID)):
                 self.transport.subscribe(t)
             self.transport.subscribe(self.topics.error(self.cid), no_local=True)
             self._want_model(True)

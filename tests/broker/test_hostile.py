@@ -280,6 +280,23 @@ def test_error_replies_about_messages_a_client_never_sent_are_ignored(caplog, tm
     assert len(warned) == 1 and "rejected our message" in warned[0].getMessage()
 
 
+@pytest.mark.slow
+def test_private_metadata_keeps_participants_and_loss_off_the_retained_result(mosquitto, fed_name, tmp_path):
+    coord = Coordinator(make_cfg(fed_name, tmp_path / "out", private_metadata=True), mosquitto.url)
+    ct = Bg(coord.run)
+    p = Puppet(mosquitto.url, fed_name, ["S001", "S002"])
+    p.t.subscribe(p.topics.result)
+    p.join()
+    t = p.next("task")
+    for i, cid in enumerate(t.selected):
+        p.send(cid, p.update(t, cid, p.honest(i), metrics={"loss": 0.5, "steps": 3.0})[1])
+    res = p.next("result")
+    ct.result(60)
+    p.t.close()
+    assert res.final and res.participants == [] and res.loss is None
+    assert coord.metrics[0]["participants"] == ["S001", "S002"] and coord.metrics[0]["loss"] == 0.5
+
+
 # ------------------------------------------------------------------ resume with fewer clients
 @pytest.mark.slow
 def test_resume_does_not_demand_min_clients_again_and_says_what_it_waits_for(mosquitto, fed_name, tmp_path, caplog):

@@ -77,6 +77,9 @@ def test_client_cannot_publish_as_another_or_as_coordinator(secured):
     assert t.update("A") not in _messages(b, 0.5)  # B cannot read A's update either
     coord.publish(t.task, b"task", wait=5)
     assert _messages(b) == [t.task]
+    b.subscribe(t.result)  # per-round participants and loss are for the coordinator only
+    coord.publish(t.result, b"result", wait=5)
+    assert _messages(b, 0.5) == []
     for x in (coord, a, b):
         x.close()
 
