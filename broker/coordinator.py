@@ -36,8 +36,8 @@ from broker.protocol import (
     encode,
     new_id,
     pack,
+    delta_reference,
     state_sha256,
-    tensors_to_bytes,
 )
 from broker.registry import Registry
 from broker.rounds import RoundState, SeenIds
@@ -289,7 +289,7 @@ class Coordinator:
         # hash) and derives the downlink itself, so only the selected clients download weights this round
         self._task_payload = encode(task, pack({"extra": extras}) if extras else None, compress=self.fed.compress)
         self._replied.clear()
-        self._update_ref = tensors_to_bytes(pack({"state": self.server.global_state}))  # updates are delta-coded on it
+        self._update_ref = delta_reference(self.server.global_state)  # updates are delta-coded against it
         rs = RoundState(r, task.task_id, chosen, rules, self.fed.round_deadline_s,
                         stream=WeightedSum() if self.fed.aggregation == "streaming" else None)
         rs.bytes_down = len(self._task_payload) + len(self._model_payload or b"")

@@ -279,6 +279,11 @@ def state_sha256(tensors: dict[str, Tensor]) -> str:
 
 
 # ----------------------------------------------------------------------------- framing
+def delta_reference(global_state: dict[str, Tensor]) -> bytes:
+    """The bytes an update trained from ``global_state`` is delta-coded against (same layout as the update)."""
+    return tensors_to_bytes(pack({"state": global_state}))
+
+
 def delta_code(body: bytes, reference: bytes) -> bytes:
     """XOR ``body`` with ``reference`` (over their common length), then group bytes by position mod 4.
 
@@ -417,6 +422,7 @@ __all__ = [
     "UpdateMsg",
     "bytes_to_tensors",
     "decode",
+    "delta_reference",
     "encode",
     "new_id",
     "pack",

@@ -38,8 +38,8 @@ from broker.protocol import (
     decode,
     encode,
     pack,
+    delta_reference,
     state_sha256,
-    tensors_to_bytes,
     unpack,
 )
 from broker.transport import AuthError, Incoming, MqttTransport, TransportError, connect_with_backoff
@@ -293,7 +293,7 @@ class EdgeClient:
                         n_samples=upd.n_samples, base_sha256=base, run_id=task.run_id,
                         metrics={k: float(v) for k, v in upd.metrics.items()})
         # delta-coded against the global model both sides hold (lossless; about half the bytes)
-        ref = tensors_to_bytes(pack({"state": self.global_state}))
+        ref = delta_reference(self.global_state)
         self._send(self.topics.update(self.cid), msg, pack({"state": upd.state, "extra": upd.extras}),
                    compress=task.compress, reference=ref)
 

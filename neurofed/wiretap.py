@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from broker.protocol import FLAG_ZLIB, ProtocolError, Topics, decode, pack, tensors_to_bytes
+from broker.protocol import FLAG_ZLIB, ProtocolError, Topics, decode, delta_reference, tensors_to_bytes
 
 
 @dataclass
@@ -245,7 +245,7 @@ def audit(tap: Wiretap, model_specs: dict[str, tuple[tuple[int, ...], str]], fp:
             kind, _ = tap.topics.parse(s.topic)
             msg, tensors = decode(s.payload, reference=ref if kind == "update" else None)
             if kind == "model" and tensors:
-                ref = tensors_to_bytes(pack({"state": tensors}))
+                ref = delta_reference(tensors)
             if msg.kind != kind:
                 raise ProtocolError(f"a {msg.kind} message on a {kind} topic")
         except ProtocolError as exc:
