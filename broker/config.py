@@ -10,6 +10,7 @@ Example::
     min_clients = 4
     round_deadline_s = 60
     strategy = "fedbs"
+    private_metadata = false  # true: no participants / loss on the retained result
 
     [model]
     name = "eegnet"
