@@ -6,6 +6,7 @@ once with the global state plus seeded noise, so the numbers are the protocol's,
 
 from __future__ import annotations
 
+import itertools
 import json
 import platform
 import resource
@@ -221,7 +222,7 @@ def bytes_per_round(url: str, n_clients: int = 24, fraction: float = 0.5, rounds
         t.join(60)
     stop.set()
     per_round = []
-    for (b0, m0), (b1, m1) in zip(snaps, snaps[1:]):  # round k+1: from round k's result to round k+1's
+    for (b0, m0), (b1, m1) in itertools.pairwise(snaps):  # round k+1: from round k's result to round k+1's
         # framing: fixed header + topic (~30-40 B) + packet id (+ v5 properties) per PUBLISH leg, PUBACK 4 B per leg
         framing = (m1 - m0) * (mqtt_publish_overhead(Topics(fed).update("S001"), 8000) + 4)
         per_round.append({"payload_bytes": b1 - b0, "messages": m1 - m0, "wire_bytes": b1 - b0 + framing})

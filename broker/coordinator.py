@@ -33,10 +33,10 @@ from broker.protocol import (
     TaskMsg,
     Topics,
     decode,
+    delta_reference,
     encode,
     new_id,
     pack,
-    delta_reference,
     state_sha256,
 )
 from broker.registry import Registry

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from broker.protocol import UpdateMsg
-from broker.validation import Rejected, UpdateRules, check_update
+from broker.validation import UpdateRules, check_update
 from trainer.fl.client import ClientUpdate
 from trainer.fl.server import WeightedSum
 

@@ -36,9 +36,9 @@ from broker.protocol import (
     Topics,
     UpdateMsg,
     decode,
+    delta_reference,
     encode,
     pack,
-    delta_reference,
     state_sha256,
     unpack,
 )

@@ -203,8 +203,8 @@ class Puppet:
         return state_sha256(downlink(self.global_state, get_strategy(task.strategy), model))
 
     def update(self, task, cid: str, state: dict, **kw: Any) -> tuple[UpdateMsg, bytes]:
-        d = dict(federation=self.fed, sender=cid, round=task.round, task_id=task.task_id, n_samples=45,
-                 base_sha256=self.base(task), run_id=self.run_id)
+        d = {"federation": self.fed, "sender": cid, "round": task.round, "task_id": task.task_id, "n_samples": 45,
+             "base_sha256": self.base(task), "run_id": self.run_id}
         d.update(kw)
         msg = UpdateMsg(**d)
         return msg, encode(msg, pack({"state": state}))
@@ -234,7 +234,7 @@ def test_absurd_replayed_and_forged_updates_are_rejected_counted_and_not_answere
         p.send("S002", b"junk")
     absurd, payload = p.update(t0, "S002", {k: v * 1000 if v.is_floating_point() else v for k, v in g0.items()})
     p.send("S002", payload)
-    u1, pay1 = p.update(t0, "S001", p.honest(1))
+    _, pay1 = p.update(t0, "S001", p.honest(1))
     p.send("S001", pay1)
     p.send("S002", p.update(t0, "S002", p.honest(2))[1])
 
