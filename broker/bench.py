@@ -6,6 +6,7 @@ once with the global state plus seeded noise, so the numbers are the protocol's,
 
 from __future__ import annotations
 
+import itertools
 import json
 import platform
 import resource
@@ -87,6 +88,8 @@ class Swarm:
             self.t.subscribe(topic)
         self.rng = torch.Generator().manual_seed(seed)
         self.global_state: dict[str, torch.Tensor] | None = None
+        self.run_id = ""
+        self.model: torch.nn.Module | None = None
         self.model_times: list[tuple[int, float]] = []
         self.last_sent: dict[int, float] = {}
         self.done = False
@@ -99,17 +102,18 @@ class Swarm:
             if item is not None and item.event == "message" and item.payload:
                 msg, tensors = decode(item.payload)
                 if msg.kind == "model":
-                    self.global_state = tensors
+                    self.global_state, self.run_id = tensors, msg.run_id
         if self.global_state is None:
             raise TimeoutError("no model from the coordinator")
 
     def join(self, spec) -> None:
+        self.model = build_model(spec.model, spec.n_channels, spec.n_classes, spec.n_times, spec.sfreq, spec.bn_mode)
         for cid in self.ids:
             self.t.publish(self.topics.status(cid), encode(StatusMsg(federation=self.fed, sender=cid, state="online")),
                            retain=True, wait=None)
             self.t.publish(self.topics.join(cid), encode(JoinMsg(
                 federation=self.fed, sender=cid, n_trials=45, n_channels=spec.n_channels, n_times=spec.n_times,
-                sfreq=spec.sfreq, classes=list(spec.classes))), wait=None)
+                sfreq=spec.sfreq, classes=list(spec.classes), run_id=self.run_id)), wait=None)
 
     def serve(self, stop: threading.Event) -> None:
         while not stop.is_set() and not self.done:
@@ -123,14 +127,14 @@ class Swarm:
             elif msg.kind == "result" and msg.final:
                 self.done = True
             elif msg.kind == "task":
-                down = {k[5:]: v for k, v in tensors.items() if k.startswith("down.")}
+                down = downlink(self.global_state or {}, get_strategy(msg.strategy), self.model)
                 base = state_sha256(down)
                 full = {**(self.global_state or {}), **down}
                 for cid in msg.selected:
                     st = {k: v + 1e-3 * torch.randn(v.shape, generator=self.rng) if v.is_floating_point() else v
                           for k, v in full.items()}
                     u = UpdateMsg(federation=self.fed, sender=cid, round=msg.round, task_id=msg.task_id, n_samples=45,
-                                  base_sha256=base, metrics={"loss": 0.69})
+                                  base_sha256=base, metrics={"loss": 0.69}, run_id=msg.run_id)
                     body = pack({"state": st, "extra": {}})
                     self.t.publish(self.topics.update(cid), encode(u, body, compress=msg.compress), wait=None)
                 self.last_sent[msg.round] = time.monotonic()
@@ -169,6 +173,69 @@ def run_federation(url: str, n: int, rounds: int, model: str, aggregation: str) 
             "swarm_last_update_to_model_s": observed}
 
 
+#: Flower 1.41's gRPC deployment, same setting (FedAvg, EEGNet, 24 clients, half per round, loopback):
+#: measured side by side on this machine (the lead's run, /work/shared/REFERENCE.md)
+FLOWER_GRPC_BYTES_PER_ROUND = 229_000
+
+
+def bytes_per_round(url: str, n_clients: int = 24, fraction: float = 0.5, rounds: int = 3, strategy: str = "fedavg",
+                    data_dir: Path | None = None, local: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Bytes through the broker per round with real edge clients (in-process threads, real EEGMMIDB trials).
+
+    Every message is counted where it enters the broker (publisher's payload) and again where it leaves
+    it (each subscriber's payload): ``payload_bytes``. ``wire_bytes`` adds the MQTT framing of each
+    PUBLISH (:func:`mqtt_publish_overhead`) and its 4-byte PUBACK on both legs.
+    """
+    from edge.federation import EdgeClient
+    from trainer.data import PreprocessConfig, list_subjects, load_subjects
+
+    fed = f"bytes{uuid.uuid4().hex[:6]}"
+    local = local or {"batch_size": 8, "local_epochs": 2}
+    cfg = config_from_dict({"federation": {"name": fed, "rounds": rounds, "fraction": fraction, "min_clients": n_clients,
+                                           "round_deadline_s": 300, "strategy": strategy, "join_timeout_s": 300},
+                            "local": local, "output": {"dir": f"/tmp/neurofed-bench/{fed}"}})
+    subjects = list_subjects(data_dir)[:n_clients]
+    data = {sd.subject: sd for sd in load_subjects(subjects, PreprocessConfig.from_dict(cfg.model_spec().preprocess),
+                                                   data_dir)}
+    coord = Coordinator(cfg, url)
+    edges = [EdgeClient(url, fed, cid, lambda spec, cid=cid: data[cid], f"/tmp/neurofed-bench/{fed}/state")
+             for cid in sorted(data)]
+    stop = threading.Event()
+    threads = [threading.Thread(target=coord.run, kwargs={"stop": stop}, daemon=True)]
+    threads += [threading.Thread(target=e.run, kwargs={"stop": stop, "max_seconds": 1800}, daemon=True) for e in edges]
+    for t in threads:
+        t.start()
+
+    def totals() -> tuple[int, int]:
+        ts = [x.transport for x in (coord, *edges) if x.transport is not None]
+        return sum(t.bytes_in + t.bytes_out for t in ts), sum(t.msgs_in + t.msgs_out for t in ts)
+
+    snaps, seen, model_bytes = [], 0, 0
+    while threads[0].is_alive():
+        model_bytes = len(coord._model_payload or b"") or model_bytes
+        if len(coord.metrics) > seen:
+            seen = len(coord.metrics)
+            snaps.append(totals())
+        time.sleep(0.01)
+    threads[0].join()
+    for t in threads[1:]:
+        t.join(60)
+    stop.set()
+    per_round = []
+    for (b0, m0), (b1, m1) in itertools.pairwise(snaps):  # round k+1: from round k's result to round k+1's
+        # framing: fixed header + topic (~30-40 B) + packet id (+ v5 properties) per PUBLISH leg, PUBACK 4 B per leg
+        framing = (m1 - m0) * (mqtt_publish_overhead(Topics(fed).update("S001"), 8000) + 4)
+        per_round.append({"payload_bytes": b1 - b0, "messages": m1 - m0, "wire_bytes": b1 - b0 + framing})
+    wire = [r["wire_bytes"] for r in per_round]
+    return {"clients": n_clients, "fraction": fraction, "strategy": strategy, "model": "eegnet", "local": local,
+            "rounds": rounds, "per_round_after_the_first": per_round,
+            "wire_bytes_per_round_median": float(np.median(wire)) if wire else None,
+            "flower_grpc_bytes_per_round": FLOWER_GRPC_BYTES_PER_ROUND,
+            "model_payload_bytes": model_bytes,
+            "note": "payload bytes counted entering and leaving the broker; rounds after the first (the first "
+                    "includes every client's initial model download at join)"}
+
+
 def in_process_round_seconds(n: int, model_name: str, reps: int = 5) -> float:
     """The same round in process: selection, downlink, server_update over n ready updates."""
     torch.manual_seed(0)
@@ -187,6 +254,26 @@ def in_process_round_seconds(n: int, model_name: str, reps: int = 5) -> float:
     return float(np.median(times))
 
 
+def run_bytes_bench(out: Path, data_dir: Path | None, broker: str) -> dict[str, Any]:
+    """``neurofed bench mqtt --only-bytes``: :func:`bytes_per_round` in Flower's setting, written to ``out``."""
+    from broker.embedded import EmbeddedBroker
+
+    torch.set_num_threads(1)
+    emb = EmbeddedBroker().start() if broker == "embedded" else None
+    try:
+        res = bytes_per_round(emb.url if emb else "mqtt://127.0.0.1:1883", 24, 0.5, 4, "fedavg", data_dir)
+    finally:
+        if emb:
+            emb.stop()
+    res["command"] = f"neurofed bench mqtt --only-bytes --broker {broker} --out {out}"
+    res["summary"] = {"bytes_per_round": res["wire_bytes_per_round_median"],
+                      "flower_grpc_bytes_per_round": FLOWER_GRPC_BYTES_PER_ROUND,
+                      "ratio_to_flower": round(res["wire_bytes_per_round_median"] / FLOWER_GRPC_BYTES_PER_ROUND, 3)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
+    return res
+
+
 def run_bench(out: Path, data_dir: Path | None, many: int, broker: str) -> dict[str, Any]:
     from broker.embedded import EmbeddedBroker
 
@@ -195,6 +282,7 @@ def run_bench(out: Path, data_dir: Path | None, many: int, broker: str) -> dict[
     url = emb.url if emb else "mqtt://127.0.0.1:1883"
     try:
         wire = wire_bytes()
+        per_round = bytes_per_round(url, 24, 0.5, 4, "fedavg", data_dir)
         small = run_federation(url, 4, 5, "eegnet", "exact")
         mq = [m["seconds"] for m in small["rounds"][1:]]
         inproc = in_process_round_seconds(4, "eegnet")
@@ -214,6 +302,7 @@ def run_bench(out: Path, data_dir: Path | None, many: int, broker: str) -> dict[
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "broker": broker, "torch": torch.__version__},
         "wire_bytes": wire,
+        "bytes_per_round_24_clients": per_round,
         "round_overhead": {"clients": 4, "mqtt_round_s_median": float(np.median(mq)),
                            "in_process_round_s_median": inproc,
                            "overhead_s": float(np.median(mq)) - inproc, "note": "lightweight clients, no training"},
@@ -226,6 +315,8 @@ def run_bench(out: Path, data_dir: Path | None, many: int, broker: str) -> dict[
     res["measured_round_payload_ratio_eegnet21_fedavg_zlib"] = round(measured, 4)
     res["summary"] = {
         "wire_ratio_eegnet21_fedbs_raw": e21["ratio"],
+        "bytes_per_round_24_clients_half": per_round["wire_bytes_per_round_median"],
+        "flower_grpc_bytes_per_round": FLOWER_GRPC_BYTES_PER_ROUND,
         "measured_payload_ratio_eegnet21_zlib": round(measured, 4),
         "mqtt_round_overhead_ms": round(1000 * res["round_overhead"]["overhead_s"], 1),
         f"round_{many}_clients_s": round(big_stream["rounds"][0]["seconds"], 2),

@@ -10,6 +10,7 @@ Example::
     min_clients = 4
     round_deadline_s = 60
     strategy = "fedbs"
+    private_metadata = false  # true: no participants / loss on the retained result
 
     [model]
     name = "eegnet"
@@ -28,6 +29,7 @@ Example::
     max_message_mb = 16
     norm_bound = 0.0          # L2 bound on (update - global); 0 = off
     norm_action = "clip"      # or "reject"
+    max_update_ratio = 10.0   # reject ||update - global|| > 10 x ||global|| (absurd / scaled updates); 0 = off
 
     [output]
     dir = "runs/federation"
@@ -69,6 +71,9 @@ class FederationSection(_Frozen):
     aggregation: Literal["exact", "streaming"] = Field(
         default="exact", description="exact: server_update over all updates sorted by id (bit-reproducible); "
         "streaming: the same aggregator fed as updates arrive, O(model) memory (same maths, arrival summation order)")
+    private_metadata: bool = Field(
+        default=False, description="keep per-client metadata off topics every client can read: the retained "
+        "result carries no participant list and no loss (both stay in the coordinator's metrics.json)")
 
     @model_validator(mode="after")
     def _strategy_exists(self) -> FederationSection:
@@ -92,6 +97,10 @@ class ValidationSection(_Frozen):
     max_message_mb: float = Field(default=16.0, gt=0)
     norm_bound: float = Field(default=0.0, ge=0)
     norm_action: Literal["clip", "reject"] = "clip"
+    max_update_ratio: float = Field(
+        default=10.0, ge=0, description="reject an update whose L2 distance from the global model exceeds this "
+        "multiple of the global model's L2 norm (floating entries; 0 = off). Honest EEGNet updates measure "
+        "0.003-0.38 x (experiments/update_norm_ratio.py); this catches absurd (e.g. 1000x scaled) updates without per-round buffering")
 
 
 class OutputSection(_Frozen):

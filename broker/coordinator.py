@@ -33,6 +33,7 @@ from broker.protocol import (
     TaskMsg,
     Topics,
     decode,
+    delta_reference,
     encode,
     new_id,
     pack,
@@ -49,6 +50,11 @@ from trainer.models import build_model
 
 class FederationError(NeuroFedError):
     """The federation cannot go on (not enough clients, rounds failing repeatedly)."""
+
+
+#: rejections never answered on ``error/<id>``: the message is malformed, forged or a replay, so the
+#: client the topic names is probably not its author (a forger must not make us pester an innocent client)
+NO_REPLY_CODES = frozenset({"bad_message", "wrong_kind", "wrong_federation", "spoofed_sender", "replay", "duplicate"})
 
 
 def initial_model(cfg: FederationConfig) -> torch.nn.Module:
@@ -84,6 +90,11 @@ class Coordinator:
         self.metrics: list[dict[str, Any]] = []
         self.rejections: Counter[str] = Counter()
         self.seen = SeenIds()
+        self.bodies = SeenIds()  # body hash -> (round, sender) of accepted updates (replay under a fresh header)
+        self.run_id = new_id()  # this run; every coordinator message carries it (a resumed run keeps its id)
+        self.resume_online: int | None = None
+        self._replied: set[tuple[str, int | None]] = set()
+        self._update_ref = b""
         self.current: RoundState | None = None
         self.handled = 0
         self.connects = 0
@@ -106,11 +117,15 @@ class Coordinator:
         if info.get("fingerprint") != self.fingerprint:
             raise CheckpointError(f"{self.out}: checkpoint was made with a different federation config; refusing to resume")
         self.server, self.metrics = server, info.get("metrics", [])
+        self.run_id = info.get("run_id") or self.run_id
         self.registry = Registry.from_json(info.get("registry", []))
-        logger.info("resumed %s at round %d with %d known clients", self.fed.name, server.round, len(self.registry))
+        self.resume_online = sum(1 for row in info.get("registry", []) if row.get("online"))
+        logger.info("resumed %s (run %s) at round %d with %d known clients, %d online at the checkpoint",
+                    self.fed.name, self.run_id[:8], server.round, len(self.registry), self.resume_online)
 
     def _checkpoint(self) -> None:
-        info = {"fingerprint": self.fingerprint, "registry": self.registry.to_json(), "metrics": self.metrics}
+        info = {"fingerprint": self.fingerprint, "run_id": self.run_id, "registry": self.registry.to_json(),
+                "metrics": self.metrics}
         save_server_checkpoint(self.out, self.server, info)
         tmp = self.out / "metrics.json.tmp"
         tmp.write_text(json.dumps({"federation": self.fed.name, "rounds": self.metrics,
@@ -119,10 +134,12 @@ class Coordinator:
 
     # ------------------------------------------------------------------ messages out
     def _status(self, state: str) -> bytes:
-        return encode(StatusMsg(federation=self.fed.name, sender=COORDINATOR_ID, state=state))  # type: ignore[arg-type]
+        return encode(StatusMsg(federation=self.fed.name, sender=COORDINATOR_ID, state=state,  # type: ignore[arg-type]
+                                run_id=self.run_id))
 
     def _publish_model(self, final: bool = False) -> None:
-        msg = ModelMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=self.server.round, final=final, meta=self.spec)
+        msg = ModelMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=self.server.round, final=final, meta=self.spec,
+                       run_id=self.run_id)
         self._model_payload = encode(msg, self.server.global_state, compress=self.fed.compress)
         self._pub(self.topics.model, self._model_payload, retain=True)
 
@@ -147,6 +164,8 @@ class Coordinator:
     # ------------------------------------------------------------------ messages in
     def _reject(self, sender: str, code: str, detail: str) -> None:
         self.rejections[code] += 1
+        if self.current is not None:  # every rejected message while a round is open counts for that round
+            self.current.reject(sender, code, detail)
         if sender in self.registry:
             self.registry.clients[sender].rejected += 1
         n = self.rejections[code]
@@ -170,9 +189,15 @@ class Coordinator:
             return
         if kind in ("task", "model", "result") or cid == COORDINATOR_ID or not item.payload:
             return
+        msg = None
         try:
-            msg, tensors = decode(item.payload, self.max_bytes)
+            ref = self._update_ref if kind == "update" and self.current is not None else None
+            msg, tensors = decode(item.payload, self.max_bytes, reference=ref)
+            if kind == "error" and msg.sender == COORDINATOR_ID:
+                return  # our own reply to a client, echoed by an MQTT 3.1.1 broker (v5 subscribes no-local)
             check_envelope(kind, cid, msg, self.fed.name)
+            if kind in ("join", "update") and msg.run_id != self.run_id:
+                raise Rejected("wrong_run", f"message for run {msg.run_id[:8] or '-'}, this is run {self.run_id[:8]}")
             if kind == "join":
                 check_join(msg, self.spec)
                 new = msg.sender not in self.registry
@@ -190,21 +215,31 @@ class Coordinator:
             elif kind == "update":
                 if self.current is None:
                     raise Rejected("late", f"update for round {msg.round} while no round is open")
-                self.current.offer(msg, tensors, len(item.payload), self.seen)
+                self.current.offer(msg, tensors, len(item.payload), self.seen, self.bodies)
                 logger.info("round %d: update from %s (%d/%d)", self.current.index, msg.sender,
                             len(self.current.updates), len(self.current.selected))
         except ProtocolError as exc:
             self._reject(cid or "?", "bad_message", str(exc))
         except Rejected as exc:
             self._reject(cid or "?", exc.code, exc.detail)
-            if cid and exc.code not in ("spoofed_sender", "replay"):
-                self._tell(cid, exc)
+            if cid and msg is not None and exc.code not in NO_REPLY_CODES:
+                self._tell(cid, exc, msg.msg_id)
         except Exception as exc:  # noqa: BLE001 - a malformed message must never stop the federation
             self._reject(cid or "?", "internal", f"{type(exc).__name__}: {exc}")
 
-    def _tell(self, cid: str, exc: Rejected) -> None:
+    def _tell(self, cid: str, exc: Rejected, reply_to: str) -> None:
+        """Tell a client why its message was rejected: once per client and round, naming the message.
+
+        The reply carries the rejected ``msg_id``: a client ignores replies about messages it never
+        sent (someone forged them under its id), and a client that already delivered this round's
+        update gets no further replies (later messages under its id are most likely forged).
+        """
+        rnd = self.current.index if self.current else None
+        if (cid, rnd) in self._replied or (self.current is not None and cid in self.current.updates):
+            return
+        self._replied.add((cid, rnd))
         msg = ErrorMsg(federation=self.fed.name, sender=COORDINATOR_ID, code=exc.code[:32], message=exc.detail[:1000],
-                       round=self.current.index if self.current else None)
+                       round=rnd, reply_to=reply_to, run_id=self.run_id)
         try:
             self.transport.publish(self.topics.error(cid), encode(msg), wait=None)
         except (TransportError, ProtocolError):
@@ -233,19 +268,25 @@ class Coordinator:
         task = TaskMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=r, rounds_total=self.fed.rounds,
                        task_id=new_id(), selected=chosen, deadline_s=self.fed.round_deadline_s, seed=self.fed.seed,
                        strategy=self.fed.strategy, strategy_overrides=dict(self.fed.strategy_overrides),
-                       local=self.local.to_dict(), compress=self.fed.compress)
+                       local=self.local.to_dict(), compress=self.fed.compress, run_id=self.run_id,
+                       model_sha256=state_sha256(self.server.global_state))
         rules = UpdateRules(
             round=r, task_id=task.task_id, base_sha256=state_sha256(down), selected=frozenset(chosen),
             state_specs=tensor_specs(self.server.global_state), extra_specs=self.strategy.upload_specs(self.model),
             global_state=self.server.global_state,
             n_trials={c: i.n_trials for c, i in self.registry.clients.items()},
             norm_bound=self.cfg.validation.norm_bound, norm_action=self.cfg.validation.norm_action,
+            max_update_ratio=self.cfg.validation.max_update_ratio,
         )
-        self._task_payload = encode(task, pack({"down": down, "extra": extras}), compress=self.fed.compress)
+        # the weights are not in the task: a selected client fetches the retained `model` (the task names its
+        # hash) and derives the downlink itself, so only the selected clients download weights this round
+        self._task_payload = encode(task, pack({"extra": extras}) if extras else None, compress=self.fed.compress)
+        self._replied.clear()
+        self._update_ref = delta_reference(self.server.global_state)  # updates are delta-coded against it
         rs = RoundState(r, task.task_id, chosen, rules, self.fed.round_deadline_s,
                         aggregator=RoundAggregator(self.server, self.strategy, max(len(self.registry), 1)),
                         stream=self.fed.aggregation == "streaming")
-        rs.bytes_down = len(self._task_payload)
+        rs.bytes_down = len(self._task_payload) + len(self._model_payload or b"")
         self.current = rs
         self._pub(self.topics.task, self._task_payload, retain=True)
         logger.info("[ROUND %d/%d] task %s to %s", r + 1, self.fed.rounds, task.task_id[:8], ", ".join(chosen))
@@ -254,9 +295,11 @@ class Coordinator:
     def run_round(self, stop: threading.Event | None = None) -> dict[str, Any]:
         """Open, collect (deadline, retries), aggregate, checkpoint, publish; returns the round metrics."""
         t0 = time.monotonic()
+        rejected = 0  # over every attempt of this round
         for attempt in range(self.fed.max_round_retries + 1):
             rs = self._open_round()
             self.pump(lambda rs=rs: rs.complete(self.fed.min_updates), self.fed.round_deadline_s + 1.0, stop)
+            rejected += len(rs.rejected)
             if len(rs.updates) >= self.fed.min_updates:
                 break
             logger.warning("round %d: %d update(s) by the deadline (< min_updates %d); retry %d",
@@ -272,7 +315,7 @@ class Coordinator:
             self.registry.clients[cid].rounds_done += 1
         loss = [u.metrics.get("loss") for _, u in updates if "loss" in u.metrics]
         m = {"round": self.server.round, "selected": rs.selected, "participants": [c for c, _ in updates],
-             "stragglers": rs.missing(), "rejected": len(rs.rejected), "bytes_down": rs.bytes_down,
+             "stragglers": rs.missing(), "rejected": rejected, "bytes_down": rs.bytes_down,
              "bytes_up": rs.bytes_up, "seconds": time.monotonic() - t0,
              "loss": float(sum(loss) / len(loss)) if loss else None}
         if self.server.round % self.cfg.output.checkpoint_every == 0 or self.server.round == self.fed.rounds:
@@ -282,10 +325,12 @@ class Coordinator:
         final = self.server.round >= self.fed.rounds
         self._publish_model(final)
         m["publish_latency_s"] = time.monotonic() - t_last
+        private = self.fed.private_metadata  # who took part and their loss stay in metrics.json
         res = ResultMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=self.server.round,
-                        participants=m["participants"], rejected=m["rejected"], bytes_down=m["bytes_down"],
-                        bytes_up=m["bytes_up"], seconds=m["seconds"], loss=m["loss"], final=final,
-                        model_sha256=state_sha256(self.server.global_state))
+                        participants=[] if private else m["participants"], rejected=m["rejected"],
+                        bytes_down=m["bytes_down"], bytes_up=m["bytes_up"], seconds=m["seconds"],
+                        loss=None if private else m["loss"], final=final,
+                        model_sha256=state_sha256(self.server.global_state), run_id=self.run_id)
         self._pub(self.topics.result, encode(res), retain=True)
         logger.info("[ROUND %d/%d] %d updates, %d rejected, loss %s, %.2f s", self.server.round, self.fed.rounds,
                     len(updates), m["rejected"], m["loss"], m["seconds"])
@@ -299,22 +344,58 @@ class Coordinator:
         """Connect, wait for ``min_clients``, run the remaining rounds, save the final model."""
         self.transport.connect()
         try:
-            for t in (self.topics.any_client(k) for k in ("join", "status", "update", "error")):
-                self.transport.subscribe(t)
+            for k in ("join", "status", "update", "error"):
+                self.transport.subscribe(self.topics.any_client(k), no_local=k == "error")
+            # a previous run under this federation name may have left a retained task / result (e.g. it
+            # crashed): clear them before announcing this run's model (clients also ignore other runs' ids)
+            self.clear_retained(model=False)
             self._publish_model(final=self.server.round >= self.fed.rounds)
-            need = self.fed.min_clients
-            if not self.pump(lambda: len(self.registry.candidates()) >= need, self.fed.join_timeout_s, stop):
-                raise FederationError(f"only {len(self.registry.candidates())} of {need} clients joined within "
-                                      f"{self.fed.join_timeout_s:.0f} s")
+            logger.info("run %s of federation %s: model published (round %d)", self.run_id[:8], self.fed.name,
+                        self.server.round)
+            self.wait_for_clients(stop)
             while self.server.round < self.fed.rounds:
                 self.run_round(stop)
             self.save_final()
-            self._pub(self.topics.task, b"", retain=True)  # clear the retained task
-            self._task_payload = None
             self._pub(self.topics.status(COORDINATOR_ID), self._status("done"), retain=True)
+            self.clear_retained()
         finally:
             self.transport.close()
         return self.server
+
+    def clear_retained(self, model: bool = True) -> None:
+        """Remove this federation's retained task, result (and model) from the broker (empty retained payloads).
+
+        The coordinator's retained ``status`` stays: ``done`` with this run's id tells a client that
+        reconnects after the end that its run finished. The final model is in ``global_model.safetensors``.
+        """
+        topics = [self.topics.task, self.topics.result] + ([self.topics.model] if model else [])
+        for t in topics:
+            self._pub(t, b"", retain=True)
+        self._task_payload = None
+        if model:
+            self._model_payload = None
+
+    def clients_needed(self) -> int:
+        """``min_clients``, or on a resumed run no more than were online at its last checkpoint."""
+        need = self.fed.min_clients
+        if self.resume_online is not None and self.server.round > 0:
+            need = max(1, self.fed.min_updates, min(need, self.resume_online))
+        return need
+
+    def wait_for_clients(self, stop: threading.Event | None = None, log_every: float = 15.0) -> None:
+        """Pump messages until enough clients are online, saying what it waits for (and every ``log_every`` s)."""
+        need = self.clients_needed()
+        why = "" if need == self.fed.min_clients else (f" (resumed run: {self.resume_online} were online at the "
+                                                       f"checkpoint; min_clients {self.fed.min_clients})")
+        end = time.monotonic() + self.fed.join_timeout_s
+        while len(have := self.registry.candidates()) < need:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise FederationError(f"only {len(have)} of {need} clients joined within {self.fed.join_timeout_s:.0f} s")
+            known = [c for c in self.registry.ids() if c not in have]
+            logger.info("waiting for %d client(s) to join%s: %d online%s; %.0f s left", need, why, len(have),
+                        f", known but offline: {', '.join(known[:20])}" if known else "", left)
+            self.pump(lambda: len(self.registry.candidates()) >= need, min(left, log_every), stop)
 
     def save_final(self) -> Path:
         path = save_final_model(self.out / "global_model.safetensors", self.server.global_state, self.spec,

@@ -20,6 +20,7 @@ import uuid
 import zlib
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -30,12 +31,14 @@ from trainer.errors import NeuroFedError
 SCHEMA_VERSION = 1
 MAGIC = b"NF"
 FLAG_ZLIB = 0x01
+FLAG_DELTA = 0x02
 _PREFIX = struct.Struct(">2sBBI")
 MAX_HEADER_BYTES = 1 << 20
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 COORDINATOR_ID = "coordinator"
 NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 HEX64 = r"^([0-9a-f]{64})?$"
+HEX32_OR_EMPTY = r"^([0-9a-f]{32})?$"
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Scalar = bool | int | float | str
@@ -126,6 +129,7 @@ class _Msg(BaseModel):
     sent_at: float = Field(default_factory=time.time, ge=0)
     body_len: int = Field(default=0, ge=0)
     body_sha256: str = Field(default="", pattern=HEX64)
+    run_id: str = Field(default="", pattern=HEX32_OR_EMPTY)  # the coordinator run this message belongs to
 
 
 class ModelSpec(BaseModel):
@@ -179,6 +183,7 @@ class TaskMsg(_Msg):
     strategy_overrides: dict[Annotated[str, Field(max_length=32)], Scalar] = Field(default_factory=dict, max_length=32)
     local: dict[Annotated[str, Field(max_length=32)], float | int] = Field(default_factory=dict, max_length=16)
     compress: bool = False  # clients zlib-compress their update bodies too
+    model_sha256: str = Field(default="", pattern=HEX64)  # the retained global model the round trains from
 
 
 class UpdateMsg(_Msg):
@@ -199,6 +204,7 @@ class ErrorMsg(_Msg):
     round: int | None = Field(default=None, ge=0)
     code: Annotated[str, Field(pattern=r"^[a-z_]{1,32}$")]
     message: str = Field(max_length=1000)
+    reply_to: str = Field(default="", pattern=HEX32_OR_EMPTY)  # msg_id of the rejected message
 
 
 class ResultMsg(_Msg):
@@ -228,9 +234,10 @@ class ModelMsg(_Msg):
 Message = Annotated[JoinMsg | StatusMsg | TaskMsg | UpdateMsg | ErrorMsg | ResultMsg | ModelMsg,
                     Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
-#: message kind -> whether it must carry a safetensors body
-BODY_REQUIRED = {"join": False, "status": False, "task": True, "update": True, "error": False,
-                 "result": False, "model": True}
+#: message kind -> must carry a safetensors body (True), must not (False), may (None: a task carries
+#: strategy extras such as SCAFFOLD's ``c`` only; the weights come from the retained ``model``)
+BODY_REQUIRED: dict[str, bool | None] = {"join": False, "status": False, "task": None, "update": True,
+                                         "error": False, "result": False, "model": True}
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -272,21 +279,64 @@ def state_sha256(tensors: dict[str, Tensor]) -> str:
 
 
 # ----------------------------------------------------------------------------- framing
-def encode(msg: _Msg, tensors: dict[str, Tensor] | None = None, compress: bool = False) -> bytes:
-    """Frame ``msg`` (and its tensors) for the wire; fills ``body_len``/``body_sha256``."""
+def delta_reference(global_state: dict[str, Tensor]) -> bytes:
+    """The bytes an update trained from ``global_state`` is delta-coded against (same layout as the update)."""
+    return tensors_to_bytes(pack({"state": global_state}))
+
+
+def delta_code(body: bytes, reference: bytes) -> bytes:
+    """XOR ``body`` with ``reference`` (over their common length), then group bytes by position mod 4.
+
+    Lossless and its own inverse's mirror (:func:`delta_decode`). For a trained state dict against the
+    global model it came from (same names, shapes and dtypes, so the same safetensors layout), the
+    float32 sign/exponent/high-mantissa bytes mostly XOR to zero and the grouping puts those zeros
+    together, so zlib then shrinks the body to roughly half (raw float32 weights barely compress).
+    """
+    a = np.frombuffer(body, dtype=np.uint8).copy()
+    n = min(len(a), len(reference))
+    a[:n] ^= np.frombuffer(reference, dtype=np.uint8, count=n)
+    m = len(a) // 4 * 4
+    a[:m] = a[:m].reshape(-1, 4).T.ravel()
+    return a.tobytes()
+
+
+def delta_decode(coded: bytes, reference: bytes) -> bytes:
+    """Inverse of :func:`delta_code`."""
+    a = np.frombuffer(coded, dtype=np.uint8).copy()
+    m = len(a) // 4 * 4
+    a[:m] = a[:m].reshape(4, -1).T.ravel()
+    n = min(len(a), len(reference))
+    a[:n] ^= np.frombuffer(reference, dtype=np.uint8, count=n)
+    return a.tobytes()
+
+
+def encode(msg: _Msg, tensors: dict[str, Tensor] | None = None, compress: bool = False,
+           reference: bytes | None = None) -> bytes:
+    """Frame ``msg`` (and its tensors) for the wire; fills ``body_len``/``body_sha256``.
+
+    ``reference``: safetensors bytes both sides hold (an update's: the global model it trained from,
+    ``tensors_to_bytes(pack({"state": global}))``); the body is sent delta-coded against it
+    (:func:`delta_code`, flag bit 1). Length and hash stay those of the plain body.
+    """
     body = tensors_to_bytes(tensors) if tensors is not None else b""
     if BODY_REQUIRED.get(msg.kind) and tensors is None:  # type: ignore[attr-defined]
         raise ProtocolError(f"a {msg.kind} message needs tensors")  # type: ignore[attr-defined]
     msg = msg.model_copy(update={"body_len": len(body), "body_sha256": sha256(body) if body else ""})
     header = msg.model_dump_json(exclude_none=False).encode()
     flags = 0
+    if reference is not None and body:
+        body, flags = delta_code(body, reference), FLAG_DELTA
     if compress and body:
-        body, flags = zlib.compress(body, 6), FLAG_ZLIB
+        body, flags = zlib.compress(body, 6), flags | FLAG_ZLIB
     return _PREFIX.pack(MAGIC, SCHEMA_VERSION, flags, len(header)) + header + body
 
 
-def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[Any, dict[str, Tensor] | None]:
+def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+           reference: bytes | None = None) -> tuple[Any, dict[str, Tensor] | None]:
     """Parse and verify a framed message: ``(message model, tensors or None)``.
+
+    ``reference``: the bytes a delta-coded body (flag bit 1) was coded against; such a body without
+    a reference is refused.
 
     Raises
     ------
@@ -306,7 +356,7 @@ def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[
         raise ProtocolError("bad magic: not a NeuroFed message")
     if version != SCHEMA_VERSION:
         raise ProtocolError(f"unsupported schema version {version} (this build speaks {SCHEMA_VERSION})")
-    if flags & ~FLAG_ZLIB:
+    if flags & ~(FLAG_ZLIB | FLAG_DELTA):
         raise ProtocolError(f"unknown frame flags {flags:#x}")
     if hlen > MAX_HEADER_BYTES or _PREFIX.size + hlen > len(payload):
         raise ProtocolError(f"header length {hlen} does not fit the payload")
@@ -333,11 +383,15 @@ def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[
             raise ProtocolError(f"compressed body is corrupt ({exc})") from None
     if len(body) != msg.body_len:
         raise ProtocolError(f"body is {len(body)} bytes, header says {msg.body_len}")
+    if flags & FLAG_DELTA:
+        if reference is None:
+            raise ProtocolError("delta-coded body, but no reference model to decode it against")
+        body = delta_decode(body, reference)
     if not body:
         if BODY_REQUIRED[msg.kind]:
             raise ProtocolError(f"a {msg.kind} message must carry tensors")
         return msg, None
-    if not BODY_REQUIRED[msg.kind]:
+    if BODY_REQUIRED[msg.kind] is False:
         raise ProtocolError(f"a {msg.kind} message must not carry a body")
     if sha256(body) != msg.body_sha256:
         raise ProtocolError("body SHA-256 does not match the header (corrupt or tampered)")
@@ -368,6 +422,7 @@ __all__ = [
     "UpdateMsg",
     "bytes_to_tensors",
     "decode",
+    "delta_reference",
     "encode",
     "new_id",
     "pack",

@@ -9,23 +9,26 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from broker.protocol import UpdateMsg
-from broker.validation import Rejected, UpdateRules, check_update
+from broker.validation import UpdateRules, check_update
 from trainer.fl.client import ClientUpdate
 from trainer.fl.server import RoundAggregator
 
 
 class SeenIds:
-    """Bounded memory of message ids (replay protection across rounds)."""
+    """Bounded memory of message ids or body hashes (replay protection across rounds), oldest forgotten first."""
 
     def __init__(self, limit: int = 200_000) -> None:
-        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._ids: OrderedDict[str, object] = OrderedDict()
         self.limit = limit
 
     def __contains__(self, mid: object) -> bool:
         return mid in self._ids
 
-    def add(self, mid: str) -> None:
-        self._ids[mid] = None
+    def get(self, mid: str, default: object = None) -> object:
+        return self._ids.get(mid, default)
+
+    def add(self, mid: str, value: object = None) -> None:
+        self._ids[mid] = value
         if len(self._ids) > self.limit:
             self._ids.popitem(last=False)
 
@@ -57,15 +60,18 @@ class RoundState:
     def deadline(self) -> float:
         return self.started + self.deadline_s
 
-    def offer(self, msg: UpdateMsg, tensors: dict[str, Tensor] | None, nbytes: int, seen: SeenIds) -> ClientUpdate:
-        """Validate and keep an update; raises :class:`Rejected` (recorded) otherwise."""
+    def offer(self, msg: UpdateMsg, tensors: dict[str, Tensor] | None, nbytes: int, seen: SeenIds,
+              bodies: SeenIds | None = None) -> ClientUpdate:
+        """Validate and keep an update; raises :class:`Rejected` otherwise (the caller records it with :meth:`reject`).
+
+        ``bodies`` remembers the body hash of every accepted update (see :func:`check_update`).
+        """
         try:
-            upd = check_update(msg, tensors, self.rules, set(self.updates), seen)  # type: ignore[arg-type]
-        except Rejected as exc:
-            self.rejected.append((msg.sender, exc.code, exc.detail))
-            raise
+            upd = check_update(msg, tensors, self.rules, set(self.updates), seen, bodies)  # type: ignore[arg-type]
         finally:
             seen.add(msg.msg_id)
+        if bodies is not None:
+            bodies.add(msg.body_sha256, (self.index, msg.sender))
         if self.stream and self.aggregator is not None:
             self.aggregator.add(upd)
             upd = ClientUpdate({}, upd.n_samples, {}, upd.metrics)

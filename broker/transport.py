@@ -20,6 +20,7 @@ from urllib.parse import unquote, urlsplit
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from broker import logger
 from trainer.errors import NeuroFedError
@@ -107,9 +108,12 @@ class MqttTransport:
         self.reconnect_max_s = reconnect_max_s
         self.queue: queue.Queue[Incoming] = queue.Queue(max_queue)
         self.subscriptions: list[str] = []
+        self.no_local: set[str] = set()
         self.mqtt_version: str | None = None
         self.bytes_in = 0
         self.bytes_out = 0
+        self.msgs_in = 0
+        self.msgs_out = 0
         self._client: mqtt.Client | None = None
         self._connected = threading.Event()
         self._refusal: str | None = None
@@ -172,7 +176,7 @@ class MqttTransport:
             client.disconnect()
             return
         for topic in list(self.subscriptions):
-            client.subscribe(topic, qos=1)
+            self._sub(client, topic)
         self._connected.set()
         self._put(Incoming("connected"))
 
@@ -184,6 +188,7 @@ class MqttTransport:
 
     def _on_message(self, client, userdata, msg) -> None:
         self.bytes_in += len(msg.payload)
+        self.msgs_in += 1
         self._put(Incoming("message", msg.topic, bytes(msg.payload), bool(msg.retain)))
 
     def _put(self, item: Incoming) -> None:
@@ -200,16 +205,36 @@ class MqttTransport:
         return self._connected.wait(timeout)
 
     # ------------------------------------------------------------------ pub/sub
-    def subscribe(self, topic: str) -> None:
-        """Subscribe at QoS 1 now and after every reconnect."""
+    def _sub(self, client: mqtt.Client, topic: str) -> tuple[int, int | None]:
+        if topic in self.no_local and client.protocol == mqtt.MQTTv5:
+            return client.subscribe(topic, options=SubscribeOptions(qos=1, noLocal=True))
+        return client.subscribe(topic, qos=1)
+
+    def subscribe(self, topic: str, no_local: bool = False) -> None:
+        """Subscribe at QoS 1 now and after every reconnect.
+
+        ``no_local``: the broker does not echo our own publishes on this filter (MQTT 5 only; under
+        3.1.1 the caller must drop its own messages itself).
+        """
         with self._lock:
             if topic not in self.subscriptions:
                 self.subscriptions.append(topic)
+            if no_local:
+                self.no_local.add(topic)
         c = self._require()
         if self.connected:
-            rc, _ = c.subscribe(topic, qos=1)
+            rc, _ = self._sub(c, topic)
             if rc != mqtt.MQTT_ERR_SUCCESS and rc != mqtt.MQTT_ERR_NO_CONN:
                 raise TransportError(f"subscribe to {topic!r} failed: {mqtt.error_string(rc)}")
+
+    def unsubscribe(self, topic: str) -> None:
+        """Stop receiving ``topic`` (now and after reconnects)."""
+        with self._lock:
+            if topic in self.subscriptions:
+                self.subscriptions.remove(topic)
+        c = self._require()
+        if self.connected:
+            c.unsubscribe(topic)
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = False, wait: float | None = 10.0) -> bool:
         """Publish at QoS 1; with ``wait``, block until the broker acknowledged (or raise)."""
@@ -219,15 +244,22 @@ class MqttTransport:
         except (ValueError, OSError) as exc:
             raise TransportError(f"publish to {topic!r} failed: {exc}") from None
         self.bytes_out += len(payload)
+        self.msgs_out += 1
         if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
             raise TransportError(f"publish to {topic!r} failed: {mqtt.error_string(info.rc)}")
+        if info.rc == mqtt.MQTT_ERR_NO_CONN:
+            # paho queued it (QoS 1) and sends it after reconnecting, but its MQTTMessageInfo keeps
+            # rc=NO_CONN and then raises RuntimeError from is_published()/wait_for_publish() even
+            # once the broker acknowledged it: record the queuing and track the ack normally
+            info.rc = mqtt.MQTT_ERR_SUCCESS
         if wait is None:
             return False
         deadline = time.monotonic() + wait
         while not info.is_published() and time.monotonic() < deadline:
             info.wait_for_publish(0.05) if self.connected else time.sleep(0.05)
         if not info.is_published():
-            raise TransportError(f"publish to {topic!r} not acknowledged within {wait:.1f} s")
+            raise TransportError(f"publish to {topic!r} not acknowledged within {wait:.1f} s (queued; "
+                                 "sent after reconnecting)")
         return True
 
     def get(self, timeout: float = 0.1) -> Incoming | None:

@@ -7,6 +7,7 @@ coordinator logs it, counts it, and carries on.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -71,14 +72,24 @@ class UpdateRules:
     n_trials: dict[str, int] = field(default_factory=dict)
     norm_bound: float = 0.0
     norm_action: str = "clip"
+    max_update_ratio: float = 0.0  # reject ||update - global|| > ratio * max(||global||, 1); 0 = off
 
 
 def check_update(msg: UpdateMsg, tensors: dict[str, Tensor] | None, rules: UpdateRules,
-                 accepted: set[str], seen_ids: set[str]) -> ClientUpdate:
-    """Validate an update and turn it into a :class:`ClientUpdate` (clipped if the rules say so)."""
+                 accepted: set[str], seen_ids: set[str], bodies: Mapping[str, tuple[int, str]] | None = None
+                 ) -> ClientUpdate:
+    """Validate an update and turn it into a :class:`ClientUpdate` (clipped if the rules say so).
+
+    ``bodies`` maps the body SHA-256 of every update accepted so far to ``(round, sender)``: the same
+    weights again under a fresh header (an old update replayed, or another client's copied) are a
+    ``replay``; only the same sender re-sending in the same round (a re-issued task) may repeat a body.
+    """
     cid = msg.sender
     if msg.msg_id in seen_ids:
         raise Rejected("replay", f"message id {msg.msg_id} was already received")
+    first = bodies.get(msg.body_sha256) if bodies is not None else None
+    if first is not None and first != (rules.round, cid):
+        raise Rejected("replay", f"identical update body was already accepted (round {first[0]}, from {first[1]})")
     if msg.round != rules.round:
         code = "late" if msg.round < rules.round else "future_round"
         raise Rejected(code, f"update for round {msg.round} during round {rules.round}")
@@ -105,6 +116,11 @@ def check_update(msg: UpdateMsg, tensors: dict[str, Tensor] | None, rules: Updat
     for k, v in {**state, **extras}.items():
         if v.is_floating_point() and not bool(torch.isfinite(v).all()):
             raise Rejected("non_finite", f"tensor {k} has NaN or inf")
+    if rules.max_update_ratio > 0:
+        norm, ref = update_norm(state, rules.global_state), max(state_norm(rules.global_state), 1.0)
+        if norm > rules.max_update_ratio * ref:
+            raise Rejected("absurd_update", f"update norm {norm:.4g} is {norm / ref:.3g} x the global model's "
+                           f"(limit {rules.max_update_ratio:g} x)")
     if rules.norm_bound > 0:
         state = _bound(state, rules)
     return ClientUpdate(state, int(msg.n_samples), extras, dict(msg.metrics))
@@ -127,6 +143,11 @@ def update_norm(state: dict[str, Tensor], global_state: dict[str, Tensor]) -> fl
         if v.is_floating_point():
             sq += float(((v.double() - global_state[k].double()) ** 2).sum())
     return math.sqrt(sq)
+
+
+def state_norm(state: dict[str, Tensor]) -> float:
+    """L2 norm over the floating entries of a state dict."""
+    return math.sqrt(sum(float((v.double() ** 2).sum()) for v in state.values() if v.is_floating_point()))
 
 
 def _bound(state: dict[str, Tensor], rules: UpdateRules) -> dict[str, Tensor]:

@@ -13,6 +13,7 @@ import os
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,18 +36,20 @@ from broker.protocol import (
     Topics,
     UpdateMsg,
     decode,
+    delta_reference,
     encode,
     pack,
     state_sha256,
     unpack,
 )
-from broker.transport import Incoming, MqttTransport, TransportError, connect_with_backoff
+from broker.transport import AuthError, Incoming, MqttTransport, TransportError, connect_with_backoff
 from edge import logger
 from trainer.data.dataset import SubjectData
 from trainer.errors import NeuroFedError
 from trainer.experiments.runner import client_seed
 from trainer.fl.client import ClientState, ClientUpdate, client_update, init_client_state
 from trainer.fl.local import LocalConfig
+from trainer.fl.server import downlink
 from trainer.fl.strategies import get_strategy
 from trainer.models import build_model
 
@@ -63,13 +66,14 @@ class EdgeState:
     last_round: int = -1
     last_base: str = ""
     update: ClientUpdate | None = None                      # the last upload, to resend on a re-issued round
+    run_id: str = ""                                        # the coordinator run this state belongs to
 
     def save(self, path: Path) -> None:
         flat: dict[str, Tensor] = {f"init.{k}": v for k, v in self.init.items()}
         for name, st in (("cur", self.current), ("prev", self.previous)):
             if st is not None:
                 flat.update({f"{name}.{k}": v for k, v in st.to_tensors().items()})
-        meta: dict[str, Any] = {"last_round": self.last_round, "last_base": self.last_base,
+        meta: dict[str, Any] = {"last_round": self.last_round, "last_base": self.last_base, "run_id": self.run_id,
                                 "has_cur": self.current is not None, "has_prev": self.previous is not None}
         if self.update is not None:
             flat.update({f"upd.{k}": v for k, v in pack({"state": self.update.state, "extra": self.update.extras}).items()})
@@ -99,7 +103,8 @@ class EdgeState:
         for k, v in flat.items():
             g, _, rest = k.partition(".")
             groups[g][rest] = v
-        st = cls(init=groups["init"], last_round=int(meta["last_round"]), last_base=meta["last_base"])
+        st = cls(init=groups["init"], last_round=int(meta["last_round"]), last_base=meta["last_base"],
+                 run_id=str(meta.get("run_id", "")))
         st.current = ClientState.from_tensors(groups["cur"]) if meta["has_cur"] else None
         st.previous = ClientState.from_tensors(groups["prev"]) if meta["has_prev"] else None
         if groups["upd"]:
@@ -119,11 +124,14 @@ class EdgeClient:
     state_dir : path
         Where ``<federation>__<client_id>.safetensors`` lives.
     join_timeout : float
-        Seconds to wait for the coordinator's model before giving up.
+        Seconds to wait for a running federation (the coordinator's model) before giving up.
+    wait_for_broker : float
+        Seconds to keep retrying an unreachable broker (0: fail at once with one clear error).
     """
 
     def __init__(self, broker_url: str, federation: str, client_id: str, load_data: DataLoader,
-                 state_dir: str | Path, join_timeout: float = 120.0, **transport_kw: Any) -> None:
+                 state_dir: str | Path, join_timeout: float = 120.0, wait_for_broker: float = 0.0,
+                 **transport_kw: Any) -> None:
         self.topics = Topics(federation)
         self.topics.status(client_id)  # validates the id
         if client_id == COORDINATOR_ID:
@@ -138,10 +146,17 @@ class EdgeClient:
         self.rounds_trained = 0
         self.finished = False
         self.transport: MqttTransport | None = None
+        self.wait_for_broker = wait_for_broker
+        self.run_id: str | None = None          # the coordinator run this client takes part in
+        self.finished_run: str | None = None    # a run that had already ended when we saw its model
+        self.global_state: dict[str, Tensor] = {}
+        self.global_hash = ""                   # SHA-256 of the global model we hold (= ModelMsg body hash)
+        self.sent: deque[str] = deque(maxlen=1024)  # our recent msg_ids: replies about others' messages are forged
 
     # ------------------------------------------------------------------ plumbing
     def _status(self, state: str, rnd: int | None = None) -> bytes:
-        return encode(StatusMsg(federation=self.fed, sender=self.cid, state=state, round=rnd))  # type: ignore[arg-type]
+        return encode(StatusMsg(federation=self.fed, sender=self.cid, state=state, round=rnd,  # type: ignore[arg-type]
+                                run_id=self.run_id or ""))
 
     def _pub(self, topic: str, payload: bytes, retain: bool = False, wait: float | None = 30.0) -> None:
         assert self.transport is not None
@@ -150,21 +165,50 @@ class EdgeClient:
         except TransportError as exc:  # paho keeps QoS-1 messages queued and resends after reconnecting
             logger.warning("%s: %s (will retry after reconnect)", self.cid, exc)
 
+    def _send(self, topic: str, msg: Any, tensors: dict[str, Tensor] | None = None, compress: bool = False,
+              wait: float | None = 30.0, reference: bytes | None = None) -> None:
+        """Encode and publish one of our messages, remembering its id (to recognise replies about it)."""
+        self.sent.append(msg.msg_id)
+        self._pub(topic, encode(msg, tensors, compress=compress, reference=reference), wait=wait)
+
+    def _want_model(self, want: bool) -> None:
+        """Subscribe to the retained ``model`` only while we need it (saves a model download per round)."""
+        assert self.transport is not None
+        if want and self.topics.model not in self.transport.subscriptions:
+            self.transport.subscribe(self.topics.model)
+        elif not want and self.topics.model in self.transport.subscriptions:
+            self.transport.unsubscribe(self.topics.model)
+
     def _announce(self) -> None:
         self._pub(self.topics.status(self.cid), self._status("online"), retain=True, wait=None)
         if self.data is not None:
             d = self.data
             join = JoinMsg(federation=self.fed, sender=self.cid, n_trials=int(d.X.shape[0]), n_channels=int(d.X.shape[1]),
                            n_times=int(d.X.shape[2]), sfreq=float(d.sfreq), classes=list(d.classes),
-                           capabilities={"torch": torch.__version__, "threads": torch.get_num_threads()})
-            self._pub(self.topics.join(self.cid), encode(join), wait=None)
+                           capabilities={"torch": torch.__version__, "threads": torch.get_num_threads()},
+                           run_id=self.run_id or "")
+            self._send(self.topics.join(self.cid), join, wait=None)
 
     def _error(self, code: str, message: str, rnd: int | None = None) -> None:
-        self._pub(self.topics.error(self.cid), encode(ErrorMsg(federation=self.fed, sender=self.cid, code=code,
-                                                               message=message[:1000], round=rnd)), wait=None)
+        self._send(self.topics.error(self.cid), ErrorMsg(federation=self.fed, sender=self.cid, code=code,
+                                                         message=message[:1000], round=rnd, run_id=self.run_id or ""),
+                   wait=None)
 
     # ------------------------------------------------------------------ handlers
     def _on_model(self, msg: ModelMsg, tensors: dict[str, Tensor]) -> None:
+        if msg.final and msg.run_id != self.run_id:
+            if self.finished_run != msg.run_id:
+                self.finished_run = msg.run_id
+                logger.info("%s: run %s of %s had already finished; waiting for a new run", self.cid,
+                            msg.run_id[:8] or "-", self.fed)
+            return
+        joining = msg.run_id != self.run_id or self.data is None
+        if msg.run_id != self.run_id:
+            if self.run_id is not None:
+                logger.info("%s: the coordinator started a new run %s (was %s)", self.cid, msg.run_id[:8], self.run_id[:8])
+            self.run_id = msg.run_id
+            if self.state.run_id != msg.run_id:  # state of another run must not seed this one
+                self.state = EdgeState(run_id=msg.run_id)
         self.spec = msg.meta
         if self.data is None:
             data = self.load_data(msg.meta)
@@ -173,20 +217,37 @@ class EdgeClient:
                 raise NeuroFedError(f"local data {data.X.shape[1:]} {list(data.classes)} does not fit the federation's "
                                     f"model {want} {msg.meta.classes}")
             self.data = data
-            logger.info("%s: %d local trials ready; joining %s", self.cid, data.X.shape[0], self.fed)
+            logger.info("%s: %d local trials ready; joining %s (run %s)", self.cid, data.X.shape[0], self.fed,
+                        self.run_id[:8])
         if not self.state.init:
             self.state.init = {k: v.clone() for k, v in tensors.items()}
             self.state.save(self.path)
-        self._announce()
+        self.global_state, self.global_hash = tensors, msg.body_sha256
+        if joining:  # not on every model fetch: a join per round would cost bytes for nothing
+            self._announce()
+        if self.pending is not None and self.pending[0].run_id != self.run_id:
+            self.pending = None  # a task of another run
+        if self.pending is None or self.pending[0].model_sha256 == self.global_hash:
+            self._want_model(False)
 
-    def _on_task(self, task: TaskMsg, tensors: dict[str, Tensor]) -> None:
+    def _on_task(self, task: TaskMsg, tensors: dict[str, Tensor] | None) -> None:
+        if self.run_id is None:  # no model yet (the retained task can arrive first): the model decides
+            if self.cid in task.selected:
+                self.pending = (task, tensors or {})
+            return
+        if task.run_id != self.run_id:  # another run is going on: fetch its model to learn about it
+            self._want_model(True)
+            return
         if self.cid not in task.selected:
             return
-        if self.data is None or not self.state.init or self.spec is None:
-            self.pending = (task, tensors)
+        if self.data is None or not self.state.init or self.spec is None or task.model_sha256 != self.global_hash:
+            self.pending = (task, tensors or {})
+            self._want_model(True)  # the retained model this task trains from
             return
-        groups = unpack(tensors, ("down", "extra"))
-        down, extras = groups["down"], groups["extra"]
+        self.pending = None
+        strategy = get_strategy(task.strategy, **task.strategy_overrides)
+        down = downlink(self.global_state, strategy, self._build_model())
+        extras = unpack(tensors or {}, ("extra",))["extra"]
         base = state_sha256(down)
         st = self.state
         if task.round < st.last_round:
@@ -201,19 +262,23 @@ class EdgeClient:
         upd, new_state = self._train(task, down, extras, start)
         prev = start if start is not None else new_state
         self.state = EdgeState(init=st.init, current=new_state, previous=prev, last_round=task.round,
-                               last_base=base, update=upd)
+                               last_base=base, update=upd, run_id=st.run_id)
         self.state.save(self.path)
         self.rounds_trained += 1
         self._upload(task, upd, base)
         self._pub(self.topics.status(self.cid), self._status("idle", task.round), retain=True, wait=None)
 
+    def _build_model(self) -> torch.nn.Module:
+        assert self.spec is not None
+        s = self.spec
+        return build_model(s.model, s.n_channels, s.n_classes, s.n_times, s.sfreq, s.bn_mode)
+
     def _train(self, task: TaskMsg, down: dict[str, Tensor], extras: dict[str, Tensor],
                start: ClientState | None) -> tuple[ClientUpdate, ClientState]:
         assert self.spec is not None and self.data is not None
-        s = self.spec
         strategy = get_strategy(task.strategy, **task.strategy_overrides)
         cfg = LocalConfig(**task.local)
-        model = build_model(s.model, s.n_channels, s.n_classes, s.n_times, s.sfreq, s.bn_mode)
+        model = self._build_model()
         if start is None:
             start = init_client_state(self.state.init, model, strategy)
         t0 = time.monotonic()
@@ -225,10 +290,20 @@ class EdgeClient:
 
     def _upload(self, task: TaskMsg, upd: ClientUpdate, base: str) -> None:
         msg = UpdateMsg(federation=self.fed, sender=self.cid, round=task.round, task_id=task.task_id,
-                        n_samples=upd.n_samples, base_sha256=base,
+                        n_samples=upd.n_samples, base_sha256=base, run_id=task.run_id,
                         metrics={k: float(v) for k, v in upd.metrics.items()})
-        body = pack({"state": upd.state, "extra": upd.extras})
-        self._pub(self.topics.update(self.cid), encode(msg, body, compress=task.compress))
+        # delta-coded against the global model both sides hold (lossless; about half the bytes)
+        ref = delta_reference(self.global_state)
+        self._send(self.topics.update(self.cid), msg, pack({"state": upd.state, "extra": upd.extras}),
+                   compress=task.compress, reference=ref)
+
+    def _on_coordinator_status(self, msg: StatusMsg) -> None:
+        if self.run_id is None or not msg.run_id:
+            return
+        if msg.run_id == self.run_id and msg.state == "done":  # we missed the final result (e.g. reconnected late)
+            self.finished = True
+        elif msg.run_id != self.run_id and msg.state == "online":
+            self._want_model(True)  # a new run replaced ours: its model tells us what to do
 
     def handle(self, item: Incoming) -> None:
         if item.event == "connected":
@@ -237,8 +312,10 @@ class EdgeClient:
         if item.event != "message" or not item.payload:
             return
         try:
-            kind, _ = self.topics.parse(item.topic)
+            kind, who = self.topics.parse(item.topic)
             msg, tensors = decode(item.payload)
+            if msg.sender == self.cid and kind == "error":
+                return  # our own report, echoed by an MQTT 3.1.1 broker
             if msg.sender != COORDINATOR_ID:
                 raise ProtocolError(f"{kind} message from {msg.sender!r}, expected the coordinator")
         except ProtocolError as exc:
@@ -246,40 +323,65 @@ class EdgeClient:
             return
         if kind == "model" and msg.kind == "model":
             self._on_model(msg, tensors)
-            if self.pending is not None:
+            if self.pending is not None and self.pending[0].model_sha256 == self.global_hash:
                 task, t = self.pending
-                self.pending = None
-                self._on_task(task, t)
+                self._run_task(task, t)
         elif kind == "task" and msg.kind == "task":
-            try:
-                self._on_task(msg, tensors)
-            except Exception as exc:  # noqa: BLE001 - report instead of going silent
-                logger.error("%s: cannot run round %d: %s", self.cid, msg.round, exc, exc_info=not isinstance(exc, ValueError))
-                self._error("task_failed", str(exc), msg.round)
-        elif kind == "result" and msg.kind == "result" and msg.final:
+            self._run_task(msg, tensors)
+        elif kind == "result" and msg.kind == "result" and msg.final and msg.run_id == self.run_id:
             self.finished = True
+        elif kind == "status" and who == COORDINATOR_ID and msg.kind == "status":
+            self._on_coordinator_status(msg)
         elif kind == "error" and msg.kind == "error":
-            logger.warning("%s: coordinator says %s: %s", self.cid, msg.code, msg.message)
+            if msg.reply_to and msg.reply_to in self.sent:
+                logger.warning("%s: coordinator rejected our message: %s: %s", self.cid, msg.code, msg.message)
+            else:  # about a message we never sent: someone published under our id
+                logger.debug("%s: ignoring a reply about message %s, which we did not send", self.cid, msg.reply_to[:8])
+
+    def _run_task(self, task: TaskMsg, tensors: dict[str, Tensor] | None) -> None:
+        try:
+            self._on_task(task, tensors)
+        except Exception as exc:  # noqa: BLE001 - report instead of going silent
+            logger.error("%s: cannot run round %d: %s", self.cid, task.round, exc, exc_info=not isinstance(exc, ValueError))
+            self.pending = None
+            self._error("task_failed", str(exc), task.round)
 
     # ------------------------------------------------------------------ main loop
-    def run(self, stop: threading.Event | None = None, max_seconds: float | None = None) -> int:
-        """Serve the federation until it finishes (final result), ``stop`` is set or ``max_seconds`` pass."""
+    def connect(self, stop: threading.Event | None = None) -> MqttTransport:
+        """Connect to the broker: once, or retrying for ``wait_for_broker`` seconds; one clear error otherwise."""
         will = (self.topics.status(self.cid), self._status("offline"))
-        self.transport = connect_with_backoff(
-            lambda: MqttTransport(self.url, f"{self.fed}-{self.cid}", will=will, **self.transport_kw), stop=stop,
-            timeout=self.join_timeout)
+        try:
+            return connect_with_backoff(
+                lambda: MqttTransport(self.url, f"{self.fed}-{self.cid}", will=will, **self.transport_kw), stop=stop,
+                timeout=self.wait_for_broker)
+        except AuthError:
+            raise
+        except TransportError as exc:
+            hint = "" if self.wait_for_broker else "; is it running? (--wait-for-broker SECONDS waits for it)"
+            raise TransportError(f"{exc}{hint}") from None
+
+    def run(self, stop: threading.Event | None = None, max_seconds: float | None = None) -> int:
+        """Serve the federation until its run finishes (final result), ``stop`` is set or ``max_seconds`` pass."""
+        self.transport = self.connect(stop)
         t_end = time.monotonic() + max_seconds if max_seconds else None
         t_join = time.monotonic() + self.join_timeout
         try:
-            for t in (self.topics.model, self.topics.task, self.topics.result, self.topics.error(self.cid)):
+            # not `result`: the coordinator's retained status (`done` + run id) ends a run, so per-round
+            # results (participants, loss) need not reach every client
+            for t in (self.topics.task, self.topics.status(COORDINATOR_ID)):
                 self.transport.subscribe(t)
+            self.transport.subscribe(self.topics.error(self.cid), no_local=True)
+            self._want_model(True)
             self._announce()
             while not self.finished:
                 if stop is not None and stop.is_set():
                     break
                 if t_end is not None and time.monotonic() > t_end:
                     break
-                if self.data is None and time.monotonic() > t_join:
+                if self.run_id is None and time.monotonic() > t_join:
+                    if self.finished_run is not None:
+                        raise NeuroFedError(f"federation {self.fed!r}: its last run ({self.finished_run[:8]}) had already "
+                                            f"finished and no new run started within {self.join_timeout:.0f} s")
                     raise NeuroFedError(f"no model from a coordinator of {self.fed!r} within {self.join_timeout:.0f} s")
                 item = self.transport.get(0.2)
                 if item is not None:

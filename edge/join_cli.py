@@ -43,7 +43,9 @@ def join(
     store: Annotated[Path | None, typer.Option(help="Captured on-device trial store.")] = None,
     state_dir: Annotated[Path, typer.Option(help="Where the client keeps its state between rounds.")] = Path(
         "~/.neurofed/edge"),
-    join_timeout: Annotated[float, typer.Option(help="Seconds to wait for the coordinator's model.")] = 120.0,
+    join_timeout: Annotated[float, typer.Option(help="Seconds to wait for a running federation (the coordinator's model).")] = 120.0,
+    wait_for_broker: Annotated[float, typer.Option(
+        help="Seconds to keep retrying an unreachable broker (for devices that boot before it); 0 = fail at once.")] = 0.0,
     keepalive: Annotated[int, typer.Option(help="MQTT keepalive seconds (dropout detection ~1.5x).")] = 10,
     ca_certs: Annotated[Path | None, typer.Option(help="CA file for mqtts://.")] = None,
     max_seconds: Annotated[float | None, typer.Option(help="Leave after this many seconds.")] = None,
@@ -55,7 +57,7 @@ def join(
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     loader = make_loader(data_dir, subject, store)
-    client = EdgeClient(broker, federation, client_id, loader, state_dir.expanduser(), join_timeout,
+    client = EdgeClient(broker, federation, client_id, loader, state_dir.expanduser(), join_timeout, wait_for_broker,
                         keepalive=keepalive, ca_certs=str(ca_certs) if ca_certs else None)
     try:
         n = client.run(max_seconds=max_seconds)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from broker.protocol import FLAG_ZLIB, ProtocolError, Topics, decode
+from broker.protocol import FLAG_ZLIB, ProtocolError, Topics, decode, delta_reference, tensors_to_bytes
 
 
 @dataclass
@@ -236,13 +236,16 @@ def audit(tap: Wiretap, model_specs: dict[str, tuple[tuple[int, ...], str]], fp:
     with tap._lock:
         ours, foreign = list(tap.ours), list(tap.foreign)
     prefixes = {"task": ("down.", "extra."), "update": ("state.", "extra."), "model": ("",)}
+    ref = None  # updates are delta-coded against the global model they trained from (the last one published)
     for s in ours:
         if not s.payload:  # a cleared retained message
             continue
         res.messages += 1
         try:
             kind, _ = tap.topics.parse(s.topic)
-            msg, tensors = decode(s.payload)
+            msg, tensors = decode(s.payload, reference=ref if kind == "update" else None)
+            if kind == "model" and tensors:
+                ref = delta_reference(tensors)
             if msg.kind != kind:
                 raise ProtocolError(f"a {msg.kind} message on a {kind} topic")
         except ProtocolError as exc:
@@ -260,7 +263,7 @@ def audit(tap: Wiretap, model_specs: dict[str, tuple[tuple[int, ...], str]], fp:
                 res.bad_tensors.append(f"{s.topic}: extra tensor {name} larger than any model tensor")
             n_values += t.numel()
         res.tensor_values_max = max(res.tensor_values_max, n_values)
-        for blob in (s.payload, _body(s.payload)):
+        for blob in (s.payload, _body(s.payload), tensors_to_bytes(tensors) if tensors else b""):
             h = fp.hits(blob)
             if h:
                 res.eeg_hits.append(f"{s.topic}: {h} EEG sample runs")

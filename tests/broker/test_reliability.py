@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file
 
-from broker.protocol import ProtocolError, Topics, decode
+from broker.protocol import ProtocolError, Topics, decode, delta_reference, tensors_to_bytes
 from broker.transport import MqttTransport
 from tests.broker.conftest import child_env, kill_all, start_coordinator, start_edge, wait_all, write_toml
 from tests.broker.test_equivalence import reference_state
@@ -86,9 +86,14 @@ def test_killed_edge_client_does_not_block_the_round_and_no_eeg_on_the_wire(subj
                 seg = sd.X[trial, ch, 100:108]
                 probes += [seg.astype(np.float32).tobytes(), seg.astype(np.float64).tobytes()]
     assert len(w.seen) > 20
+    ref = None  # updates are delta-coded against the last published model
     for topic, payload in w.seen:
         assert not any(p in payload for p in probes), f"EEG samples found in a message on {topic}"
-        _, tensors = decode(payload)
+        msg, tensors = decode(payload, reference=ref if "/update/" in topic else None)
+        if msg.kind == "model":
+            ref = delta_reference(tensors)
+        body = tensors_to_bytes(tensors) if tensors else b""
+        assert not any(p in body for p in probes), f"EEG samples found in a decoded body on {topic}"
         for name, t in (tensors or {}).items():
             assert t.numel() < 5000 and subjects4[0].X.shape[2] not in t.shape, (topic, name, tuple(t.shape))
 

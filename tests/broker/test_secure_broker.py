@@ -77,6 +77,9 @@ def test_client_cannot_publish_as_another_or_as_coordinator(secured):
     assert t.update("A") not in _messages(b, 0.5)  # B cannot read A's update either
     coord.publish(t.task, b"task", wait=5)
     assert _messages(b) == [t.task]
+    b.subscribe(t.result)  # per-round participants and loss are for the coordinator only
+    coord.publish(t.result, b"result", wait=5)
+    assert _messages(b, 0.5) == []
     for x in (coord, a, b):
         x.close()
 
@@ -132,3 +135,24 @@ def test_tls_listener_with_generated_config(fed_name):
             m.stop()
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_credentialed_client_cannot_take_over_another_clients_id(secured):
+    """``use_username_as_clientid``: B connecting under A's MQTT client id does not kick A off."""
+    m, creds, t = secured
+    a = MqttTransport(_url(m, "A", creds["A"]), "A", reconnect_max_s=1).connect()
+    coord = MqttTransport(_url(m, "coordinator", creds["coordinator"]), "coord").connect()
+    coord.subscribe(t.update("A"))
+    events: list[str] = []
+    b = MqttTransport(_url(m, "B", creds["B"]), "A").connect()  # B claims A's client id
+    b2 = MqttTransport(_url(m, "B", creds["B"]), "A").connect()  # ... and again
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        i = a.get(0.1)
+        if i is not None and i.event != "message":
+            events.append(i.event)
+    assert a.connected and "disconnected" not in events, events
+    a.publish(t.update("A"), b"still-me", wait=5)
+    assert _messages(coord) == [t.update("A")]
+    for x in (a, b, b2, coord):
+        x.close()

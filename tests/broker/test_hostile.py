@@ -1,0 +1,380 @@
+"""Hostile clients and real faults against a real Mosquitto (issue 17): run hygiene, replayed and absurd updates,
+forged messages and error replies, per-round rejection counts, resume with fewer clients, client-id takeover,
+publishing while the broker is down, an unreachable broker, clear-text listener warnings."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from broker.config import FederationConfig, config_from_dict
+from broker.coordinator import Coordinator
+from broker.embedded import free_port
+from broker.protocol import (
+    COORDINATOR_ID,
+    JoinMsg,
+    ModelMsg,
+    ResultMsg,
+    StatusMsg,
+    TaskMsg,
+    Topics,
+    UpdateMsg,
+    decode,
+    encode,
+    new_id,
+    pack,
+    state_sha256,
+)
+from broker.transport import MqttTransport, TransportError
+from broker.validation import state_norm
+from edge.federation import EdgeClient
+from tests.broker.test_equivalence import reference_state
+from trainer.fl.server import downlink
+from trainer.fl.strategies import get_strategy
+from trainer.models import build_model
+
+NEUROFED = [sys.executable, "-c", "from neurofed.cli import main; main()"]
+
+
+def make_cfg(fed: str, out, **fed_kw: Any) -> FederationConfig:
+    d = {"name": fed, "rounds": 1, "fraction": 1.0, "seed": 7, "min_clients": 2, "round_deadline_s": 60,
+         "strategy": "fedbs", "join_timeout_s": 60}
+    d.update(fed_kw)
+    return config_from_dict({"federation": d, "local": {"batch_size": 16, "local_epochs": 1}, "output": {"dir": str(out)}})
+
+
+class Bg(threading.Thread):
+    """Run ``fn`` on a thread; ``.value`` / ``.error`` afterwards."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self.fn, self.value, self.error = fn, None, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.value = self.fn()
+        except BaseException as exc:  # noqa: BLE001
+            self.error = exc
+
+    def result(self, timeout: float) -> Any:
+        self.join(timeout)
+        assert not self.is_alive(), "timed out"
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def retained(url: str, topics: list[str], wait: float = 1.0) -> dict[str, bytes]:
+    """The retained messages currently held for ``topics``."""
+    t = MqttTransport(url, f"peek-{new_id()[:6]}").connect()
+    for tp in topics:
+        t.subscribe(tp)
+    got, end = {}, time.monotonic() + wait
+    while time.monotonic() < end:
+        i = t.get(0.1)
+        if i is not None and i.event == "message" and i.retain:
+            got[i.topic] = i.payload
+    t.close()
+    return got
+
+
+def _diff(a, b) -> float:
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in b)
+
+
+# ------------------------------------------------------------------ A: run hygiene
+@pytest.mark.slow
+def test_reused_federation_name_new_run_trains_from_its_own_model(subjects4, mosquitto, fed_name, tmp_path,
+                                                                   monkeypatch):
+    """Run 1, then stale retained state of an old run (as a crashed coordinator leaves it), then run 2 with
+    the same name and the same client state folder: run 2's clients ignore the stale final model/result/task,
+    start from run 2's initial model, and non-selected clients download no weights."""
+    url, topics = mosquitto.url, Topics(fed_name)
+    sd = {s.subject: s for s in subjects4[:3]}
+    lock, on_task = threading.Lock(), EdgeClient._on_task
+
+    def one_at_a_time(self, *a):  # in-process clients share torch's global RNG (processes in deployment)
+        with lock:
+            return on_task(self, *a)
+
+    monkeypatch.setattr(EdgeClient, "_on_task", one_at_a_time)
+
+    def clients(ids):
+        return [EdgeClient(url, fed_name, c, lambda spec, c=c: sd[c], tmp_path / "state", join_timeout=60) for c in ids]
+
+    # run 1
+    c1 = Coordinator(make_cfg(fed_name, tmp_path / "out1"), url)
+    ct = Bg(c1.run)
+    runs = [Bg(lambda e=e: e.run(max_seconds=120)) for e in clients(["S001", "S002"])]
+    assert [r.result(150) for r in runs] == [1, 1]
+    ct.result(60)
+    # the coordinator cleared its retained task / model / result; its status says done for run 1
+    left = retained(url, [topics.task, topics.model, topics.result, topics.status(COORDINATOR_ID)])
+    assert set(left) == {topics.status(COORDINATOR_ID)}
+    st, _ = decode(left[topics.status(COORDINATOR_ID)])
+    assert (st.state, st.run_id) == ("done", c1.run_id)
+
+    # what a coordinator that crashed at the end of an old run leaves behind
+    old = new_id()
+    with MqttTransport(url, "stale-writer") as w:
+        g = {k: v * 100 for k, v in c1.server.global_state.items()}
+        w.publish(topics.model, encode(ModelMsg(federation=fed_name, sender=COORDINATOR_ID, round=1, final=True,
+                                                meta=c1.spec, run_id=old), g), retain=True)
+        w.publish(topics.result, encode(ResultMsg(federation=fed_name, sender=COORDINATOR_ID, round=1,
+                                                  participants=["S001"], rejected=0, bytes_down=0, bytes_up=0, seconds=1,
+                                                  final=True, model_sha256="0" * 64, run_id=old)), retain=True)
+        w.publish(topics.task, encode(TaskMsg(federation=fed_name, sender=COORDINATOR_ID, round=0, rounds_total=1,
+                                              task_id=new_id(), selected=["S001", "S002", "S003"], deadline_s=60, seed=7,
+                                              strategy="fedbs", run_id=old)), retain=True)
+
+    # run 2: clients first (they see only the stale run and must wait), then the coordinator
+    edges = clients(["S001", "S002", "S003"])
+    runs = [Bg(lambda e=e: e.run(max_seconds=150)) for e in edges]
+    end = time.monotonic() + 60
+    while not all(e.finished_run == old for e in edges) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert all(e.finished_run == old and not e.finished and e.rounds_trained == 0 for e in edges)
+    c2 = Coordinator(make_cfg(fed_name, tmp_path / "out2", rounds=2, fraction=0.67, min_clients=3), url)
+    assert c2.run_id != c1.run_id
+    ct = Bg(c2.run)
+    trained = [r.result(200) for r in runs]
+    ct.result(60)
+    assert all(e.finished and e.run_id == c2.run_id for e in edges)
+    assert sum(trained) == sum(len(m["participants"]) for m in c2.metrics) == 4
+    assert _diff(c2.server.global_state, reference_state(subjects4[:3], 2, 0.67, 7, "fedbs")) <= 1e-6
+    # weights go only to clients that need them: the join download + one per round the client was selected
+    model_bytes = len(encode(ModelMsg(federation=fed_name, sender=COORDINATOR_ID, round=0, meta=c2.spec,
+                                      run_id=c2.run_id), c2.server.global_state, compress=True))
+    for e in edges:
+        n_sel = sum(e.cid in m["selected"] for m in c2.metrics)
+        assert e.transport.bytes_in < (1 + n_sel) * model_bytes * 1.3 + 20_000, (e.cid, n_sel, e.transport.bytes_in)
+
+
+# ------------------------------------------------------------------ B: a puppet plays (and forges) clients
+class Puppet:
+    """Lightweight clients on one connection whose answers the test scripts (no training)."""
+
+    def __init__(self, url: str, fed: str, ids: list[str]) -> None:
+        self.topics, self.fed, self.ids = Topics(fed), fed, ids
+        self.t = MqttTransport(url, f"puppet-{new_id()[:6]}").connect()
+        self.t.subscribe(self.topics.model)
+        self.t.subscribe(self.topics.task)
+        self.t.subscribe(self.topics.any_client("error"))
+        self.errors: list[Any] = []
+        self.run_id, self.global_state, self.spec = "", {}, None
+
+    def next(self, kind: str, timeout: float = 60.0, pred=lambda m: True):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            i = self.t.get(0.1)
+            if i is None or i.event != "message" or not i.payload:
+                continue
+            msg, tensors = decode(i.payload)
+            if msg.kind == "error":
+                self.errors.append((i.topic.rsplit("/", 1)[-1], msg))
+            elif msg.kind == "model":
+                self.run_id, self.global_state, self.spec = msg.run_id, tensors, msg.meta
+            if msg.kind == kind and pred(msg):
+                return msg
+        raise AssertionError(f"no {kind} message in time")
+
+    def join(self) -> None:
+        self.next("model")
+        s = self.spec
+        for cid in self.ids:
+            self.t.publish(self.topics.status(cid), encode(StatusMsg(federation=self.fed, sender=cid, state="online")),
+                           retain=True)
+            self.t.publish(self.topics.join(cid), encode(JoinMsg(
+                federation=self.fed, sender=cid, n_trials=45, n_channels=s.n_channels, n_times=s.n_times, sfreq=s.sfreq,
+                classes=list(s.classes), run_id=self.run_id)))
+
+    def base(self, task) -> str:
+        s = self.spec
+        model = build_model(s.model, s.n_channels, s.n_classes, s.n_times, s.sfreq, s.bn_mode)
+        return state_sha256(downlink(self.global_state, get_strategy(task.strategy), model))
+
+    def update(self, task, cid: str, state: dict, **kw: Any) -> tuple[UpdateMsg, bytes]:
+        d = {"federation": self.fed, "sender": cid, "round": task.round, "task_id": task.task_id, "n_samples": 45,
+             "base_sha256": self.base(task), "run_id": self.run_id}
+        d.update(kw)
+        msg = UpdateMsg(**d)
+        return msg, encode(msg, pack({"state": state}))
+
+    def send(self, cid: str, payload: bytes) -> None:
+        self.t.publish(self.topics.update(cid), payload)
+
+    def honest(self, seed: int) -> dict:
+        g = torch.Generator().manual_seed(seed)
+        return {k: v + 1e-3 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+                for k, v in self.global_state.items()}
+
+
+@pytest.mark.slow
+def test_absurd_replayed_and_forged_updates_are_rejected_counted_and_not_answered_to_the_innocent(
+        mosquitto, fed_name, tmp_path):
+    url = mosquitto.url
+    coord = Coordinator(make_cfg(fed_name, tmp_path / "out", rounds=2, min_clients=2), url)
+    ct = Bg(coord.run)
+    p = Puppet(url, fed_name, ["S001", "S002"])
+    p.join()
+    g0 = {k: v.clone() for k, v in p.global_state.items()}
+
+    # round 0: 3 garbage payloads, then a 1000x update "from S002" before the real ones
+    t0 = p.next("task")
+    for _ in range(3):
+        p.send("S002", b"junk")
+    absurd, payload = p.update(t0, "S002", {k: v * 1000 if v.is_floating_point() else v for k, v in g0.items()})
+    p.send("S002", payload)
+    _, pay1 = p.update(t0, "S001", p.honest(1))
+    p.send("S001", pay1)
+    p.send("S002", p.update(t0, "S002", p.honest(2))[1])
+
+    # round 1: S001's round-0 body replayed under a fresh header, a forged wrong-task message as S001 after it
+    # delivered, then the real updates
+    t1 = p.next("task", pred=lambda m: m.round == 1)
+    replay_hdr = UpdateMsg(federation=fed_name, sender="S001", round=1, task_id=t1.task_id, n_samples=45,
+                           base_sha256=p.base(t1), run_id=p.run_id)
+    p.send("S001", encode(replay_hdr, decode(pay1)[1]))
+    p.send("S001", p.update(t1, "S001", p.honest(3))[1])
+    p.send("S001", p.update(t1, "S001", p.honest(4), task_id=new_id())[1])
+    p.send("S002", p.update(t1, "S002", p.honest(5))[1])
+    ct.result(90)
+    try:
+        p.next("nothing", timeout=1.0)
+    except AssertionError:
+        pass
+    p.t.close()
+
+    r0, r1 = coord.metrics
+    assert r0["participants"] == r1["participants"] == ["S001", "S002"]
+    assert r0["rejected"] == 4 and r1["rejected"] == 2, (r0["rejected"], r1["rejected"], coord.rejections)
+    assert coord.rejections["absurd_update"] == 1 and coord.rejections["replay"] == 1
+    assert coord.rejections["bad_message"] == 3 and coord.rejections["wrong_task"] == 1
+    assert "spoofed_sender" not in coord.rejections  # its own error replies are not read back as forgeries
+    # one reply: to S002 about the absurd update (naming it); none for garbage, replays, or S001 after it delivered
+    assert [(cid, e.code, e.reply_to) for cid, e in p.errors] == [("S002", "absurd_update", absurd.msg_id)]
+    assert state_norm(coord.server.global_state) < 2 * state_norm(g0)
+
+
+def test_error_replies_about_messages_a_client_never_sent_are_ignored(caplog, tmp_path):
+    """The innocent client a forger impersonated logs nothing; a reply about its own message is reported."""
+    from broker.protocol import ErrorMsg
+    from broker.transport import Incoming
+
+    e = EdgeClient("mqtt://127.0.0.1:1", "f", "S001", lambda spec: None, tmp_path)
+    e.sent.append("a" * 32)
+    with caplog.at_level(logging.INFO, logger="neurofed.edge"):
+        for rt in ("b" * 32, "a" * 32):
+            err = ErrorMsg(federation="f", sender=COORDINATOR_ID, code="wrong_task", message="x", reply_to=rt)
+            e.handle(Incoming("message", Topics("f").error("S001"), encode(err)))
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "rejected our message" in warned[0].getMessage()
+
+
+@pytest.mark.slow
+def test_private_metadata_keeps_participants_and_loss_off_the_retained_result(mosquitto, fed_name, tmp_path):
+    coord = Coordinator(make_cfg(fed_name, tmp_path / "out", private_metadata=True), mosquitto.url)
+    ct = Bg(coord.run)
+    p = Puppet(mosquitto.url, fed_name, ["S001", "S002"])
+    p.t.subscribe(p.topics.result)
+    p.join()
+    t = p.next("task")
+    for i, cid in enumerate(t.selected):
+        p.send(cid, p.update(t, cid, p.honest(i), metrics={"loss": 0.5, "steps": 3.0})[1])
+    res = p.next("result")
+    ct.result(60)
+    p.t.close()
+    assert res.final and res.participants == [] and res.loss is None
+    assert coord.metrics[0]["participants"] == ["S001", "S002"] and coord.metrics[0]["loss"] == 0.5
+
+
+# ------------------------------------------------------------------ resume with fewer clients
+@pytest.mark.slow
+def test_resume_does_not_demand_min_clients_again_and_says_what_it_waits_for(mosquitto, fed_name, tmp_path, caplog):
+    cfg = make_cfg(fed_name, tmp_path / "out", rounds=2, min_clients=3, join_timeout_s=30)
+    first = Coordinator(cfg, mosquitto.url)
+    for cid in ("S001", "S002", "S003"):
+        first.registry.join(JoinMsg(federation=fed_name, sender=cid, n_trials=45, n_channels=21, n_times=320,
+                                    sfreq=80.0, classes=["left_fist", "right_fist"]))
+    first.registry.set_online("S003", False)  # S003 died; the run went on with two
+    first.server.round = 1
+    first._checkpoint()
+    coord = Coordinator(cfg, mosquitto.url, resume=True)
+    assert coord.run_id == first.run_id and coord.clients_needed() == 2
+    with caplog.at_level(logging.INFO, logger="neurofed.broker"):
+        ct = Bg(coord.run)
+        p = Puppet(mosquitto.url, fed_name, ["S001", "S002"])
+        p.join()
+        t = p.next("task")
+        for i, cid in enumerate(t.selected):
+            p.send(cid, p.update(t, cid, p.honest(i))[1])
+        ct.result(60)
+    p.t.close()
+    assert coord.server.round == 2
+    waits = [r.getMessage() for r in caplog.records if "waiting for" in r.getMessage()]
+    assert waits and "waiting for 2 client(s)" in waits[0] and "S003" in waits[0]
+
+
+# ------------------------------------------------------------------ transport faults
+def test_publish_while_the_broker_is_down_is_queued_not_raised(mosquitto, fed_name):
+    topic = f"neurofed/{fed_name}/model"
+    t = MqttTransport(mosquitto.url, f"q-{fed_name}", reconnect_max_s=1).connect()
+    mosquitto.stop()
+    end = time.monotonic() + 10
+    while t.connected and time.monotonic() < end:
+        time.sleep(0.05)
+    t.publish(topic, b"queued-1", retain=True, wait=None)  # no RuntimeError out of paho
+    with pytest.raises(TransportError, match="queued"):
+        t.publish(topic, b"queued-2", retain=True, wait=0.3)
+    waiter = Bg(lambda: t.publish(topic, b"queued-3", retain=True, wait=30))  # acked after the broker is back
+    mosquitto.start()
+    assert waiter.result(40) is True
+    assert retained(mosquitto.url, [topic])[topic] == b"queued-3"
+    t.close()
+
+
+def test_edge_client_fails_fast_and_clearly_when_no_broker_listens(tmp_path):
+    port = free_port()
+    e = EdgeClient(f"mqtt://127.0.0.1:{port}", "f", "S001", lambda spec: None, tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(TransportError, match="cannot reach broker.*--wait-for-broker"):
+        e.run()
+    assert time.monotonic() - t0 < 5
+    e = EdgeClient(f"mqtt://127.0.0.1:{port}", "f", "S001", lambda spec: None, tmp_path, wait_for_broker=1.5)
+    t0 = time.monotonic()
+    with pytest.raises(TransportError, match="cannot reach broker"):
+        e.run()
+    assert time.monotonic() - t0 >= 0.5  # it retried
+    r = subprocess.run([sys.executable, "-c", "from edge.cli import main; main()", "join", "--broker",
+                        f"mqtt://127.0.0.1:{port}", "--client-id", "S001", "--subject", "1", "--state-dir", str(tmp_path)],
+                       check=False, capture_output=True, text=True, timeout=60)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "cannot reach broker" in lines[0], r.stderr
+
+
+def test_broker_listeners_outside_loopback_without_tls_warn(tmp_path):
+    r = subprocess.run(NEUROFED + ["broker-config", "--out", str(tmp_path / "m"), "--federation", "lab", "--clients",
+                                   "S001", "--bind", "0.0.0.0"], check=False, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "travel in clear" in r.stderr, r.stderr
+    assert "use_username_as_clientid true" in (tmp_path / "m" / "mosquitto.conf").read_text()
+    r = subprocess.run(NEUROFED + ["broker-config", "--out", str(tmp_path / "n"), "--federation", "lab", "--clients",
+                                   "S001"], check=False, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "in clear" not in r.stderr
+    port = free_port()
+    p = subprocess.Popen(NEUROFED + ["broker", "--host", "0.0.0.0", "--port", str(port)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        first = p.stdout.readline()
+        assert "without TLS" in first and "no authentication" in first, first
+    finally:
+        p.kill()
+        p.wait(10)
