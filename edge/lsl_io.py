@@ -32,6 +32,8 @@ PROCESSING = {
 }
 _NP_DTYPES = {pylsl.cf_float32: np.float32, pylsl.cf_double64: np.float64, pylsl.cf_int8: np.int8,
               pylsl.cf_int16: np.int16, pylsl.cf_int32: np.int32, pylsl.cf_int64: np.int64}
+#: Seconds :func:`find_stream` waits for a second stream matching the same query (ambiguity check).
+AMBIGUITY_WAIT = 0.3
 #: Seconds between clock-offset refreshes.
 CLOCK_REFRESH = 5.0
 
@@ -83,9 +85,24 @@ def find_stream(name: str | None = None, stype: str | None = None, source_id: st
         raise StreamError(f"no LSL stream matching {pred} within {timeout:g} s; visible: {visible or 'none'} "
                           "(a stream on this machine that stays invisible while others show: raise [ports] "
                           "PortRange in lsl_api.cfg, see edge/lsl_config.py)")
-    if len(found) > 1:
-        logger.warning("%d streams match %s; using the first (%s)", len(found), pred, found[0].source_id())
+    more = pylsl.resolve_bypred(pred, 2, AMBIGUITY_WAIT)  # give a second match a moment to answer
+    by_uid = {i.uid(): i for i in [*found, *more]}
+    if len(by_uid) > 1:
+        cands = sorted(f"{i.name()} (type {i.type()}, source_id {i.source_id()}, host {i.hostname()})"
+                       for i in by_uid.values())
+        raise StreamError(f"{len(cands)} LSL streams match {pred}: {cands}; name the one to use "
+                          "(e.g. by its source_id)")
     return found[0]
+
+
+def check_marker_stream(meta: StreamMeta) -> None:
+    """Refuse a cue stream that is neither strings nor mne-lsl's one-hot annotations (irregular rate).
+
+    Recording and decoding accept the same marker streams.
+    """
+    if not meta.is_string and not (meta.type.lower() == "annotations" and meta.sfreq == 0):
+        raise StreamError(f"marker stream {meta.name!r} must carry strings or one-hot annotations "
+                          f"(it is {meta.type!r} at {meta.sfreq:g} Hz)")
 
 
 def _meta(info) -> StreamMeta:
@@ -215,14 +232,15 @@ def irregular_outlet(
     Parameters
     ----------
     fmt : str
-        ``float32`` or ``string``.
+        ``float32``, ``double64`` or ``string``.
     extra_desc : dict, optional
         More ``desc`` entries: a string value becomes ``<key>value</key>``; a list becomes
         ``<key><item>v</item>...</key>`` with the singular of key (``classes`` -> ``class``).
     """
-    if fmt not in ("float32", "string"):
-        raise StreamError(f"unsupported outlet format {fmt!r}; use float32 or string")
-    cf = pylsl.cf_float32 if fmt == "float32" else pylsl.cf_string
+    formats = {"float32": pylsl.cf_float32, "double64": pylsl.cf_double64, "string": pylsl.cf_string}
+    if fmt not in formats:
+        raise StreamError(f"unsupported outlet format {fmt!r}; use float32, double64 or string")
+    cf = formats[fmt]
     info = pylsl.StreamInfo(name, stype, len(labels), pylsl.IRREGULAR_RATE, cf, source_id)
     chans = info.desc().append_child("channels")
     for lab in labels:

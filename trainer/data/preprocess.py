@@ -87,7 +87,21 @@ def ea_matrix(x: np.ndarray) -> np.ndarray:
         raise DataError(f"EA needs a non-empty (trials, channels, times) array, got shape {x.shape}")
     x64 = np.asarray(x, dtype=np.float64)
     r = np.einsum("nct,ndt->cd", x64, x64) / (x.shape[0] * x.shape[2])
-    w, v = np.linalg.eigh(r)
+    return ea_inv_sqrt(r)
+
+
+def ea_inv_sqrt(r: np.ndarray) -> np.ndarray:
+    """``R^{-1/2}`` of an EA reference covariance (eigendecomposition, eigenvalues floored at 1e-10 x the largest).
+
+    The one inverse square root of Euclidean alignment: offline (:func:`ea_matrix`) and online (the edge's
+    running reference) both use it.
+
+    Raises
+    ------
+    DataError
+        If ``R`` is not positive (all-zero or non-finite trials).
+    """
+    w, v = np.linalg.eigh(np.asarray(r, dtype=np.float64))
     if not np.all(np.isfinite(w)) or w.max() <= 0:
         raise DataError("EA reference covariance is not positive: are the trials all zero or non-finite?")
     w = np.clip(w, w.max() * 1e-10, None)
