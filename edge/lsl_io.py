@@ -32,8 +32,9 @@ PROCESSING = {
 }
 _NP_DTYPES = {pylsl.cf_float32: np.float32, pylsl.cf_double64: np.float64, pylsl.cf_int8: np.int8,
               pylsl.cf_int16: np.int16, pylsl.cf_int32: np.int32, pylsl.cf_int64: np.int64}
-#: Seconds :func:`find_stream` waits for a second stream matching the same query (ambiguity check).
-AMBIGUITY_WAIT = 0.3
+#: Seconds :func:`find_stream` waits for a second stream matching the same query (ambiguity check; liblsl
+#: found a second same-named outlet on this machine after ~0.5 s, measured with PortRange 128).
+AMBIGUITY_WAIT = 1.0
 #: Seconds between clock-offset refreshes.
 CLOCK_REFRESH = 5.0
 
@@ -73,10 +74,13 @@ def find_stream(name: str | None = None, stype: str | None = None, source_id: st
                 timeout: float = 5.0):
     """Resolve one stream by name/type/source_id within ``timeout`` seconds.
 
+    Like mne-lsl, an ambiguous query is an error, never "the first one": after the first match, it waits
+    :data:`AMBIGUITY_WAIT` seconds for another.
+
     Raises
     ------
     StreamError
-        Listing the streams that are visible when none matches.
+        Listing the streams that are visible when none matches, or the candidates when several match.
     """
     pred = _predicate(name, stype, source_id)
     found = pylsl.resolve_bypred(pred, 1, timeout)

@@ -25,6 +25,7 @@ UNIT_TO_UV = {"microvolts": 1.0, "microvolt": 1.0, "uv": 1.0, "µv": 1.0, "μv":
               "nanovolts": 1e-3, "nanovolt": 1e-3, "nv": 1e-3}
 #: Name of a sample-counter channel (mne-lsl's tests, firmware_sim); never EEG.
 COUNTER_CHANNEL = "Samples"
+COUNTER_LABEL = COUNTER_CHANNEL.lower()
 
 
 def unit_scale(unit: str) -> float | None:
@@ -115,7 +116,7 @@ def match_stream(sfreq: float, ch_names: Sequence[str], units: Sequence[str] | N
     index: dict[str, int] = {}
     for i, c in enumerate(ch_names):
         index.setdefault(norm_label(c), i)
-    keep = list(wanted) if wanted is not None else [c for c in ch_names if c != COUNTER_CHANNEL]
+    keep = list(wanted) if wanted is not None else [c for c in ch_names if norm_label(c) != COUNTER_LABEL]
     have = {norm_label(w) for w in keep}
     need = keep + [c for c in also_needed if norm_label(c) not in have]
     missing = [c for c in need if norm_label(c) not in index]
