@@ -193,6 +193,9 @@ def infer(
     duration: Annotated[float | None, typer.Option(help="stop after this many seconds")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to find the streams")] = 5.0,
     quiet: Annotated[bool, typer.Option(help="do not print each prediction")] = False,
+    stats_out: Annotated[
+        Path | None, typer.Option(help="write the run's counts and latency (JSON) here at the end")
+    ] = None,
 ) -> None:
     """Decode a live headset: predictions out as an LSL stream (and MQTT if asked)."""
     from rich.console import Console
@@ -254,6 +257,8 @@ def infer(
         if transport is not None:
             transport.close()
     console.print(f"done: {stats}")
+    if stats_out is not None:
+        stats_out.write_text(json.dumps(stats, indent=1))
 
 
 def register(app: typer.Typer) -> None:

@@ -12,7 +12,6 @@ import pylsl
 from pylsl.util import LostError
 from pylsl.util import TimeoutError as LslTimeout
 
-from edge import logger
 from trainer.errors import NeuroFedError
 
 

@@ -8,11 +8,18 @@ import pytest
 import torch
 
 from edge.buffer import RingBuffer
-from edge.infer import DecoderStep, InferenceEngine, Prediction, PythonDecoder, PythonState, Rejection, check_stream
+from edge.infer import (
+    DecoderStep,
+    InferenceEngine,
+    Prediction,
+    PythonDecoder,
+    PythonState,
+    Rejection,
+    check_stream,
+)
 from edge.windowing import CueWindower, SlidingWindower
 from export.runtime import OnnxModel
 from tests.export.conftest import exported_eegnet
-from trainer.data import PreprocessConfig
 from trainer.data.io import epochs_from_raw, read_raw
 from trainer.data.preprocess import apply_ea, ea_matrix, preprocess_epochs
 from trainer.errors import NeuroFedError
@@ -122,7 +129,7 @@ def test_sliding_windows(recording, eegnet_bs, chunk):
     for i in range(0, int(10 * sfreq), chunk):  # 10 s of the recording
         ring.append(data[:, i : i + chunk].T, np.arange(i, i + chunk) / sfreq)
         for w in sw.poll(ring):
-            k = int(round(w.t_end * sfreq))  # index of the window's last sample
+            k = round(w.t_end * sfreq)  # index of the window's last sample
             assert np.array_equal(w.data.T, data[:, k - n + 1 : k + 1]) and w.first_index == k - n + 1
             ends.append(engine.process_window(w).t_end)
     assert ends[0] == pytest.approx((n - 1) / sfreq)
