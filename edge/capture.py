@@ -1,8 +1,9 @@
 """Cut raw trials out of a live EEG stream at cue markers (pure logic on arrays; no pylsl here).
 
-:class:`TrialCutter` validates the stream (rate, units, channels), maps labels to the wanted channel
-order and, for each cue marker, cuts the ``[tmin, tmax)`` window once all its samples are in the
-:class:`~edge.buffer.RingBuffer`. Trials keep the raw microvolts so preprocessing can change later;
+:class:`TrialCutter` validates the stream with :func:`edge.stream.match_stream` (rate, units, channels: the
+same rules ``edge-client infer`` applies), and cuts each cue's ``[tmin, tmax)`` window with
+:class:`edge.windowing.CueWindower` once all its samples are in the :class:`~edge.buffer.RingBuffer` (the
+decoder's windower and buffer too). Trials keep the raw microvolts so preprocessing can change later;
 :func:`preprocess_trials` applies exactly trainer's ``preprocess_epochs``.
 """
 

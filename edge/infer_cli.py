@@ -167,6 +167,9 @@ def log_sink(console) -> Callable[[object], None]:
 def infer(
     model: Annotated[Path, typer.Option(help="exported .onnx model (neurofed export)")],
     stream: Annotated[str, typer.Option(help="EEG LSL stream name")],
+    source_id: Annotated[
+        str | None, typer.Option(help="EEG stream source_id (picks one of several streams with that name)")
+    ] = None,
     markers: Annotated[str | None, typer.Option(help="cue marker stream (default STREAM-markers)")] = None,
     mode: Annotated[str, typer.Option(help="cue (windows locked to cue markers) or sliding")] = "cue",
     step: Annotated[float, typer.Option(help="sliding mode: seconds between windows")] = 0.5,
@@ -207,7 +210,7 @@ def infer(
     if mode not in ("cue", "sliding"):
         raise typer.BadParameter(f"mode {mode!r}: use cue or sliding")
     om = OnnxModel(model, threads=threads)
-    eeg = Inlet(find_stream(name=stream, timeout=timeout))
+    eeg = Inlet(find_stream(name=stream, source_id=source_id, timeout=timeout))
     ref = None
     if ea_reference is not None:
         try:
