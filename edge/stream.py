@@ -4,9 +4,8 @@ One place decides whether an incoming EEG stream can feed a consumer (``edge-cli
 ``edge-client infer``): its nominal rate, which stream channels carry the wanted labels, and the factor
 from each channel's declared unit to microvolts. A stream one command accepts, the other accepts too.
 
-Labels match case-insensitively and without EEGMMIDB's trailing dots (``Fc5.`` ~ ``FC5``). Units follow
-the XDF/LSL meta-data spellings (``microvolts``, ``uV``, ``volts``, ...) and mne-lsl's convention of the
-power of ten of volts (``"0"`` = volts, ``"-6"`` = microvolts); an empty unit counts as microvolts.
+Units and labels follow :mod:`trainer.data.units` (the one table: ``microvolts``, ``uV``, ``volts``, mne-lsl's
+``"0"``...; ``Fc5.`` ~ ``FC5``).
 """
 
 from __future__ import annotations
@@ -17,33 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainer.data.units import norm_label, unit_scale
 from trainer.errors import DataError
 
-#: Channel unit spellings and their factor to microvolts.
-UNIT_TO_UV = {"microvolts": 1.0, "microvolt": 1.0, "uv": 1.0, "µv": 1.0, "μv": 1.0,
-              "volts": 1e6, "volt": 1e6, "v": 1e6, "millivolts": 1e3, "millivolt": 1e3, "mv": 1e3,
-              "nanovolts": 1e-3, "nanovolt": 1e-3, "nv": 1e-3}
 #: Name of a sample-counter channel (mne-lsl's tests, firmware_sim); never EEG.
 COUNTER_CHANNEL = "Samples"
 COUNTER_LABEL = COUNTER_CHANNEL.lower()
-
-
-def unit_scale(unit: str) -> float | None:
-    """Factor turning values in ``unit`` into microvolts ('' counts as microvolts); None if unknown."""
-    u = unit.strip().lower()
-    if not u:
-        return 1.0
-    if u in UNIT_TO_UV:
-        return UNIT_TO_UV[u]
-    try:
-        return 10.0 ** (int(u) + 6)  # mne-lsl: exponent of volts
-    except ValueError:
-        return None
-
-
-def norm_label(label: str) -> str:
-    """Case-insensitive label without EEGMMIDB's trailing dots (``Fc5.`` ~ ``FC5``)."""
-    return label.strip().rstrip(".").lower()
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,12 @@ import pytest
 from edge.buffer import RingBuffer
 from edge.capture import CaptureConfig, TrialCutter, check_stream
 from edge.infer import InferenceEngine, Prediction
-from edge.stream import match_stream, norm_label, unit_scale
+from edge.stream import match_stream
 from edge.windowing import CueWindower, SlidingWindower
 from export.runtime import OnnxModel
 from tests.export.conftest import exported_eegnet
-from trainer.data.preprocess import ea_inv_sqrt, ea_matrix
+from trainer.data.preprocess import ea_inv_sqrt, ea_matrix, pick_channels
+from trainer.data.units import norm_label, unit_scale
 from trainer.errors import DataError, NeuroFedError
 
 
@@ -27,6 +28,8 @@ def test_units_and_labels():
         [1.0, 1.0, 1.0, 1.0, 1e6, 1.0, 1e3, 1e6, 1e3, 1e-3]
     assert unit_scale("furlongs") is None and unit_scale("1.5") is None
     assert norm_label(" Fc5. ") == norm_label("FC5") == "fc5" and norm_label("C3..") == "c3"
+    x = np.arange(3)[None, :, None]
+    assert pick_channels(x, ["Fc5.", "C3..", "Cz.."], ["CZ", "FC5"])[0, :, 0].tolist() == [2, 0]  # same rule
 
 
 def test_match_stream_layout_and_errors():

@@ -14,6 +14,7 @@ import numpy as np
 from scipy import signal
 
 from trainer.data.config import PreprocessConfig
+from trainer.data.units import norm_label
 from trainer.errors import DataError
 
 
@@ -67,12 +68,15 @@ def resample_fir(up: int, down: int) -> np.ndarray:
 
 
 def pick_channels(x: np.ndarray, ch_names: Sequence[str], wanted: Sequence[str]) -> np.ndarray:
-    """Reorder/select channels by label (case-insensitive); a clear error lists the missing ones."""
-    index = {c.lower(): i for i, c in enumerate(ch_names)}
-    missing = [c for c in wanted if c.lower() not in index]
+    """Reorder/select channels by label (:func:`trainer.data.units.norm_label`: case-insensitive, ``Fc5.`` ~
+    ``FC5``); a clear error lists the missing ones."""
+    index: dict[str, int] = {}
+    for i, c in enumerate(ch_names):
+        index.setdefault(norm_label(c), i)
+    missing = [c for c in wanted if norm_label(c) not in index]
     if missing:
         raise DataError(f"missing channels {missing}; available: {list(ch_names)}")
-    return x[..., [index[c.lower()] for c in wanted], :]
+    return x[..., [index[norm_label(c)] for c in wanted], :]
 
 
 def ea_matrix(x: np.ndarray) -> np.ndarray:
