@@ -202,18 +202,31 @@ class LiveCapture:
     def __init__(self, name: str | None = None, source_id: str | None = None, marker_name: str | None = None,
                  cfg: CaptureConfig | None = None, resolve_timeout: float = 5.0, processing: str = "clocksync",
                  buffer_seconds: float = 60.0, gap_warn: float = 0.5, reconnect_after: float = 4.0) -> None:
-        from edge.lsl_io import Inlet, check_marker_stream, find_stream, local_clock  # the only pylsl user
+        from edge.lsl_io import (  # the only pylsl user
+            Inlet,
+            StreamError,
+            check_marker_stream,
+            check_unique,
+            find_stream,
+            local_clock,
+        )
 
         self._clock = local_clock
         self.cfg = cfg or CaptureConfig()
         self._processing = processing
-        self.eeg = Inlet(find_stream(name=name, stype=None if name else "EEG", source_id=source_id,
-                                     timeout=resolve_timeout), processing)
+        e_type = None if name else "EEG"
+        self.eeg = Inlet(find_stream(name=name, stype=e_type, source_id=source_id, timeout=resolve_timeout,
+                                     unique=False), processing)
         meta = self.eeg.meta
         if meta.is_string:
             raise DataError(f"stream {meta.name!r} carries strings, not EEG samples")
         m_name = marker_name or f"{meta.name}-markers"  # mne-lsl players: f"{name}-annotations"
-        self.markers = Inlet(find_stream(name=m_name, timeout=resolve_timeout), processing)
+        self.markers = Inlet(find_stream(name=m_name, timeout=resolve_timeout, unique=False), processing)
+        try:  # both inlets are open (and buffering): now refuse ambiguous names
+            check_unique([(name, e_type, source_id), (m_name, None, None)])
+        except StreamError:
+            self.close()
+            raise
         check_marker_stream(self.markers.meta)
         self.reconnect_after = reconnect_after
         self._next_reconnect = 0.0
@@ -257,8 +270,10 @@ class LiveCapture:
         self._next_reconnect = now + 1.0
         old_e, old_m = self.eeg.meta, self.markers.meta
         try:
-            eeg = Inlet(find_stream(source_id=old_e.source_id, name=old_e.name, timeout=0.2), self._processing)
-            mrk = Inlet(find_stream(source_id=old_m.source_id, name=old_m.name, timeout=0.5), self._processing)
+            eeg = Inlet(find_stream(source_id=old_e.source_id, name=old_e.name, timeout=0.2, unique=False),
+                        self._processing)
+            mrk = Inlet(find_stream(source_id=old_m.source_id, name=old_m.name, timeout=0.5, unique=False),
+                        self._processing)
         except StreamError:
             return
         if eeg.meta.ch_names != old_e.ch_names or eeg.meta.sfreq != old_e.sfreq:

@@ -203,14 +203,14 @@ def infer(
     """Decode a live headset: predictions out as an LSL stream (and MQTT if asked)."""
     from rich.console import Console
 
-    from edge.lsl_io import Inlet, check_marker_stream, find_stream
+    from edge.lsl_io import Inlet, check_marker_stream, check_unique, find_stream
     from export.runtime import OnnxModel
 
     console = Console()
     if mode not in ("cue", "sliding"):
         raise typer.BadParameter(f"mode {mode!r}: use cue or sliding")
     om = OnnxModel(model, threads=threads)
-    eeg = Inlet(find_stream(name=stream, source_id=source_id, timeout=timeout))
+    eeg = Inlet(find_stream(name=stream, source_id=source_id, timeout=timeout, unique=False))
     ref = None
     if ea_reference is not None:
         try:
@@ -223,11 +223,14 @@ def infer(
     )
     mk = None
     if mode == "cue":
-        mk = Inlet(find_stream(name=markers or f"{stream}-markers", timeout=timeout))
+        mk = Inlet(find_stream(name=markers or f"{stream}-markers", timeout=timeout, unique=False))
         check_marker_stream(mk.meta)
-        windower = CueWindower(engine.window_samples, engine.stream_sfreq, engine.cfg.tmin, source=stream)
+        windower = CueWindower(engine.window_samples, engine.stream_sfreq, engine.cfg.tmin,
+                               marker_timeout=engine.cfg.tmax + BUFFER_SECONDS, source=stream)
     else:
         windower = SlidingWindower(engine.window_samples, step, engine.stream_sfreq, source=stream)
+    # the inlets are open (and buffering): now refuse ambiguous names
+    check_unique([(stream, None, source_id)] + ([(mk.meta.name, None, None)] if mk is not None else []))
     name = out_name or f"{stream}-predictions"
     outlet = prediction_outlet(name, f"{eeg.meta.source_id}-predictions", om.meta.classes, om.meta.model_hash)
     sinks = [lsl_sink(outlet)] + ([] if quiet else [log_sink(console)])

@@ -5,6 +5,7 @@ Everything downstream (ring buffer, trial cutting, preprocessing, store) works o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,11 +71,13 @@ def _predicate(name: str | None, stype: str | None, source_id: str | None) -> st
 
 
 def find_stream(name: str | None = None, stype: str | None = None, source_id: str | None = None,
-                timeout: float = 5.0):
+                timeout: float = 5.0, unique: bool = True):
     """Resolve one stream by name/type/source_id within ``timeout`` seconds.
 
-    Like mne-lsl, an ambiguous query is an error, never "the first one": after the first match, it waits
-    :data:`AMBIGUITY_WAIT` seconds for another.
+    Like mne-lsl, an ambiguous query is an error, never "the first one": with ``unique`` (default) it
+    waits :data:`AMBIGUITY_WAIT` seconds for another match (:func:`check_unique`). Consumers that must
+    not lose the first samples open their inlets first with ``unique=False`` and call
+    :func:`check_unique` on all their queries once afterwards (inlets buffer meanwhile).
 
     Raises
     ------
@@ -88,14 +91,29 @@ def find_stream(name: str | None = None, stype: str | None = None, source_id: st
         raise StreamError(f"no LSL stream matching {pred} within {timeout:g} s; visible: {visible or 'none'} "
                           "(a stream on this machine that stays invisible while others show: raise [ports] "
                           "PortRange in lsl_api.cfg, see edge/lsl_config.py)")
-    more = pylsl.resolve_bypred(pred, 2, AMBIGUITY_WAIT)  # give a second match a moment to answer
-    by_uid = {i.uid(): i for i in [*found, *more]}
-    if len(by_uid) > 1:
-        cands = sorted(f"{i.name()} (type {i.type()}, source_id {i.source_id()}, host {i.hostname()})"
-                       for i in by_uid.values())
-        raise StreamError(f"{len(cands)} LSL streams match {pred}: {cands}; name the one to use "
-                          "(e.g. by its source_id)")
+    if unique:
+        check_unique([(name, stype, source_id)])
     return found[0]
+
+
+def check_unique(queries: Sequence[tuple[str | None, str | None, str | None]], wait: float = AMBIGUITY_WAIT) -> None:
+    """Raise if any ``(name, type, source_id)`` query matches several streams (one resolve of ``wait`` s for all).
+
+    Raises
+    ------
+    StreamError
+        Naming the query and its candidates (name, type, source_id, host).
+    """
+    visible = pylsl.resolve_streams(wait)
+    for name, stype, source_id in queries:
+        hits = {i.uid(): i for i in visible
+                if (name is None or i.name() == name) and (stype is None or i.type() == stype)
+                and (source_id is None or i.source_id() == source_id)}
+        if len(hits) > 1:
+            cands = sorted(f"{i.name()} (type {i.type()}, source_id {i.source_id()}, host {i.hostname()})"
+                           for i in hits.values())
+            raise StreamError(f"{len(cands)} LSL streams match {_predicate(name, stype, source_id)}: {cands}; "
+                              "name the one to use (e.g. by its source_id)")
 
 
 def check_marker_stream(meta: StreamMeta) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edge.buffer import RingBuffer
-from edge.lsl_io import Inlet, StreamError, find_stream
+from edge.lsl_io import Inlet, StreamError, check_unique, find_stream
 from firmware_sim.player import HeadsetPlayer, PlayerConfig
 from firmware_sim.recording import Recording
 from tests.lsl_support import unique_name
@@ -92,4 +92,9 @@ def test_ambiguous_stream_name_is_an_error_naming_the_candidates():
     with pytest.raises(StreamError, match=rf"2 LSL streams match name='{name}'.*{ids[0]}.*{ids[1]}"):
         find_stream(name=name, timeout=5)
     assert find_stream(name=name, source_id=ids[1], timeout=5).source_id() == ids[1]
+    # consumers open their inlets first (unique=False), then check all their queries at once
+    assert find_stream(name=name, timeout=5, unique=False).name() == name
+    with pytest.raises(StreamError, match=rf"2 LSL streams match name='{name}'"):
+        check_unique([(None, None, ids[0]), (name, None, None)])
+    check_unique([(name, None, ids[0]), (name, "EEG", ids[1])])
     del outlets
