@@ -207,3 +207,15 @@ def test_cli_clear_errors_for_missing_stream_and_channels(rec, eegnet_bs):
     player.stop()
     player.join(10)
     assert isinstance(r.exception, NeuroFedError) and "missing channels" in str(r.exception)
+    # two headsets under one name: refused, naming both (as mne-lsl does), never "the first"
+    name = unique_name("twin")
+    twins = [HeadsetPlayer(rec, PlayerConfig(name=name, speed=1.0, wait_consumers=0.0)) for _ in range(2)]
+    for p in twins:
+        p.start()
+    r = CliRunner().invoke(app, ["infer", "--model", str(eegnet_bs[1]), "--stream", name, "--timeout", "5"])
+    for p in twins:
+        p.stop()
+        p.join(10)
+    assert isinstance(r.exception, NeuroFedError), r.output
+    assert f"2 LSL streams match name='{name}'" in str(r.exception)
+    assert all(p.cfg.source_id in str(r.exception) for p in twins)
