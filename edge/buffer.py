@@ -1,4 +1,11 @@
-"""A numpy ring buffer of timestamped multichannel samples, addressed by absolute sample index."""
+"""The one ring buffer of the edge: timestamped multichannel samples, addressed by absolute sample index.
+
+Recording (:mod:`edge.capture`) and decoding (:mod:`edge.infer`) both buffer the stream here and cut
+their windows with :mod:`edge.windowing`. Appends and reads are vectorised (slice copies, no per-sample
+Python loop). Besides each sample's stream timestamp (source clock, after clock correction) the buffer
+keeps its local arrival time (LSL clock when the chunk was pulled), so latency is measured against
+arrival whatever the stream's timestamps say (e.g. a recording replayed faster than real time).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ class RingBuffer:
         self.n_channels = int(n_channels)
         self.data = np.zeros((self.capacity, self.n_channels), dtype=dtype)
         self.ts = np.zeros(self.capacity, dtype=np.float64)
+        self.arrival = np.full(self.capacity, np.nan)
         self.total = 0  # samples ever appended = absolute index of the next sample
 
     @property
@@ -34,8 +42,8 @@ class RingBuffer:
     def __len__(self) -> int:
         return self.total - self.first
 
-    def append(self, data: np.ndarray, ts: np.ndarray) -> None:
-        """Add ``data`` (n, channels) with timestamps (n,)."""
+    def append(self, data: np.ndarray, ts: np.ndarray, arrival: float | None = None) -> None:
+        """Add ``data`` (n, channels) with timestamps (n,) that arrived at local time ``arrival``."""
         n = len(ts)
         if n == 0:
             return
@@ -48,9 +56,11 @@ class RingBuffer:
         k = min(n, self.capacity - i)
         self.data[i:i + k] = data[:k]
         self.ts[i:i + k] = ts[:k]
+        self.arrival[i:i + k] = np.nan if arrival is None else arrival
         if k < n:
             self.data[: n - k] = data[k:]
             self.ts[: n - k] = ts[k:]
+            self.arrival[: n - k] = np.nan if arrival is None else arrival
         self.total += n
 
     def _positions(self, start: int, stop: int) -> np.ndarray:
@@ -62,6 +72,11 @@ class RingBuffer:
         """Copies of samples ``[start, stop)`` (absolute indices) and their timestamps."""
         pos = self._positions(start, stop)
         return self.data[pos], self.ts[pos]
+
+    def arrival_of(self, index: int) -> float:
+        """Local arrival time of sample ``index`` (NaN if it was appended without one)."""
+        self._positions(index, index + 1)
+        return float(self.arrival[index % self.capacity])
 
     def timestamps(self) -> np.ndarray:
         """Timestamps of all held samples, oldest first."""

@@ -1,14 +1,14 @@
 """Cut raw trials out of a live EEG stream at cue markers (pure logic on arrays; no pylsl here).
 
-:class:`TrialCutter` validates the stream (rate, units, channels), maps labels to the wanted channel
-order and, for each cue marker, cuts the ``[tmin, tmax)`` window once all its samples are in the
-:class:`~edge.buffer.RingBuffer`. Trials keep the raw microvolts so preprocessing can change later;
+:class:`TrialCutter` validates the stream with :func:`edge.stream.match_stream` (rate, units, channels: the
+same rules ``edge-client infer`` applies), and cuts each cue's ``[tmin, tmax)`` window with
+:class:`edge.windowing.CueWindower` once all its samples are in the :class:`~edge.buffer.RingBuffer` (the
+decoder's windower and buffer too). Trials keep the raw microvolts so preprocessing can change later;
 :func:`preprocess_trials` applies exactly trainer's ``preprocess_epochs``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -16,34 +16,11 @@ import numpy as np
 
 from edge import logger
 from edge.buffer import RingBuffer
+from edge.stream import match_stream
+from edge.windowing import CueWindower
 from trainer.data.config import PreprocessConfig
 from trainer.data.preprocess import n_times_for, preprocess_epochs
 from trainer.errors import DataError
-
-#: Channel unit spellings and their factor to microvolts (XDF/LSL meta-data conventions; mne-lsl writes the
-#: power of ten of volts, e.g. "0" for volts, "-6" for microvolts).
-UNIT_TO_UV = {"microvolts": 1.0, "microvolt": 1.0, "uv": 1.0, "µv": 1.0, "μv": 1.0,
-              "volts": 1e6, "volt": 1e6, "v": 1e6, "millivolts": 1e3, "millivolt": 1e3, "mv": 1e3,
-              "nanovolts": 1e-3, "nanovolt": 1e-3, "nv": 1e-3}
-
-
-def unit_scale(unit: str) -> float | None:
-    """Factor turning values in ``unit`` into microvolts ('' counts as microvolts); None if unknown."""
-    u = unit.strip().lower()
-    if not u:
-        return 1.0
-    if u in UNIT_TO_UV:
-        return UNIT_TO_UV[u]
-    try:
-        return 10.0 ** (int(u) + 6)  # mne-lsl: exponent of volts
-    except ValueError:
-        return None
-
-
-def norm_label(label: str) -> str:
-    """Case-insensitive label without EEGMMIDB's trailing dots (``Fc5.`` ~ ``FC5``)."""
-    return label.strip().rstrip(".").lower()
-COUNTER_CHANNEL = "Samples"
 
 
 @dataclass
@@ -104,7 +81,7 @@ class CaptureConfig:
 
 def check_stream(sfreq: float, ch_names: Sequence[str], units: Sequence[str], cfg: CaptureConfig,
                  source: str = "stream") -> tuple[list[int], list[str], np.ndarray]:
-    """Validate a stream against ``cfg``.
+    """Validate a stream against ``cfg`` (:func:`edge.stream.match_stream`, shared with decoding).
 
     Returns
     -------
@@ -120,30 +97,13 @@ def check_stream(sfreq: float, ch_names: Sequence[str], units: Sequence[str], cf
     DataError
         Irregular or unexpected rate, missing channels (all listed), unknown units.
     """
-    if not sfreq or sfreq <= 0:
-        raise DataError(f"{source}: irregular sampling rate; an EEG stream needs a nominal rate")
-    if cfg.expected_sfreq is not None and not math.isclose(sfreq, cfg.expected_sfreq, rel_tol=1e-6):
-        raise DataError(f"{source}: sampling rate is {sfreq:g} Hz but {cfg.expected_sfreq:g} Hz was expected")
-    if cfg.preprocess.fmax >= sfreq / 2:
-        raise DataError(f"{source}: {sfreq:g} Hz is too low for a {cfg.preprocess.fmax:g} Hz band-pass")
-    index = {norm_label(c): i for i, c in enumerate(ch_names)}
-    wanted = list(cfg.channels) if cfg.channels is not None else [c for c in ch_names if c != COUNTER_CHANNEL]
-    have = {norm_label(w) for w in wanted}
-    need = wanted + [c for c in (cfg.preprocess.channels or ()) if norm_label(c) not in have]
-    missing = [c for c in need if norm_label(c) not in index]
-    if missing:
-        raise DataError(f"{source}: missing channels {missing} (stream has {list(ch_names)})")
-    idx = [index[norm_label(c)] for c in wanted]
-    scales = [unit_scale(units[i]) for i in idx]
-    bad = [(ch_names[i], units[i]) for i, f in zip(idx, scales) if f is None]
-    if bad:
-        raise DataError(f"{source}: channel units must be microvolts (or volts/millivolts/nanovolts); "
-                        f"got {bad[:5]}{' ...' if len(bad) > 5 else ''}")
-    return idx, wanted, np.array(scales, dtype=np.float64)
+    lay = match_stream(sfreq, ch_names, units, cfg.channels, cfg.preprocess.channels or (), cfg.preprocess.fmax,
+                       cfg.expected_sfreq, source)
+    return lay.idx, lay.names, lay.scale
 
 
 class TrialCutter:
-    """Pending cue markers -> raw trials, as the samples arrive.
+    """Pending cue markers -> raw trials, as the samples arrive (windows from :class:`edge.windowing.CueWindower`).
 
     Parameters
     ----------
@@ -157,61 +117,40 @@ class TrialCutter:
     def __init__(self, sfreq: float, ch_names: Sequence[str], units: Sequence[str], cfg: CaptureConfig,
                  source: str = "stream") -> None:
         self.cfg, self.sfreq, self.source = cfg, float(sfreq), source
-        self.idx, self.ch_names, self.scale = check_stream(sfreq, ch_names, units, cfg, source)
-        self._unit_ok = bool(np.all(self.scale == 1.0))
+        self.layout = match_stream(sfreq, ch_names, units, cfg.channels, cfg.preprocess.channels or (),
+                                   cfg.preprocess.fmax, cfg.expected_sfreq, source)
+        self.idx, self.ch_names, self.scale = self.layout.idx, self.layout.names, self.layout.scale
         self.n_times = n_times_for(self.sfreq, cfg.preprocess)
+        self.windower = CueWindower(self.n_times, self.sfreq, cfg.preprocess.tmin, cfg.marker_timeout,
+                                    cfg.marker_lag_samples, source)
         self.offset = round(cfg.preprocess.tmin * self.sfreq)
-        self.pending: list[tuple[float, str, float]] = []  # (marker ts, label, wall time received)
-        self.skipped: list[str] = []  # reasons of trials not captured
+        self.skipped = self.windower.skipped  # reasons of trials not captured (shared list)
+
+    @property
+    def pending(self) -> list[tuple[float, str, float]]:
+        """Cues still waiting for their data: (marker ts, label, time received)."""
+        return self.windower.pending
 
     def add_marker(self, ts: float, label: str, now: float) -> None:
         if self.cfg.marker_map:
             label = self.cfg.marker_map.get(label, label)
         if label in self.cfg.classes:
-            self.pending.append((ts, label, now))
-
-    def _skip(self, reason: str) -> None:
-        logger.warning("%s: %s", self.source, reason)
-        self.skipped.append(reason)
+            self.windower.add_cue(ts, label, now)
 
     def poll(self, buf: RingBuffer, now: float) -> list[RawTrial]:
         """Trials whose whole window is buffered (the rest stay pending until ``marker_timeout``)."""
-        out, keep = [], []
-        period = 1.0 / self.sfreq
-        for ts, label, t_recv in self.pending:
-            try:
-                cue = buf.locate(ts, tol=0.5 * period)
-            except DataError as exc:
-                self._skip(f"{label} cue at {ts:.3f}: {exc}; trial skipped")
-                continue
-            start = None if cue is None else cue + self.offset + self.cfg.marker_lag_samples
-            if start is None or start + self.n_times > buf.total:
-                if now - t_recv > self.cfg.marker_timeout:
-                    self._skip(f"{label} cue at {ts:.3f}: no EEG data for it after {self.cfg.marker_timeout:g} s "
-                               "(markers without data?); dropped")
-                else:
-                    keep.append((ts, label, t_recv))
-                continue
-            if start < buf.first:
-                self._skip(f"{label} cue at {ts:.3f}: window starts before the buffered data; skipped")
-                continue
-            data, tss = buf.get(start, start + self.n_times)
-            gaps = np.diff(tss) > 1.5 * period
-            if gaps.any():
-                lost = round((tss[-1] - tss[0]) * self.sfreq) + 1 - self.n_times
-                self._skip(f"{label} cue at {ts:.3f}: about {lost} samples lost inside the window; skipped")
-                continue
-            x = data[:, self.idx].T
-            x = np.ascontiguousarray(x if self._unit_ok else x * self.scale[:, None], dtype=np.float32)
+        out = []
+        for w in self.windower.poll(buf, now):
+            x = np.ascontiguousarray(self.layout.select(w.data), dtype=np.float32)
+            what = f"{w.label} cue at {w.onset:.3f}"
             if not np.all(np.isfinite(x)):
-                self._skip(f"{label} cue at {ts:.3f}: NaN/inf samples in the window; skipped")
+                self.windower._skip(f"{what}: NaN/inf samples in the window; skipped")
                 continue
             if float(np.abs(x).max()) < 0.01:
-                self._skip(f"{label} cue at {ts:.3f}: amplitudes below 0.01 µV (flat, or probably in volts "
-                           "though labelled microvolts); skipped")
+                self.windower._skip(f"{what}: amplitudes below 0.01 µV (flat, or probably in volts "
+                                    "though labelled microvolts); skipped")
                 continue
-            out.append(RawTrial(x, label, ts, self.sfreq, list(self.ch_names), start))
-        self.pending = keep
+            out.append(RawTrial(x, w.label, float(w.onset), self.sfreq, list(self.ch_names), w.first_index))
         return out
 
 
@@ -263,21 +202,32 @@ class LiveCapture:
     def __init__(self, name: str | None = None, source_id: str | None = None, marker_name: str | None = None,
                  cfg: CaptureConfig | None = None, resolve_timeout: float = 5.0, processing: str = "clocksync",
                  buffer_seconds: float = 60.0, gap_warn: float = 0.5, reconnect_after: float = 4.0) -> None:
-        from edge.lsl_io import Inlet, find_stream  # the only pylsl user
+        from edge.lsl_io import (  # the only pylsl user
+            Inlet,
+            StreamError,
+            check_marker_stream,
+            check_unique,
+            find_stream,
+            local_clock,
+        )
 
+        self._clock = local_clock
         self.cfg = cfg or CaptureConfig()
         self._processing = processing
-        self.eeg = Inlet(find_stream(name=name, stype=None if name else "EEG", source_id=source_id,
-                                     timeout=resolve_timeout), processing)
+        e_type = None if name else "EEG"
+        self.eeg = Inlet(find_stream(name=name, stype=e_type, source_id=source_id, timeout=resolve_timeout,
+                                     unique=False), processing)
         meta = self.eeg.meta
         if meta.is_string:
             raise DataError(f"stream {meta.name!r} carries strings, not EEG samples")
         m_name = marker_name or f"{meta.name}-markers"  # mne-lsl players: f"{name}-annotations"
-        self.markers = Inlet(find_stream(name=m_name, timeout=resolve_timeout), processing)
-        mm = self.markers.meta
-        if not mm.is_string and not (mm.type.lower() == "annotations" and mm.sfreq == 0):
-            raise DataError(f"marker stream {m_name!r} must carry strings or one-hot annotations "
-                            f"(it is {mm.type!r} at {mm.sfreq:g} Hz)")
+        self.markers = Inlet(find_stream(name=m_name, timeout=resolve_timeout, unique=False), processing)
+        try:  # both inlets are open (and buffering): now refuse ambiguous names
+            check_unique([(name, e_type, source_id), (m_name, None, None)])
+        except StreamError:
+            self.close()
+            raise
+        check_marker_stream(self.markers.meta)
         self.reconnect_after = reconnect_after
         self._next_reconnect = 0.0
         self.cutter = TrialCutter(meta.sfreq, meta.ch_names, meta.units, self.cfg, source=meta.name)
@@ -303,7 +253,7 @@ class LiveCapture:
             if self._silent:
                 logger.info("%s: stream is back after %.1f s", self.eeg.meta.name, now - (self._last_data or now))
                 self._silent = False
-            self.buf.append(data, ts)
+            self.buf.append(data, ts, self._clock())
             self.stats.samples += len(ts)
             self._last_data = now
         for t, label in self.markers.pull_markers():
@@ -320,8 +270,10 @@ class LiveCapture:
         self._next_reconnect = now + 1.0
         old_e, old_m = self.eeg.meta, self.markers.meta
         try:
-            eeg = Inlet(find_stream(source_id=old_e.source_id, name=old_e.name, timeout=0.2), self._processing)
-            mrk = Inlet(find_stream(source_id=old_m.source_id, name=old_m.name, timeout=0.5), self._processing)
+            eeg = Inlet(find_stream(source_id=old_e.source_id, name=old_e.name, timeout=0.2, unique=False),
+                        self._processing)
+            mrk = Inlet(find_stream(source_id=old_m.source_id, name=old_m.name, timeout=0.5, unique=False),
+                        self._processing)
         except StreamError:
             return
         if eeg.meta.ch_names != old_e.ch_names or eeg.meta.sfreq != old_e.sfreq:

@@ -1,122 +1,153 @@
-"""Real-time inference on plain arrays: windowing, guard, online EA, batch-specific BN context.
+"""Real-time inference on plain arrays: guard, then one pluggable decoder step (online EA, BN context).
 
-No LSL here: samples come in as ``(n_samples, n_channels)`` chunks with timestamps, so the
-whole path is testable offline and the LSL glue stays thin.
+No LSL here: windows come in as arrays (cut by :mod:`edge.windowing` from :class:`edge.buffer.RingBuffer`,
+the same cutting ``edge-client record`` uses), so the whole path is testable offline and the LSL glue
+stays thin. The stream's channels and units are matched by :func:`edge.stream.match_stream`, shared
+with recording: a stream ``edge-client record`` accepts, ``edge-client infer`` accepts.
+
+**The seam.** Everything after the input guard is one call, ``probs, state = decoder.step(window, state)``
+(:class:`DecoderStep`): ``window`` is the raw window on the model's channels, in the model's order, in
+microvolts at the stream's own rate ``(n_channels, window_samples)``; ``state`` is whatever the decoder
+carries between windows. :class:`PythonDecoder` is today's engine behind it:
 
 * **Online Euclidean alignment** (ABAT-style): the reference starts as the identity (or an
   offline reference covariance) for the first ``min_windows`` accepted windows, then becomes
   the running mean of the covariances of the user's windows seen so far (the current included).
   After all of a subject's trials it equals offline per-subject EA.
 * **Batch-specific BN context**: the model's BN layers normalise with the statistics of the
-  batch they see, so a lone window would be normalised with its own statistics only. The engine
+  batch they see, so a lone window would be normalised with its own statistics only. The decoder
   keeps the user's last ``B - 1`` accepted windows (B = the model's test batch size, 8) and runs
   the model on ``[context..., new]``, taking the last row: every window is normalised with
   real statistics from the same user, as in the offline protocol (test batch 8).
+
+A standalone ONNX graph ``probs, state = run(window, state)`` plugs in as another :class:`DecoderStep`
+(pass it as ``InferenceEngine(..., decoder=...)``); the guard stays in front of it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from edge.guard import GuardConfig, GuardResult, check_window
+from edge.stream import StreamLayout, match_stream
+from edge.windowing import Window
 from export.metadata import OnnxModelMeta
 from export.runtime import OnnxModel
 from trainer.data.config import PreprocessConfig
-from trainer.data.preprocess import apply_ea, n_times_for, pick_channels, preprocess_epochs
+from trainer.data.preprocess import apply_ea, ea_inv_sqrt, n_times_for, preprocess_epochs
 from trainer.errors import DataError, NeuroFedError
 
 logger = logging.getLogger("neurofed.edge")
 
 
-def inv_sqrt(r: np.ndarray) -> np.ndarray:
-    """``R^{-1/2}`` of a covariance, eigenvalues floored at 1e-10 x the largest (as ``ea_matrix``)."""
-    w, v = np.linalg.eigh(r)
-    if not np.all(np.isfinite(w)) or w.max() <= 0:
-        raise DataError("EA covariance is not positive")
-    w = np.clip(w, w.max() * 1e-10, None)
-    return (v / np.sqrt(w)) @ v.T
+@runtime_checkable
+class DecoderStep(Protocol):
+    """One decoding step: raw window and state in, class probabilities and the next state out.
+
+    ``window`` is ``(n_channels, window_samples)`` float64: the model's channels in its order, microvolts,
+    at the stream's rate, already passed by the input guard. Implementations must not modify ``state``
+    in place (a rejected or failed step leaves the previous state valid).
+    """
+
+    def init_state(self) -> Any:
+        """The state before the first window."""
+
+    def step(self, window: np.ndarray, state: Any) -> tuple[np.ndarray, Any]:
+        """Decode one window: ``(probabilities (n_classes,), next state)``."""
+
+    def describe(self, state: Any) -> tuple[int, int]:
+        """After a step: ``(context windows the step's batch held besides the new one, EA windows seen)``."""
 
 
-class OnlineEA:
-    """Running Euclidean alignment from the user's own windows.
+@dataclass(frozen=True)
+class PythonState:
+    """State of :class:`PythonDecoder` (the same quantities a standalone graph carries).
+
+    Attributes
+    ----------
+    ea_sum : ndarray (c, c)
+        Sum of the accepted windows' covariances ``X X^T / T`` (preprocessed).
+    ea_count : int
+        Windows in ``ea_sum``.
+    context : ndarray (k, c, t)
+        The last ``k <= B - 1`` preprocessed windows, oldest first (before EA).
+    seen : int
+        Windows decoded.
+    """
+
+    ea_sum: np.ndarray
+    ea_count: int
+    context: np.ndarray
+    seen: int = 0
+
+
+class PythonDecoder:
+    """Today's decoding engine behind :class:`DecoderStep`: scipy band-pass/resampling, online EA, BN context,
+    onnxruntime forward pass.
 
     Parameters
     ----------
-    n_channels : int
-    reference : ndarray (c, c), optional
-        Offline reference covariance used until ``min_windows`` windows were seen (identity if None).
-    min_windows : int
+    model : OnnxModel
+    sfreq : float
+        Rate of the incoming windows (the stream's).
+    batch : int
+        BN context batch (the new window plus ``batch - 1`` previous ones).
+    ea_reference : ndarray (c, c), optional
+        Offline EA reference covariance used for the first ``ea_min_windows`` windows (identity if None).
+    ea_min_windows : int
         Windows needed before the running mean replaces the reference.
     """
 
-    def __init__(self, n_channels: int, reference: np.ndarray | None = None, min_windows: int = 1) -> None:
-        self.n_channels = n_channels
-        self.reference = None if reference is None else np.asarray(reference, np.float64)
-        if self.reference is not None and self.reference.shape != (n_channels, n_channels):
-            raise DataError(f"EA reference is {self.reference.shape}, expected ({n_channels}, {n_channels})")
-        self.min_windows = max(1, int(min_windows))
-        self._sum = np.zeros((n_channels, n_channels))
-        self.count = 0
+    def __init__(self, model: OnnxModel, sfreq: float, batch: int, ea_reference: np.ndarray | None = None,
+                 ea_min_windows: int = 1) -> None:
+        m: OnnxModelMeta = model.meta
+        self.model, self.meta, self.sfreq = model, m, float(sfreq)
+        self.cfg = PreprocessConfig.from_dict({**m.preprocess, "channels": list(m.ch_names)})
+        self.batch = max(int(batch), 1)
+        self.ea = bool(m.ea)
+        c = m.n_channels
+        self.ea_reference = None if ea_reference is None else np.asarray(ea_reference, np.float64)
+        if self.ea_reference is not None and self.ea_reference.shape != (c, c):
+            raise DataError(f"EA reference is {self.ea_reference.shape}, expected ({c}, {c})")
+        self.ea_min_windows = max(1, int(ea_min_windows))
 
-    def update(self, x: np.ndarray) -> None:
-        """Add the covariance ``X X^T / T`` of one window ``(c, t)``."""
-        x = np.asarray(x, np.float64)
-        self._sum += x @ x.T / x.shape[1]
-        self.count += 1
+    def init_state(self) -> PythonState:
+        c = self.meta.n_channels
+        return PythonState(np.zeros((c, c)), 0, np.zeros((0, c, self.meta.n_times)), 0)
 
-    def matrix(self) -> np.ndarray:
-        """Current alignment matrix ``R^{-1/2}``."""
-        if self.count < self.min_windows:
-            return np.eye(self.n_channels) if self.reference is None else inv_sqrt(self.reference)
-        return inv_sqrt(self._sum / self.count)
+    def preprocess(self, raw: np.ndarray) -> np.ndarray:
+        """Raw window ``(n_channels, window_samples)`` -> band-passed, resampled ``(n_channels, n_times)``."""
+        x, _, _ = preprocess_epochs(raw[None], self.sfreq, self.meta.ch_names, self.cfg)
+        return x[0]
 
+    def ea_matrix(self, state: PythonState) -> np.ndarray:
+        """The alignment matrix ``R^{-1/2}`` a step with this state applies."""
+        c = self.meta.n_channels
+        if state.ea_count < self.ea_min_windows:
+            return np.eye(c) if self.ea_reference is None else ea_inv_sqrt(self.ea_reference)
+        return ea_inv_sqrt(state.ea_sum / state.ea_count)
 
-class SampleRing:
-    """Fixed-capacity ring of samples ``(n, channels)`` with their timestamps (seconds)."""
+    def step(self, window: np.ndarray, state: PythonState) -> tuple[np.ndarray, PythonState]:
+        x = self.preprocess(np.asarray(window, np.float64))
+        ea_sum, ea_count = state.ea_sum, state.ea_count
+        if self.ea:
+            ea_sum, ea_count = ea_sum + x @ x.T / x.shape[1], ea_count + 1
+        batch = np.concatenate([state.context, x[None]])
+        nxt = PythonState(ea_sum, ea_count, batch[-(self.batch - 1):] if self.batch > 1
+                          else state.context, state.seen + 1)
+        if self.ea:
+            batch = apply_ea(batch, self.ea_matrix(nxt))
+        logits = self.model.forward(batch.astype(np.float32))[-1].astype(np.float64)
+        p = np.exp(logits - logits.max())
+        return p / p.sum(), nxt
 
-    def __init__(self, n_channels: int, capacity: int) -> None:
-        self.data = np.zeros((capacity, n_channels), np.float64)
-        self.times = np.full(capacity, -np.inf)
-        self.capacity, self.n, self._head = capacity, 0, 0
-
-    def push(self, samples: np.ndarray, timestamps: np.ndarray) -> None:
-        samples = np.asarray(samples, np.float64).reshape(len(timestamps), -1)
-        for s, t in zip(samples[-self.capacity :], np.asarray(timestamps)[-self.capacity :]):
-            self.data[self._head], self.times[self._head] = s, t
-            self._head = (self._head + 1) % self.capacity
-            self.n = min(self.n + 1, self.capacity)
-
-    def ordered(self) -> tuple[np.ndarray, np.ndarray]:
-        """Samples and timestamps, oldest first."""
-        idx = (np.arange(self.n) + self._head - self.n) % self.capacity
-        return self.data[idx], self.times[idx]
-
-    def last(self, n: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The latest ``n`` samples as ``(channels, n)`` and their timestamps, or None if fewer."""
-        if self.n < n:
-            return None
-        d, t = self.ordered()
-        return d[-n:].T, t[-n:]
-
-    def from_time(self, t0: float, n: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """``n`` samples from the first timestamp >= ``t0``, ``(channels, n)``; None if not all there yet."""
-        d, t = self.ordered()
-        i = int(np.searchsorted(t, t0))
-        if i + n > self.n:
-            return None
-        return d[i : i + n].T, t[i : i + n]
-
-    def lost(self, t0: float) -> bool:
-        """True if samples at ``t0`` were already dropped (ring full and ``t0`` before its oldest sample)."""
-        if self.n < self.capacity:
-            return False
-        _, t = self.ordered()
-        return t0 < t[0]
+    def describe(self, state: PythonState) -> tuple[int, int]:
+        return min(state.seen - 1, self.batch - 1), state.ea_count
 
 
 @dataclass
@@ -129,6 +160,8 @@ class Prediction:
     t_end: float
     n_context: int
     ea_windows: int
+    t_arrival: float = float("nan")
+    t_emit: float = float("nan")
 
 
 @dataclass
@@ -138,16 +171,18 @@ class Rejection:
     reason: str
     t_end: float
     bad_channels: dict[str, list[str]] = field(default_factory=dict)
+    t_arrival: float = float("nan")
+    t_emit: float = float("nan")
 
 
 class InferenceEngine:
-    """Decode raw windows from a stream with a given channel list and rate.
+    """Decode raw windows from a stream with a given channel list, units and rate.
 
     Parameters
     ----------
     model : OnnxModel
     stream_ch_names : sequence of str
-        Channel labels of the incoming stream (any superset/order of the model's channels).
+        Channel labels of the incoming stream (any superset/order of the model's channels; ``Fc5.`` ~ ``FC5``).
     stream_sfreq : float
         Nominal rate of the stream in Hz.
     guard : GuardConfig, optional
@@ -156,6 +191,10 @@ class InferenceEngine:
         Batch size for BN context (default: model metadata ``test_batch_size``).
     ea_reference : ndarray, optional
         Offline EA reference covariance (c, c) used for the first ``ea_min_windows`` windows.
+    stream_units : sequence of str, optional
+        The stream's channel units (default: microvolts); converted to microvolts before the guard.
+    decoder : DecoderStep, optional
+        The compute step after the guard (default: :class:`PythonDecoder`).
     """
 
     def __init__(
@@ -167,134 +206,64 @@ class InferenceEngine:
         context: int | None = None,
         ea_reference: np.ndarray | None = None,
         ea_min_windows: int = 1,
+        stream_units: Sequence[str] | None = None,
+        decoder: DecoderStep | None = None,
     ) -> None:
         self.model, self.meta = model, model.meta
         m: OnnxModelMeta = self.meta
         self.cfg = PreprocessConfig.from_dict({**m.preprocess, "channels": list(m.ch_names)})
         self.stream_ch_names, self.stream_sfreq = list(stream_ch_names), float(stream_sfreq)
         self.guard = guard if guard is not None else GuardConfig()
-        check_stream(m, self.stream_ch_names, self.stream_sfreq)
+        self.layout = check_stream(m, self.stream_ch_names, self.stream_sfreq, stream_units)
         self.window_samples = n_times_for(self.stream_sfreq, self.cfg)
-        probe = np.zeros((1, len(self.stream_ch_names), self.window_samples))
+        probe = np.zeros((1, m.n_channels, self.window_samples))
         probe[..., ::2] = 1.0
-        got = preprocess_epochs(probe, self.stream_sfreq, self.stream_ch_names, self.cfg)[0].shape[-1]
+        got = preprocess_epochs(probe, self.stream_sfreq, m.ch_names, self.cfg)[0].shape[-1]
         if got != m.n_times:
             raise NeuroFedError(
                 f"a {self.window_samples}-sample window at {self.stream_sfreq} Hz preprocesses to {got} "
                 f"samples, but the model expects {m.n_times} ({m.sfreq} Hz x {m.window} s)"
             )
         self.batch = int(context or m.test_batch_size)
-        self.ea = OnlineEA(m.n_channels, ea_reference, ea_min_windows) if m.ea else None
-        self._context: deque[np.ndarray] = deque(maxlen=max(self.batch - 1, 0))
+        self.decoder: DecoderStep = decoder or PythonDecoder(model, self.stream_sfreq, self.batch, ea_reference,
+                                                             ea_min_windows)
+        self.state = self.decoder.init_state()
 
-    def preprocess(self, raw: np.ndarray) -> np.ndarray:
-        """Raw window on the model's channels ``(n_channels, window_samples)`` -> band-passed, resampled."""
-        x, _, _ = preprocess_epochs(raw[None], self.stream_sfreq, self.meta.ch_names, self.cfg)
-        return x[0]
-
-    def process(self, window: np.ndarray, t_end: float) -> Prediction | Rejection:
-        """Guard, preprocess, align and classify one raw window (microvolts) ending at ``t_end``."""
-        window = np.asarray(window, np.float64)
+    def process(self, window: np.ndarray, t_end: float, t_arrival: float = float("nan")) -> Prediction | Rejection:
+        """Guard and decode one raw window ``(stream channels, window_samples)`` in the stream's units ending at
+        stream time ``t_end`` (its last sample arrived at local time ``t_arrival``)."""
+        window = np.asarray(window)
         if window.shape != (len(self.stream_ch_names), self.window_samples):
             raise NeuroFedError(
                 f"window shape {window.shape}, expected ({len(self.stream_ch_names)}, {self.window_samples})"
             )
-        raw = pick_channels(window, self.stream_ch_names, self.meta.ch_names)
+        raw = self.layout.select(window.T)
         verdict: GuardResult = check_window(raw, self.meta.ch_names, self.guard)
         if not verdict.ok:
-            return Rejection(verdict.reason, t_end, verdict.bad_channels)
-        x = self.preprocess(raw)
-        if self.ea is not None:
-            self.ea.update(x)
-        batch = np.stack([*self._context, x])
-        if self.ea is not None:
-            batch = apply_ea(batch, self.ea.matrix())
-        logits = self.model.forward(batch.astype(np.float32))[-1].astype(np.float64)
-        self._context.append(x)
-        p = np.exp(logits - logits.max())
-        p /= p.sum()
+            return Rejection(verdict.reason, float(t_end), verdict.bad_channels, float(t_arrival))
+        p, self.state = self.decoder.step(raw, self.state)
+        p = np.asarray(p, np.float64).reshape(-1)
         k = int(p.argmax())
-        return Prediction(
-            self.meta.classes[k],
-            k,
-            [float(v) for v in p],
-            float(t_end),
-            len(batch) - 1,
-            self.ea.count if self.ea else 0,
-        )
+        n_context, ea_windows = self.decoder.describe(self.state)
+        return Prediction(self.meta.classes[k], k, [float(v) for v in p], float(t_end), int(n_context),
+                          int(ea_windows), float(t_arrival))
+
+    def process_window(self, w: Window) -> Prediction | Rejection:
+        """:meth:`process` on a window cut by :mod:`edge.windowing` (stream layout, sample-major)."""
+        return self.process(w.data.T, w.t_end, w.t_arrival)
 
 
-def check_stream(meta: OnnxModelMeta, ch_names: Sequence[str], sfreq: float) -> None:
-    """Clear errors when a stream cannot feed the model (missing channels, wrong rate)."""
-    have = {c.lower() for c in ch_names}
-    missing = [c for c in meta.ch_names if c.lower() not in have]
-    if missing:
-        raise NeuroFedError(f"stream lacks the model's channels {missing} (stream has {list(ch_names)})")
-    if sfreq <= 0:
-        raise NeuroFedError("stream has an irregular/zero nominal rate; the model needs a fixed rate")
-    fmax = float(meta.preprocess.get("fmax", 0.0))
-    if fmax >= sfreq / 2:
-        raise NeuroFedError(f"stream rate {sfreq} Hz is too low for the model's band-pass up to {fmax} Hz")
+def check_stream(meta: OnnxModelMeta, ch_names: Sequence[str], sfreq: float,
+                 units: Sequence[str] | None = None, source: str = "stream") -> StreamLayout:
+    """Clear errors when a stream cannot feed the model (missing channels, units, rate); its layout if it can.
+
+    Channels, units and the band-pass limit are checked by :func:`edge.stream.match_stream` (the same
+    rules as recording); a model without resampling also needs the stream at its own rate.
+    """
+    layout = match_stream(sfreq, ch_names, units, list(meta.ch_names), fmax=float(meta.preprocess.get("fmax", 0.0)),
+                          source=source)
     if not meta.preprocess.get("resample") and abs(sfreq - meta.sfreq) > 1e-6:
         raise NeuroFedError(
             f"stream rate {sfreq} Hz differs from the model's {meta.sfreq} Hz (no resampling configured)"
         )
-
-
-class SlidingWindower:
-    """Emit windows ending every ``step`` seconds of stream time (several per poll if behind).
-
-    Window ends sit on the stream's sample grid: the first ends at the ``n_samples``-th sample
-    seen, each next one at the first sample within half a sample period of ``previous + step``.
-    """
-
-    def __init__(self, n_samples: int, step_s: float, sfreq: float) -> None:
-        if step_s <= 0:
-            raise ValueError("sliding step must be > 0 s")
-        self.n, self.step, self.half = n_samples, step_s, 0.5 / sfreq
-        self._next: float | None = None
-
-    def poll(self, ring: SampleRing) -> list[tuple[np.ndarray, float]]:
-        if ring.n < self.n:
-            return []
-        d, t = ring.ordered()
-        if self._next is None:
-            self._next = float(t[self.n - 1]) if ring.n < ring.capacity else float(t[-1])
-        out = []
-        while self._next - self.half <= t[-1]:
-            i = int(np.searchsorted(t, self._next - self.half))
-            if i < self.n - 1:  # its start was already dropped from the ring: skip ahead
-                logger.warning("sliding window ending at %.3f s no longer buffered; skipped", self._next)
-            else:
-                out.append((d[i - self.n + 1 : i + 1].T, float(t[i])))
-            self._next += self.step
-        return out
-
-
-class CueWindower:
-    """Cut ``[cue + tmin, cue + tmax)`` once all its samples have arrived (cue-locked trials).
-
-    The window starts at the first sample within half a sample period of ``cue + tmin``, as
-    offline epoching rounds the cue to the nearest sample.
-    """
-
-    def __init__(self, n_samples: int, tmin: float, sfreq: float) -> None:
-        self.n, self.tmin, self.half = n_samples, tmin, 0.5 / sfreq
-        self.pending: list[tuple[float, str]] = []
-
-    def add_cue(self, t: float, label: str = "") -> None:
-        self.pending.append((t, label))
-
-    def poll(self, ring: SampleRing) -> list[tuple[np.ndarray, float]]:
-        out, keep = [], []
-        for t, lab in self.pending:
-            if ring.lost(t + self.tmin):
-                logger.warning("cue at %.3f s: its window start is no longer buffered; skipped", t)
-                continue
-            got = ring.from_time(t + self.tmin - self.half, self.n)
-            if got is None:
-                keep.append((t, lab))
-            else:
-                out.append((got[0], float(got[1][-1])))
-        self.pending = keep
-        return out
+    return layout

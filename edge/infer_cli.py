@@ -1,12 +1,20 @@
 """``edge-client infer``: decode a live LSL headset with an exported ONNX model.
 
-EEG (and cue markers) come in through :mod:`edge.lsl_io`; windows go through
-:class:`edge.infer.InferenceEngine` (guard, online EA, batch-specific BN context, onnxruntime);
-predictions go out as an LSL stream and optionally as MQTT JSON messages.
+EEG (and cue markers) come in through :mod:`edge.lsl_io` into the edge's one ring buffer
+(:class:`edge.buffer.RingBuffer`); windows are cut by :mod:`edge.windowing` (as ``edge-client record``
+cuts trials) and decoded by :class:`edge.infer.InferenceEngine` (guard, then the decoder step: online EA,
+batch-specific BN context, onnxruntime); predictions go out as an LSL stream and optionally as MQTT
+JSON messages.
 
-Prediction stream: type ``Predictions``, float32, channels ``class_index, p_<class>...``; each
-sample's LSL timestamp (double precision) is the end of its window (LSL clock), so latency and
-alignment with the EEG need no extra channel. The class names are in ``desc/classes``.
+Prediction stream: type ``Predictions``, double64, channels ``class_index, p_<class>..., t_window_end``.
+Each sample's LSL timestamp is the local LSL clock when the prediction was emitted (real time, whatever
+the EEG stream's timestamps say); ``t_window_end`` is the EEG stream's timestamp of the window's last
+sample (clock-corrected), which aligns the prediction with the EEG and its cues. The two differ by the
+decoding latency on a live headset, and by much more when a recording is replayed faster (or slower)
+than real time, since a replayed stream stamps its samples on the recording's own time axis.
+The class names are in ``desc/classes``.
+
+Latency (logged at the end) = emission time - local arrival time of the window's last sample.
 """
 
 from __future__ import annotations
@@ -21,89 +29,79 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from edge.infer import CueWindower, InferenceEngine, Prediction, Rejection, SampleRing, SlidingWindower
+from edge.buffer import RingBuffer
+from edge.infer import InferenceEngine, Prediction, Rejection
+from edge.windowing import CueWindower, SlidingWindower
 from trainer.errors import NeuroFedError
 
-UNIT_SCALE = {
-    "": 1.0,
-    "uv": 1.0,
-    "µv": 1.0,
-    "microvolt": 1.0,
-    "microvolts": 1.0,
-    "mv": 1e3,
-    "millivolts": 1e3,
-    "v": 1e6,
-    "volt": 1e6,
-    "volts": 1e6,
-}
-
-
-def unit_scale(units: Sequence[str], ch_names: Sequence[str], wanted: Sequence[str]) -> float:
-    """Factor to microvolts from the stream's declared units of the model's channels."""
-    idx = {c.lower(): i for i, c in enumerate(ch_names)}
-    found = {units[idx[c.lower()]].strip().lower() for c in wanted if c.lower() in idx}
-    unknown = sorted(u for u in found if u not in UNIT_SCALE)
-    if unknown or len({UNIT_SCALE[u] for u in found if u in UNIT_SCALE}) > 1:
-        raise NeuroFedError(
-            f"stream channel units {sorted(found)} are not one of {sorted(k for k in UNIT_SCALE if k)}"
-        )
-    return UNIT_SCALE[found.pop()] if found else 1.0
+#: Seconds of EEG the decoder's ring buffer holds beyond one window (cues may announce late).
+BUFFER_SECONDS = 10.0
 
 
 def prediction_outlet(name: str, source_id: str, classes: Sequence[str], model_hash: str):
-    """The LSL outlet predictions are published on (one sample per decoded window, stamped with its end)."""
+    """The LSL outlet predictions are published on (one sample per decoded window, stamped at emission)."""
     from edge.lsl_io import irregular_outlet
 
-    labels = ["class_index", *[f"p_{c}" for c in classes]]
-    return irregular_outlet(name, "Predictions", labels, source_id, "float32",
-                            {"classes": list(classes), "model_hash": model_hash})
+    labels = ["class_index", *[f"p_{c}" for c in classes], "t_window_end"]
+    return irregular_outlet(name, "Predictions", labels, source_id, "double64",
+                            {"classes": list(classes), "model_hash": model_hash, "timestamps": "emission"})
+
+
+def make_buffer(engine: InferenceEngine, dtype: type = np.float64) -> RingBuffer:
+    """A ring buffer for the engine's stream: one window plus :data:`BUFFER_SECONDS` (and ``tmin``'s reach)."""
+    seconds = max(engine.cfg.tmax, 0) + abs(min(engine.cfg.tmin, 0)) + BUFFER_SECONDS
+    return RingBuffer(len(engine.stream_ch_names), int(seconds * engine.stream_sfreq) + engine.window_samples,
+                      dtype)
 
 
 def run_loop(
     engine: InferenceEngine,
     eeg,
     markers,
-    windower,
+    windower: CueWindower | SlidingWindower,
     sinks: Sequence[Callable[[object], None]],
     cues: Sequence[str],
-    scale: float = 1.0,
     stop: threading.Event | None = None,
     max_seconds: float | None = None,
     max_windows: int | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> dict:
     """Pull, window, decode, publish until ``stop``, ``max_seconds``, ``max_windows`` or Ctrl-C.
 
     ``eeg``/``markers`` need a ``pull()`` like :class:`edge.lsl_io.Inlet` (markers: ``pull_markers()``).
-    Returns counts and the latency (LSL clock after publishing minus window end) of the predictions;
-    Ctrl-C ends the loop and still returns them.
+    Every result gets ``t_arrival`` (local LSL time its window's last sample was pulled) and ``t_emit``
+    (local LSL time just before the sinks publish it). Returns counts and the latency ``t_emit - t_arrival``
+    of the predictions (ms); Ctrl-C ends the loop and still returns them.
     """
-    from edge.lsl_io import local_clock
+    if clock is None:
+        from edge.lsl_io import local_clock as clock
 
     stop = stop or threading.Event()
-    ring = SampleRing(
-        len(engine.stream_ch_names),
-        int((max(engine.cfg.tmax, 0) + 10.0) * engine.stream_sfreq) + engine.window_samples,
-    )
+    buf = make_buffer(engine)
     counts = {"predictions": 0, "rejections": 0}
     lat: list[float] = []
+    ahead: list[float] = []
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     wanted = {c.lower() for c in cues}
     try:
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             data, ts = eeg.pull()
+            now = clock()
             if markers is not None:
                 for t, label in markers.pull_markers():
                     if label.lower() in wanted:
-                        windower.add_cue(t, label)
+                        windower.add_cue(t, label, now)
             if len(ts):
-                ring.push(np.asarray(data, np.float64) * scale, ts)
-            for window, t_end in windower.poll(ring):
-                res = engine.process(window, t_end)
+                buf.append(data, ts, now)
+            for w in windower.poll(buf, now):
+                res = engine.process_window(w)
+                res.t_emit = clock()
                 for sink in sinks:
                     sink(res)
                 if isinstance(res, Prediction):
                     counts["predictions"] += 1
-                    lat.append(local_clock() - t_end)
+                    lat.append(res.t_emit - res.t_arrival)
+                    ahead.append(res.t_end - res.t_arrival)
                 else:
                     counts["rejections"] += 1
                 if max_windows is not None and counts["predictions"] + counts["rejections"] >= max_windows:
@@ -115,16 +113,19 @@ def run_loop(
     ms = np.array(lat) * 1e3
     return {
         **counts,
+        "skipped": len(windower.skipped),
         "latency_ms_p50": float(np.median(ms)) if len(ms) else None,
         "latency_ms_p90": float(np.percentile(ms, 90)) if len(ms) else None,
         "latency_ms_p99": float(np.percentile(ms, 99)) if len(ms) else None,
+        # how far the stream's own timestamps are from real arrival (0 live; grows under faster replay)
+        "stream_time_minus_arrival_s_p50": float(np.median(ahead)) if ahead else None,
     }
 
 
 def lsl_sink(outlet) -> Callable[[object], None]:
     def push(res: object) -> None:
         if isinstance(res, Prediction):
-            outlet.push_sample([float(res.index), *res.probabilities], res.t_end)
+            outlet.push_sample([float(res.index), *res.probabilities, res.t_end], res.t_emit)
 
     return push
 
@@ -137,10 +138,13 @@ def mqtt_sink(transport, topic: str) -> Callable[[object], None]:
                 "index": res.index,
                 "probabilities": res.probabilities,
                 "t_end": res.t_end,
+                "t_emit": res.t_emit,
+                "latency_ms": (res.t_emit - res.t_arrival) * 1e3,
             }
         else:
             assert isinstance(res, Rejection)
-            body = {"rejected": res.reason, "t_end": res.t_end, "bad_channels": res.bad_channels}
+            body = {"rejected": res.reason, "t_end": res.t_end, "t_emit": res.t_emit,
+                    "bad_channels": res.bad_channels}
         transport.publish(topic, json.dumps(body).encode(), wait=None)
 
     return push
@@ -163,6 +167,9 @@ def log_sink(console) -> Callable[[object], None]:
 def infer(
     model: Annotated[Path, typer.Option(help="exported .onnx model (neurofed export)")],
     stream: Annotated[str, typer.Option(help="EEG LSL stream name")],
+    source_id: Annotated[
+        str | None, typer.Option(help="EEG stream source_id (picks one of several streams with that name)")
+    ] = None,
     markers: Annotated[str | None, typer.Option(help="cue marker stream (default STREAM-markers)")] = None,
     mode: Annotated[str, typer.Option(help="cue (windows locked to cue markers) or sliding")] = "cue",
     step: Annotated[float, typer.Option(help="sliding mode: seconds between windows")] = 0.5,
@@ -189,18 +196,21 @@ def infer(
     duration: Annotated[float | None, typer.Option(help="stop after this many seconds")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to find the streams")] = 5.0,
     quiet: Annotated[bool, typer.Option(help="do not print each prediction")] = False,
+    stats_out: Annotated[
+        Path | None, typer.Option(help="write the run's counts and latency (JSON) here at the end")
+    ] = None,
 ) -> None:
     """Decode a live headset: predictions out as an LSL stream (and MQTT if asked)."""
     from rich.console import Console
 
-    from edge.lsl_io import Inlet, find_stream
+    from edge.lsl_io import Inlet, check_marker_stream, check_unique, find_stream
     from export.runtime import OnnxModel
 
     console = Console()
     if mode not in ("cue", "sliding"):
         raise typer.BadParameter(f"mode {mode!r}: use cue or sliding")
     om = OnnxModel(model, threads=threads)
-    eeg = Inlet(find_stream(name=stream, timeout=timeout))
+    eeg = Inlet(find_stream(name=stream, source_id=source_id, timeout=timeout, unique=False))
     ref = None
     if ea_reference is not None:
         try:
@@ -208,17 +218,19 @@ def infer(
         except (OSError, ValueError) as exc:
             raise NeuroFedError(f"{ea_reference}: cannot read an EA reference .npy ({exc})") from None
     engine = InferenceEngine(
-        om, eeg.meta.ch_names, eeg.meta.sfreq, context=context, ea_reference=ref, ea_min_windows=ea_warmup
+        om, eeg.meta.ch_names, eeg.meta.sfreq, context=context, ea_reference=ref, ea_min_windows=ea_warmup,
+        stream_units=eeg.meta.units,
     )
-    scale = unit_scale(eeg.meta.units, eeg.meta.ch_names, om.meta.ch_names)
     mk = None
     if mode == "cue":
-        mk = Inlet(find_stream(name=markers or f"{stream}-markers", timeout=timeout))
-        if not mk.meta.is_string:
-            raise NeuroFedError(f"marker stream {mk.meta.name!r} is not a string stream")
-        windower = CueWindower(engine.window_samples, engine.cfg.tmin, engine.stream_sfreq)
+        mk = Inlet(find_stream(name=markers or f"{stream}-markers", timeout=timeout, unique=False))
+        check_marker_stream(mk.meta)
+        windower = CueWindower(engine.window_samples, engine.stream_sfreq, engine.cfg.tmin,
+                               marker_timeout=engine.cfg.tmax + BUFFER_SECONDS, source=stream)
     else:
-        windower = SlidingWindower(engine.window_samples, step, engine.stream_sfreq)
+        windower = SlidingWindower(engine.window_samples, step, engine.stream_sfreq, source=stream)
+    # the inlets are open (and buffering): now refuse ambiguous names
+    check_unique([(stream, None, source_id)] + ([(mk.meta.name, None, None)] if mk is not None else []))
     name = out_name or f"{stream}-predictions"
     outlet = prediction_outlet(name, f"{eeg.meta.source_id}-predictions", om.meta.classes, om.meta.model_hash)
     sinks = [lsl_sink(outlet)] + ([] if quiet else [log_sink(console)])
@@ -241,7 +253,6 @@ def infer(
             windower,
             sinks,
             (cues.split(",") if cues else om.meta.classes),
-            scale,
             stop,
             duration,
         )
@@ -252,6 +263,8 @@ def infer(
         if transport is not None:
             transport.close()
     console.print(f"done: {stats}")
+    if stats_out is not None:
+        stats_out.write_text(json.dumps(stats, indent=1))
 
 
 def register(app: typer.Typer) -> None:

@@ -5,6 +5,7 @@ Everything downstream (ring buffer, trial cutting, preprocessing, store) works o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,7 +13,6 @@ import pylsl
 from pylsl.util import LostError
 from pylsl.util import TimeoutError as LslTimeout
 
-from edge import logger
 from trainer.errors import NeuroFedError
 
 
@@ -32,6 +32,9 @@ PROCESSING = {
 }
 _NP_DTYPES = {pylsl.cf_float32: np.float32, pylsl.cf_double64: np.float64, pylsl.cf_int8: np.int8,
               pylsl.cf_int16: np.int16, pylsl.cf_int32: np.int32, pylsl.cf_int64: np.int64}
+#: Seconds :func:`find_stream` waits for a second stream matching the same query (ambiguity check; liblsl
+#: found a second same-named outlet on this machine after ~0.5 s, measured with PortRange 128).
+AMBIGUITY_WAIT = 1.0
 #: Seconds between clock-offset refreshes.
 CLOCK_REFRESH = 5.0
 
@@ -68,13 +71,18 @@ def _predicate(name: str | None, stype: str | None, source_id: str | None) -> st
 
 
 def find_stream(name: str | None = None, stype: str | None = None, source_id: str | None = None,
-                timeout: float = 5.0):
+                timeout: float = 5.0, unique: bool = True):
     """Resolve one stream by name/type/source_id within ``timeout`` seconds.
+
+    Like mne-lsl, an ambiguous query is an error, never "the first one": with ``unique`` (default) it
+    waits :data:`AMBIGUITY_WAIT` seconds for another match (:func:`check_unique`). Consumers that must
+    not lose the first samples open their inlets first with ``unique=False`` and call
+    :func:`check_unique` on all their queries once afterwards (inlets buffer meanwhile).
 
     Raises
     ------
     StreamError
-        Listing the streams that are visible when none matches.
+        Listing the streams that are visible when none matches, or the candidates when several match.
     """
     pred = _predicate(name, stype, source_id)
     found = pylsl.resolve_bypred(pred, 1, timeout)
@@ -83,9 +91,39 @@ def find_stream(name: str | None = None, stype: str | None = None, source_id: st
         raise StreamError(f"no LSL stream matching {pred} within {timeout:g} s; visible: {visible or 'none'} "
                           "(a stream on this machine that stays invisible while others show: raise [ports] "
                           "PortRange in lsl_api.cfg, see edge/lsl_config.py)")
-    if len(found) > 1:
-        logger.warning("%d streams match %s; using the first (%s)", len(found), pred, found[0].source_id())
+    if unique:
+        check_unique([(name, stype, source_id)])
     return found[0]
+
+
+def check_unique(queries: Sequence[tuple[str | None, str | None, str | None]], wait: float = AMBIGUITY_WAIT) -> None:
+    """Raise if any ``(name, type, source_id)`` query matches several streams (one resolve of ``wait`` s for all).
+
+    Raises
+    ------
+    StreamError
+        Naming the query and its candidates (name, type, source_id, host).
+    """
+    visible = pylsl.resolve_streams(wait)
+    for name, stype, source_id in queries:
+        hits = {i.uid(): i for i in visible
+                if (name is None or i.name() == name) and (stype is None or i.type() == stype)
+                and (source_id is None or i.source_id() == source_id)}
+        if len(hits) > 1:
+            cands = sorted(f"{i.name()} (type {i.type()}, source_id {i.source_id()}, host {i.hostname()})"
+                           for i in hits.values())
+            raise StreamError(f"{len(cands)} LSL streams match {_predicate(name, stype, source_id)}: {cands}; "
+                              "name the one to use (e.g. by its source_id)")
+
+
+def check_marker_stream(meta: StreamMeta) -> None:
+    """Refuse a cue stream that is neither strings nor mne-lsl's one-hot annotations (irregular rate).
+
+    Recording and decoding accept the same marker streams.
+    """
+    if not meta.is_string and not (meta.type.lower() == "annotations" and meta.sfreq == 0):
+        raise StreamError(f"marker stream {meta.name!r} must carry strings or one-hot annotations "
+                          f"(it is {meta.type!r} at {meta.sfreq:g} Hz)")
 
 
 def _meta(info) -> StreamMeta:
@@ -215,14 +253,15 @@ def irregular_outlet(
     Parameters
     ----------
     fmt : str
-        ``float32`` or ``string``.
+        ``float32``, ``double64`` or ``string``.
     extra_desc : dict, optional
         More ``desc`` entries: a string value becomes ``<key>value</key>``; a list becomes
         ``<key><item>v</item>...</key>`` with the singular of key (``classes`` -> ``class``).
     """
-    if fmt not in ("float32", "string"):
-        raise StreamError(f"unsupported outlet format {fmt!r}; use float32 or string")
-    cf = pylsl.cf_float32 if fmt == "float32" else pylsl.cf_string
+    formats = {"float32": pylsl.cf_float32, "double64": pylsl.cf_double64, "string": pylsl.cf_string}
+    if fmt not in formats:
+        raise StreamError(f"unsupported outlet format {fmt!r}; use float32, double64 or string")
+    cf = formats[fmt]
     info = pylsl.StreamInfo(name, stype, len(labels), pylsl.IRREGULAR_RATE, cf, source_id)
     chans = info.desc().append_child("channels")
     for lab in labels:

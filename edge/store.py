@@ -25,30 +25,13 @@ import numpy as np
 
 from edge import logger
 from edge.capture import RawTrial
+from trainer.atomic import atomic_write_bytes
 from trainer.data.config import PreprocessConfig
 from trainer.data.dataset import SubjectData
 from trainer.data.preprocess import apply_ea, ea_matrix, preprocess_epochs
 from trainer.errors import DataError
 
 FORMAT = "neurofed-trials/1"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 class LocalStore:
@@ -120,7 +103,7 @@ class LocalStore:
             self.meta = {"format": FORMAT, "subject": self.subject, "sfreq": trial.sfreq,
                          "ch_names": list(trial.ch_names), "classes": self.classes, "unit": "microvolts",
                          "created": time.time()}
-            _atomic_write(self.meta_path, json.dumps(self.meta, indent=1).encode())
+            atomic_write_bytes(self.meta_path, json.dumps(self.meta, indent=1).encode())
             return
         if trial.sfreq != self.meta["sfreq"]:
             raise DataError(f"{self.path}: trial at {trial.sfreq:g} Hz, store holds {self.meta['sfreq']:g} Hz")
@@ -138,7 +121,7 @@ class LocalStore:
         np.savez(bio, data=data, label=np.array(trial.label), onset=np.array(trial.onset))
         payload = bio.getvalue()
         name = f"{seq:06d}.npz"
-        _atomic_write(self.path / "trials" / name, payload)
+        atomic_write_bytes(self.path / "trials" / name, payload)
         entry = {"seq": seq, "file": f"trials/{name}", "sha256": hashlib.sha256(payload).hexdigest(),
                  "label": trial.label, "onset": trial.onset, "n_times": int(data.shape[1]), "time": time.time()}
         with open(self.index_path, "ab") as f:

@@ -1,6 +1,9 @@
 """Load recordings to replay: continuous EEG in microvolts (float32) plus cue markers at sample indices.
 
-This module never touches LSL (see :mod:`firmware_sim.lsl_out` for the pusher).
+This module never touches LSL (see :mod:`firmware_sim.lsl_out` for the pusher). Reading recordings is
+trainer's (:mod:`trainer.data.io`: ``read_raw`` with its size and annotation checks, ``cue_samples`` placing
+cues on samples exactly as offline epoching does); firmware_sim imports only ``trainer.data`` and
+``trainer.errors`` (the import contract in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainer.data.eegmmidb import LR_IMAGERY_RUNS, RUN_EVENT_LABELS, subject_files
-from trainer.data.io import read_raw
+from trainer.data.io import cue_samples, read_raw
 from trainer.errors import DataError
 
 #: Name of the optional counter channel (sample index), as in mne-lsl's tests.
@@ -67,19 +70,6 @@ class Recording:
                          list(self.markers), self.source)
 
 
-def markers_from_raw(raw, label_map: Mapping[str, str]) -> list[tuple[int, str]]:
-    """Cue samples and class names of annotations in ``label_map`` (same sample rule as trainer's epochs)."""
-    import mne
-
-    present = set(map(str, raw.annotations.description))
-    wanted = {d: i + 1 for i, d in enumerate(sorted(label_map)) if d in present}
-    if not wanted:
-        return []
-    events, _ = mne.events_from_annotations(raw, event_id=wanted, verbose="error")
-    code_to_desc = {v: k for k, v in wanted.items()}
-    return [(int(s) - raw.first_samp, label_map[code_to_desc[int(c)]]) for s, _, c in events]
-
-
 def load_recording(
     path: str | os.PathLike,
     label_map: Mapping[str, str] | None = None,
@@ -105,7 +95,7 @@ def load_recording(
     if not np.all(np.isfinite(data)):
         raise DataError(f"{path}: recording contains NaN or infinite samples")
     return Recording(np.ascontiguousarray(data), float(raw.info["sfreq"]), list(raw.ch_names),
-                     markers_from_raw(raw, label_map), str(path))
+                     cue_samples(raw, label_map), str(path))
 
 
 def concatenate(recs: Sequence[Recording], source: str = "") -> Recording:

@@ -21,6 +21,7 @@ subject's trials like every export: latency does not depend on weight values.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -75,8 +76,14 @@ def run_e2e(
     chunk: int = 16,
     load: int = 0,
     log_dir: Path | None = None,
+    speed: float = 1.0,
 ) -> dict:
-    """Stream ``seconds`` of the subject live, decode, and return latency statistics (see module doc)."""
+    """Stream ``seconds`` of the subject live, decode, and return latency statistics (see module doc).
+
+    ``speed`` > 1 replays the recording faster than real time (its stream timestamps then run ahead of the
+    LSL clock; both latencies reported are real time: the watcher's, and the decoder's own from
+    ``edge-client infer --stats-out``). The machine's load averages before and after the run are recorded.
+    """
     from edge.bench_lsl import _private_lsl
     from neurofed.livewatch import LiveWatch
     from neurofed.supervise import Supervisor, command
@@ -85,6 +92,9 @@ def run_e2e(
         raise NeuroFedError(f"mode {mode!r}: use sliding or cue")
     if seconds <= 0:
         raise NeuroFedError(f"--seconds must be > 0, got {seconds}")
+    if speed <= 0:
+        raise NeuroFedError(f"--speed must be > 0, got {speed}")
+    load_before = os.getloadavg()
     _private_lsl()
     tag = uuid.uuid4().hex[:8]
     stream = f"bench-e2e-{tag}"
@@ -102,13 +112,15 @@ def run_e2e(
                     "edge-client", "record", "--stream", f"{stream}-load-S{s:03d}",
                     "--store", str(logs / f"store-load-{s}"), "--subject", f"S{s:03d}", "--sfreq", "160",
                     "--resolve-timeout", "60", "--duration", str(int(seconds + 120))))
+        stats_path = logs / f"{tag}-infer-stats.json"
         sup.start("infer", command("edge-client", "infer", "--model", str(model), "--stream", stream,
                                    "--mode", mode, "--step", str(step), "--quiet", "--timeout", "60",
-                                   "--duration", str(int(seconds + 120))))
+                                   "--duration", str(int(seconds + 120)), "--stats-out", str(stats_path)))
         watch = LiveWatch(stream, f"{stream}-predictions", timeout=90.0)
         watch.start()
         sup.start("headset", command("headset-sim", "--subject", str(subject), *data_args, "--name", stream,
-                                     "--chunk-size", str(chunk), "--loop", "--wait-consumers", "90",
+                                     "--chunk-size", str(chunk), "--speed", str(speed), "--loop",
+                                     "--wait-consumers", "90",
                                      "--lead-in", "0.5", "--go-file", str(go)))
         end = time.monotonic() + 120
         while not watch.ready.is_set() and watch.is_alive() and time.monotonic() < end:
@@ -123,14 +135,17 @@ def run_e2e(
             time.sleep(0.2)
         watch.stop_evt.set()
         watch.join(timeout=10)
+        load_after = os.getloadavg()
     finally:
         sup.stop_all()
     lat = watch.latencies_ms()
     if len(lat) == 0:
         raise NeuroFedError(f"bench e2e: no prediction arrived in {seconds:g} s (logs in {logs})")
     warm = lat[min(len(lat) - 1, 8):]  # the first windows wait for the BN context to fill (not steady state)
+    decoder = json.loads(stats_path.read_text()) if stats_path.is_file() else None
     return {
         "mode": mode,
+        "speed": speed,
         "step_s": step if mode == "sliding" else None,
         "chunk_samples": chunk,
         "subject": subject,
@@ -140,6 +155,11 @@ def run_e2e(
         "matched": len(lat),
         "latency_ms": _stats(warm),
         "latency_ms_including_first_8": _stats(lat),
+        # the decoder's own log: emission - arrival of the window's last sample (LSL clock, one process)
+        "decoder_stats": decoder,
+        "load_average_before": list(load_before),  # 1, 5, 15 min
+        "load_average_after": list(load_after),
+        "cpu_count": os.cpu_count(),
         "logs": str(logs),
     }
 
@@ -157,6 +177,7 @@ def register(bench: typer.Typer) -> None:
         step: Annotated[float, typer.Option(help="sliding mode: seconds between windows")] = 0.1,
         chunk: Annotated[int, typer.Option(help="samples per LSL push of the headset")] = 16,
         load: Annotated[str, typer.Option(help="comma list of extra busy headsets per run, e.g. 0,4")] = "0,4",
+        speed: Annotated[float, typer.Option(help="replay speed of the decoded headset (1 = real time)")] = 1.0,
         out: Annotated[Path, typer.Option(help="JSON results")] = Path("docs/bench/e2e.json"),
     ) -> None:
         """End-to-end live decoding latency: window's last EEG sample in -> prediction out (LSL)."""
@@ -174,11 +195,14 @@ def register(bench: typer.Typer) -> None:
                 raise NeuroFedError(f"{m}: ONNX model not found")
             runs = []
             for n in loads:
-                r = run_e2e(m, subject, data_dir, seconds, mode, step, chunk, n, Path(tmp) / f"load{n}")
+                r = run_e2e(m, subject, data_dir, seconds, mode, step, chunk, n, Path(tmp) / f"load{n}", speed)
                 r.pop("logs")
                 lat = r["latency_ms"]
+                dec = r["decoder_stats"] or {}
                 print(f"load {n} headsets: {r['matched']} predictions, latency p50 {lat['p50_ms']:.2f} ms, "
-                      f"p90 {lat['p90_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, max {lat['max_ms']:.2f} ms")
+                      f"p90 {lat['p90_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, max {lat['max_ms']:.2f} ms; "
+                      f"decoder's own p50 {dec.get('latency_ms_p50')} ms; load average before/after "
+                      f"{r['load_average_before'][0]:.2f}/{r['load_average_after'][0]:.2f}")
                 runs.append(r)
         res = {"model": str(model) if model else "random-init EEGNet, 21 ch, 80 Hz, 4 s window, BN context 8",
                "targets": {"p50_ms": 10.0, "p99_ms": 30.0}, "runs": runs}

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
+from trainer.atomic import save_safetensors
 from trainer.errors import NeuroFedError
 
 FORMAT_VERSION = 1
@@ -75,18 +75,7 @@ class ModelMeta:
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, torch.Tensor], meta: ModelMeta) -> Path:
     """Write ``state`` and ``meta`` atomically to a ``.safetensors`` file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"neurofed": json.dumps(asdict(meta))})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return save_safetensors(path, state, {"neurofed": json.dumps(asdict(meta))})
 
 
 def read_meta(path: str | os.PathLike) -> ModelMeta:

@@ -1,4 +1,5 @@
-"""Inference engine on plain arrays: a real recording streamed in chunks, cue-locked and sliding."""
+"""Inference engine on plain arrays: a real recording streamed in chunks, cue-locked and sliding, through the
+edge's one ring buffer and windower (the ones recording uses)."""
 
 from __future__ import annotations
 
@@ -6,19 +7,19 @@ import numpy as np
 import pytest
 import torch
 
+from edge.buffer import RingBuffer
 from edge.infer import (
-    CueWindower,
+    DecoderStep,
     InferenceEngine,
-    OnlineEA,
     Prediction,
+    PythonDecoder,
+    PythonState,
     Rejection,
-    SampleRing,
-    SlidingWindower,
     check_stream,
 )
+from edge.windowing import CueWindower, SlidingWindower
 from export.runtime import OnnxModel
 from tests.export.conftest import exported_eegnet
-from trainer.data import PreprocessConfig
 from trainer.data.io import epochs_from_raw, read_raw
 from trainer.data.preprocess import apply_ea, ea_matrix, preprocess_epochs
 from trainer.errors import NeuroFedError
@@ -45,38 +46,41 @@ def recording(data_dir):
 
 def _stream(engine, data, sfreq, onsets, chunk=32):
     """Push the recording chunk by chunk; cues are announced when stream time reaches them."""
-    ring = SampleRing(data.shape[0], int(10 * sfreq))
-    cw = CueWindower(engine.window_samples, engine.cfg.tmin, sfreq)
+    ring = RingBuffer(data.shape[0], int(10 * sfreq), np.float64)
+    cw = CueWindower(engine.window_samples, sfreq, engine.cfg.tmin)
     pending = list(onsets)
     windows, results = [], []
     for i in range(0, data.shape[1], chunk):
         ts = np.arange(i, min(i + chunk, data.shape[1])) / sfreq
-        ring.push(data[:, i : i + chunk].T, ts)
+        ring.append(data[:, i : i + chunk].T, ts, arrival=float(ts[-1]))
         while pending and pending[0] <= ts[-1]:
             cw.add_cue(pending.pop(0))
-        for w, t_end in cw.poll(ring):
-            windows.append(w)
-            results.append(engine.process(w, t_end))
+        for w in cw.poll(ring):
+            windows.append(w.data.T)
+            results.append(engine.process_window(w))
     return windows, results
 
 
 def test_online_ea_converges_to_offline_ea(recording, eegnet_bs):
     raw, _, _, _, _ = recording
     x, _ = epochs_from_raw(raw, LABELS, 0.0, 4.0)
-    xp, _, _ = preprocess_epochs(
-        x, 160.0, raw.ch_names, PreprocessConfig.from_preset("sensorimotor21", resample=80.0)
-    )
-    ea = OnlineEA(21, min_windows=3)
-    assert np.allclose(ea.matrix(), np.eye(21))
-    for w in xp:
-        ea.update(w)
-    assert np.allclose(ea.matrix(), ea_matrix(xp), atol=1e-8)
+    om = OnnxModel(eegnet_bs[1])
+    cfg = PythonDecoder(om, 160.0, 8).cfg
+    xp, _, _ = preprocess_epochs(x, 160.0, raw.ch_names, cfg)
+    dec = PythonDecoder(om, 160.0, 8, ea_min_windows=3)
+    assert isinstance(dec, DecoderStep)
+    state = dec.init_state()
+    assert np.allclose(dec.ea_matrix(state), np.eye(21))
+    raw_w = x[:, [list(raw.ch_names).index(c) for c in om.meta.ch_names]]
+    for w in raw_w:
+        before = state
+        _, state = dec.step(w, state)
+        assert before.seen == state.seen - 1  # the step returned a new state, the old one is untouched
+    assert state.ea_count == len(x) and dec.describe(state) == (7, len(x))
+    assert np.allclose(dec.ea_matrix(state), ea_matrix(xp), atol=1e-8)
     ref = np.cov(xp[0])
-    assert np.allclose(
-        OnlineEA(21, ref, min_windows=2).matrix() @ ref @ OnlineEA(21, ref, min_windows=2).matrix(),
-        np.eye(21),
-        atol=1e-6,
-    )
+    m = PythonDecoder(om, 160.0, 8, ref, ea_min_windows=2).ea_matrix(PythonState(state.ea_sum, 1, state.context))
+    assert np.allclose(m @ ref @ m, np.eye(21), atol=1e-6)
 
 
 def test_cue_locked_stream_matches_offline_pipeline(recording, eegnet_bs):
@@ -92,7 +96,7 @@ def test_cue_locked_stream_matches_offline_pipeline(recording, eegnet_bs):
     # after all trials: online EA == offline per-subject EA, and the last decision equals the offline
     # protocol (EA over all trials, test batch of the last 8 trials)
     xp, _, _ = preprocess_epochs(x, sfreq, names, engine.cfg)
-    assert np.allclose(engine.ea.matrix(), ea_matrix(xp), atol=1e-8)
+    assert np.allclose(engine.decoder.ea_matrix(engine.state), ea_matrix(xp), atol=1e-8)
     logits = om.forward(apply_ea(xp[-8:], ea_matrix(xp)).astype(np.float32))[-1]
     p = np.exp(logits - logits.max())
     p /= p.sum()
@@ -109,7 +113,7 @@ def test_bad_window_rejected_without_touching_state(recording, eegnet_bs):
     w[names.index("C3"), 5] = np.nan
     r = engine.process(w, 2.0)
     assert isinstance(r, Rejection) and "C3" in r.reason and r.t_end == 2.0
-    assert engine.ea.count == 1 and len(engine._context) == 1
+    assert engine.state.ea_count == 1 and len(engine.state.context) == 1
     w[names.index("Fz"), 5] = np.nan  # not a model channel: ignored
     w[names.index("C3"), 5] = 0.0
     assert isinstance(engine.process(w, 3.0), Prediction)
@@ -120,14 +124,14 @@ def test_sliding_windows(recording, eegnet_bs, chunk):
     _, data, names, sfreq, _ = recording
     engine = InferenceEngine(OnnxModel(eegnet_bs[1]), names, sfreq)
     n = engine.window_samples
-    ring, sw = SampleRing(len(names), 1000), SlidingWindower(n, 0.5, sfreq)
+    ring, sw = RingBuffer(len(names), 1000, np.float64), SlidingWindower(n, 0.5, sfreq)
     ends = []
     for i in range(0, int(10 * sfreq), chunk):  # 10 s of the recording
-        ring.push(data[:, i : i + chunk].T, np.arange(i, i + chunk) / sfreq)
-        for w, t in sw.poll(ring):
-            k = int(round(t * sfreq))  # index of the window's last sample
-            assert np.array_equal(w, data[:, k - n + 1 : k + 1])
-            ends.append(engine.process(w, t).t_end)
+        ring.append(data[:, i : i + chunk].T, np.arange(i, i + chunk) / sfreq)
+        for w in sw.poll(ring):
+            k = round(w.t_end * sfreq)  # index of the window's last sample
+            assert np.array_equal(w.data.T, data[:, k - n + 1 : k + 1]) and w.first_index == k - n + 1
+            ends.append(engine.process_window(w).t_end)
     assert ends[0] == pytest.approx((n - 1) / sfreq)
     assert np.allclose(np.diff(ends), 0.5, atol=1e-9) and len(ends) == 13
 
@@ -135,7 +139,7 @@ def test_sliding_windows(recording, eegnet_bs, chunk):
 def test_stream_mismatch_errors(recording, eegnet_bs):
     _, _, names, _, _ = recording
     om = OnnxModel(eegnet_bs[1])
-    with pytest.raises(NeuroFedError, match=r"lacks the model's channels \['C3'\]"):
+    with pytest.raises(NeuroFedError, match=r"missing channels \['C3'\]"):
         InferenceEngine(om, [c for c in names if c != "C3"], 160.0)
     with pytest.raises(NeuroFedError, match="too low"):
         InferenceEngine(om, names, 50.0)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edge.buffer import RingBuffer
-from edge.lsl_io import Inlet, StreamError, find_stream
+from edge.lsl_io import Inlet, StreamError, check_unique, find_stream
 from firmware_sim.player import HeadsetPlayer, PlayerConfig
 from firmware_sim.recording import Recording
 from tests.lsl_support import unique_name
@@ -80,3 +80,21 @@ def test_irregular_outlet_roundtrip():
     np.testing.assert_allclose(data[0], [0.25, 0.75])
     with pytest.raises(StreamError, match="unsupported outlet format"):
         irregular_outlet(name, "x", ["a"], "s", fmt="int8")
+
+
+def test_ambiguous_stream_name_is_an_error_naming_the_candidates():
+    """Two outlets with one name (as mne-lsl does): refuse, list both, resolve either by its source_id."""
+    from edge.lsl_io import irregular_outlet
+
+    name = unique_name("twin")
+    ids = [unique_name("src-a"), unique_name("src-b")]
+    outlets = [irregular_outlet(name, "EEG", ["C3"], s) for s in ids]
+    with pytest.raises(StreamError, match=rf"2 LSL streams match name='{name}'.*{ids[0]}.*{ids[1]}"):
+        find_stream(name=name, timeout=5)
+    assert find_stream(name=name, source_id=ids[1], timeout=5).source_id() == ids[1]
+    # consumers open their inlets first (unique=False), then check all their queries at once
+    assert find_stream(name=name, timeout=5, unique=False).name() == name
+    with pytest.raises(StreamError, match=rf"2 LSL streams match name='{name}'"):
+        check_unique([(None, None, ids[0]), (name, None, None)])
+    check_unique([(name, None, ids[0]), (name, "EEG", ids[1])])
+    del outlets

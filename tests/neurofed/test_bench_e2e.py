@@ -16,10 +16,11 @@ NEUROFED = [sys.executable, "-c", "import sys; sys.argv[0] = 'neurofed'; from ne
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_bench_e2e_measures_live_latency(tmp_path: Path, data_dir: Path) -> None:
+    """Replayed at 4x (stream timestamps run ahead of the LSL clock): both latencies stay real and positive."""
     out = tmp_path / "e2e.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", NEUROFED_CACHE=str(tmp_path / "cache"))
     env.pop("LSLAPICFG", None)  # the bench makes its own private session
-    proc = subprocess.run([*NEUROFED, "bench", "e2e", "--seconds", "6", "--load", "0", "--subject", "2",
+    proc = subprocess.run([*NEUROFED, "bench", "e2e", "--seconds", "6", "--load", "0", "--subject", "2", "--speed", "4",
                            "--data-dir", str(data_dir), "--out", str(out)],
                           check=False, capture_output=True, text=True, timeout=230, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -30,6 +31,10 @@ def test_bench_e2e_measures_live_latency(tmp_path: Path, data_dir: Path) -> None
     lat = run["latency_ms"]
     assert 0 < lat["p50_ms"] <= lat["p99_ms"] <= lat["max_ms"] < 1000
     assert res["targets"] == {"p50_ms": 10.0, "p99_ms": 30.0}
+    dec = run["decoder_stats"]  # the decoder's own log: emission - arrival, never negative
+    assert run["speed"] == 4.0 and dec["predictions"] >= run["matched"] and 0 < dec["latency_ms_p50"] < 1000
+    assert dec["stream_time_minus_arrival_s_p50"] > 1.0  # the replayed stream's stamps ran ahead
+    assert len(run["load_average_before"]) == len(run["load_average_after"]) == 3 and run["cpu_count"] >= 1
     assert "latency p50" in proc.stdout
 
 

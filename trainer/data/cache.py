@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from trainer.atomic import atomic_write
 
 CACHE_ENV = "NEUROFED_CACHE"
 
@@ -38,15 +39,9 @@ def load(key: str) -> dict[str, np.ndarray] | None:
 
 
 def save(key: str, arrays: dict[str, np.ndarray]) -> Path:
-    """Write atomically: a temporary file in the same folder, then ``os.replace``."""
-    d = cache_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{key}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
+    """Write atomically (:func:`trainer.atomic.atomic_write`)."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a path
             np.savez(f, **arrays)
-        os.replace(tmp, d / f"{key}.npz")
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return d / f"{key}.npz"
+
+    return atomic_write(cache_dir() / f"{key}.npz", write)

@@ -70,6 +70,35 @@ def read_raw(path: str | os.PathLike):
     return raw
 
 
+def cue_samples(raw, label_map: Mapping[str, str]) -> list[tuple[int, str]]:
+    """Cue positions and class names of the annotations in ``label_map``, sorted by sample.
+
+    The one rule placing an annotation on a sample (``mne.events_from_annotations``, relative to the first
+    sample of ``raw``): offline epochs (:func:`epochs_from_raw`) and the cues a simulated headset streams
+    (firmware_sim) both use it.
+
+    Parameters
+    ----------
+    raw : mne.io.Raw
+    label_map : mapping
+        Annotation description -> class name; other annotations are ignored.
+
+    Returns
+    -------
+    list of (int, str)
+        (sample index from the start of the data, class name).
+    """
+    import mne
+
+    present = set(map(str, raw.annotations.description))
+    wanted = {d: i + 1 for i, d in enumerate(sorted(label_map)) if d in present}
+    if not wanted:
+        return []
+    events, _ = mne.events_from_annotations(raw, event_id=wanted, verbose="error")
+    code_to_desc = {v: k for k, v in wanted.items()}
+    return [(int(s) - raw.first_samp, label_map[code_to_desc[int(c)]]) for s, _, c in events]
+
+
 def epochs_from_raw(
     raw,
     label_map: Mapping[str, str],
@@ -96,22 +125,16 @@ def epochs_from_raw(
     """
     sfreq = float(raw.info["sfreq"])
     n_times = int(round((tmax - tmin) * sfreq))
-    import mne
-
     data = raw.get_data() * 1e6  # MNE returns volts; models and EA work in microvolts
     present = sorted(set(map(str, raw.annotations.description)))
-    wanted = {d: i + 1 for i, d in enumerate(sorted(label_map)) if d in present}
     starts, labels = [], []
-    if wanted:
-        events, _ = mne.events_from_annotations(raw, event_id=wanted, verbose="error")
-        code_to_desc = {v: k for k, v in wanted.items()}
-        for sample, _, code in events:
-            start = int(sample) - raw.first_samp + int(round(tmin * sfreq))
-            if start < 0 or start + n_times > data.shape[1]:
-                logger.warning("%s: epoch at sample %d runs past the recording; skipped", source, sample)
-                continue
-            starts.append(start)
-            labels.append(label_map[code_to_desc[int(code)]])
+    for cue, label in cue_samples(raw, label_map):
+        start = cue + int(round(tmin * sfreq))
+        if start < 0 or start + n_times > data.shape[1]:
+            logger.warning("%s: epoch at sample %d runs past the recording; skipped", source, cue + raw.first_samp)
+            continue
+        starts.append(start)
+        labels.append(label)
     if not starts:
         raise DataError(
             f"{source or 'recording'}: no events among {sorted(label_map)} "

@@ -14,6 +14,7 @@ import numpy as np
 from scipy import signal
 
 from trainer.data.config import PreprocessConfig
+from trainer.data.units import norm_label
 from trainer.errors import DataError
 
 
@@ -67,12 +68,15 @@ def resample_fir(up: int, down: int) -> np.ndarray:
 
 
 def pick_channels(x: np.ndarray, ch_names: Sequence[str], wanted: Sequence[str]) -> np.ndarray:
-    """Reorder/select channels by label (case-insensitive); a clear error lists the missing ones."""
-    index = {c.lower(): i for i, c in enumerate(ch_names)}
-    missing = [c for c in wanted if c.lower() not in index]
+    """Reorder/select channels by label (:func:`trainer.data.units.norm_label`: case-insensitive, ``Fc5.`` ~
+    ``FC5``); a clear error lists the missing ones."""
+    index: dict[str, int] = {}
+    for i, c in enumerate(ch_names):
+        index.setdefault(norm_label(c), i)
+    missing = [c for c in wanted if norm_label(c) not in index]
     if missing:
         raise DataError(f"missing channels {missing}; available: {list(ch_names)}")
-    return x[..., [index[c.lower()] for c in wanted], :]
+    return x[..., [index[norm_label(c)] for c in wanted], :]
 
 
 def ea_matrix(x: np.ndarray) -> np.ndarray:
@@ -87,7 +91,21 @@ def ea_matrix(x: np.ndarray) -> np.ndarray:
         raise DataError(f"EA needs a non-empty (trials, channels, times) array, got shape {x.shape}")
     x64 = np.asarray(x, dtype=np.float64)
     r = np.einsum("nct,ndt->cd", x64, x64) / (x.shape[0] * x.shape[2])
-    w, v = np.linalg.eigh(r)
+    return ea_inv_sqrt(r)
+
+
+def ea_inv_sqrt(r: np.ndarray) -> np.ndarray:
+    """``R^{-1/2}`` of an EA reference covariance (eigendecomposition, eigenvalues floored at 1e-10 x the largest).
+
+    The one inverse square root of Euclidean alignment: offline (:func:`ea_matrix`) and online (the edge's
+    running reference) both use it.
+
+    Raises
+    ------
+    DataError
+        If ``R`` is not positive (all-zero or non-finite trials).
+    """
+    w, v = np.linalg.eigh(np.asarray(r, dtype=np.float64))
     if not np.all(np.isfinite(w)) or w.max() <= 0:
         raise DataError("EA reference covariance is not positive: are the trials all zero or non-finite?")
     w = np.clip(w, w.max() * 1e-10, None)

@@ -1,0 +1,109 @@
+"""Stream layout: unit and channel-label normalisation shared by recording and decoding (no pylsl here).
+
+One place decides whether an incoming EEG stream can feed a consumer (``edge-client record`` or
+``edge-client infer``): its nominal rate, which stream channels carry the wanted labels, and the factor
+from each channel's declared unit to microvolts. A stream one command accepts, the other accepts too.
+
+Units and labels follow :mod:`trainer.data.units` (the one table: ``microvolts``, ``uV``, ``volts``, mne-lsl's
+``"0"``...; ``Fc5.`` ~ ``FC5``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainer.data.units import norm_label, unit_scale
+from trainer.errors import DataError
+
+#: Name of a sample-counter channel (mne-lsl's tests, firmware_sim); never EEG.
+COUNTER_CHANNEL = "Samples"
+COUNTER_LABEL = COUNTER_CHANNEL.lower()
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    """Where the wanted channels sit in a stream and how to turn them into microvolts.
+
+    Attributes
+    ----------
+    idx : list of int
+        Stream column of each wanted channel, in the wanted order.
+    names : list of str
+        The wanted labels (the consumer's spelling).
+    scale : ndarray, float64
+        Per wanted channel, the factor to microvolts.
+    """
+
+    idx: list[int]
+    names: list[str]
+    scale: np.ndarray
+
+    @property
+    def unit_ok(self) -> bool:
+        """True when every kept channel is already in microvolts."""
+        return bool(np.all(self.scale == 1.0))
+
+    def select(self, samples: np.ndarray) -> np.ndarray:
+        """Stream-layout samples ``(n, stream_channels)`` -> wanted channels in microvolts ``(channels, n)``.
+
+        Returns float64 (a copy).
+        """
+        x = np.asarray(samples)[:, self.idx].T.astype(np.float64)
+        return x if self.unit_ok else x * self.scale[:, None]
+
+
+def match_stream(sfreq: float, ch_names: Sequence[str], units: Sequence[str] | None = None,
+                 wanted: Sequence[str] | None = None, also_needed: Sequence[str] = (), fmax: float | None = None,
+                 expected_sfreq: float | None = None, source: str = "stream") -> StreamLayout:
+    """Validate a stream's rate, channels and units for a consumer.
+
+    Parameters
+    ----------
+    sfreq : float
+        The stream's nominal rate (0 = irregular).
+    ch_names, units : sequence of str
+        The stream's channel labels and units (units default to microvolts).
+    wanted : sequence of str, optional
+        Channels to keep, in this order (default: every stream channel except the counter).
+    also_needed : sequence of str
+        Channels that must be present too (e.g. those preprocessing picks later).
+    fmax : float, optional
+        Upper band-pass edge the consumer will apply; the rate must exceed twice it.
+    expected_sfreq : float, optional
+        Refuse another nominal rate.
+    source : str
+        Stream name for the error messages.
+
+    Raises
+    ------
+    DataError
+        Irregular, unexpected or too low rate; missing channels (all listed); unknown units.
+    """
+    ch_names = list(ch_names)
+    units = [""] * len(ch_names) if units is None else list(units)
+    if not sfreq or sfreq <= 0:
+        raise DataError(f"{source}: irregular sampling rate; an EEG stream needs a nominal rate")
+    if expected_sfreq is not None and not math.isclose(sfreq, expected_sfreq, rel_tol=1e-6):
+        raise DataError(f"{source}: sampling rate is {sfreq:g} Hz but {expected_sfreq:g} Hz was expected")
+    if fmax is not None and fmax >= sfreq / 2:
+        raise DataError(f"{source}: {sfreq:g} Hz is too low for a {fmax:g} Hz band-pass")
+    index: dict[str, int] = {}
+    for i, c in enumerate(ch_names):
+        index.setdefault(norm_label(c), i)
+    keep = list(wanted) if wanted is not None else [c for c in ch_names if norm_label(c) != COUNTER_LABEL]
+    have = {norm_label(w) for w in keep}
+    need = keep + [c for c in also_needed if norm_label(c) not in have]
+    missing = [c for c in need if norm_label(c) not in index]
+    if missing:
+        raise DataError(f"{source}: missing channels {missing} (stream has {ch_names})")
+    idx = [index[norm_label(c)] for c in keep]
+    scales = [unit_scale(units[i]) for i in idx]
+    bad = [(ch_names[i], units[i]) for i, f in zip(idx, scales) if f is None]
+    if bad:
+        raise DataError(f"{source}: channel units must be microvolts (or volts/millivolts/nanovolts, or "
+                        f"mne-lsl's power of ten of volts); got {bad[:5]}{' ...' if len(bad) > 5 else ''}")
+    return StreamLayout(idx, keep, np.array(scales, dtype=np.float64))
