@@ -254,9 +254,10 @@ def export(run: Run) -> dict:
     ckpt = run.dir / "coordinator" / "global_model.safetensors"
     if not ckpt.is_file():
         raise DemoError(f"the coordinator wrote no final model ({ckpt}); see logs/coordinator.log")
-    console.print("[bold]export[/]: neurofed export -> model.onnx (verified against torch on the held-out subject)")
+    console.print("[bold]export[/]: neurofed export -> model.onnx (verified against torch on the held-out subjects)")
     run.sup.start("export", command("neurofed", "export", str(ckpt), "-o", str(run.dir / "model.onnx"),
-                                    "--data-dir", str(run.data_dir), "--verify-subjects", str(run.cfg.heldout),
+                                    "--data-dir", str(run.data_dir), "--verify-subjects",
+                                    ",".join(map(str, run.cfg.heldout)),
                                     "--json", str(run.dir / "export.json")))
     run.sup.wait(["export"], run.budget(300), "neurofed export")
     run.phase("export", t)
@@ -281,6 +282,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         curve = HeldOutCurve(run, tap)
         run.results["federation"] = federate(run, tap, curve)
         run.results["curve"] = [curve.points[k] for k in sorted(curve.points)]
+        run.results["heldout_subjects"] = {"subjects": [f"S{h:03d}" for h in cfg.heldout], "rule": cfg.heldout_rule}
         run.results["export"] = export(run)
         run.results["live"] = live(run)
         run.results["offline"] = offline(run)
