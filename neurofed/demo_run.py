@@ -191,7 +191,7 @@ rounds = {cfg.rounds}
 fraction = {cfg.fraction}
 seed = {cfg.seed}
 min_clients = {len(cfg.subjects)}
-join_timeout_s = 180
+join_timeout_s = 300
 round_deadline_s = {cfg.round_deadline_s}
 strategy = "{cfg.algorithm}"
 
@@ -231,9 +231,9 @@ def federate(run: Run, tap, curve) -> dict:
         run.sup.start(f"join-{cid}", command("edge-client", "join", "--broker", run.url, "--client-id", cid,
                                              "--federation", run.federation, "--store", str(run.store(s)),
                                              "--state-dir", str(run.dir / "clients" / cid / "state"),
-                                             "--join-timeout", "180"))
+                                             "--join-timeout", "300"))
         joins.append(f"join-{cid}")
-    end = time.monotonic() + run.budget(180 + cfg.rounds * (cfg.round_deadline_s + 5))
+    end = time.monotonic() + run.budget(300 + cfg.rounds * (cfg.round_deadline_s + 5))
     while run.sup.children["coordinator"].rc is None:
         if time.monotonic() > end:
             raise DemoError("federated training did not finish in time (log logs/coordinator.log)")
