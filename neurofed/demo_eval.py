@@ -104,19 +104,25 @@ def live(run: Run) -> dict:
     console.print(f"[bold]live[/]: held-out {', '.join(held)} stream {dur:.0f} s each at {cfg.live_speed:g}x, "
                   "together; one edge-client infer per headset decodes each cue window with model.onnx")
     go = run.dir / "live.go"
-    watches = {}
-    for s, stream in streams.items():
-        run.sup.start(f"infer-{s}", command("edge-client", "infer", "--model", str(run.dir / "model.onnx"),
-                                            "--stream", stream, "--quiet", "--timeout", "90",
-                                            "--duration", str(int(dur / cfg.live_speed + 240))))
-        watches[s] = LiveWatch(stream, f"{stream}-predictions", timeout=run.budget(120))
-        watches[s].start()
-    infers = [f"infer-{s}" for s in held]
+    # headsets first, so their outlets hold the low LSL ports (as in capture); they stream on the go file
     run.sup.start("headset-heldout", command("headset-sim", "--subjects", ",".join(map(str, cfg.heldout)),
                                              "--data-dir", str(run.data_dir), "--runs", cfg.runs,
                                              "--speed", str(cfg.live_speed), "--name", base,
-                                             "--wait-consumers", "120", "--lead-in", "0.5", "--go-file", str(go)))
-    end = time.monotonic() + run.budget(120)
+                                             "--wait-consumers", "180", "--lead-in", "0.5", "--go-file", str(go)))
+    log, end = run.dir / "logs" / "headset-heldout.log", time.monotonic() + run.budget(120)
+    while (not log.is_file() or log.read_text().count("source_id") < len(held)) and time.monotonic() < end:
+        run.sup.check_alive(["headset-heldout"], "held-out headsets")
+        time.sleep(0.5)
+    time.sleep(2.0)
+    watches = {}
+    for s, stream in streams.items():
+        run.sup.start(f"infer-{s}", command("edge-client", "infer", "--model", str(run.dir / "model.onnx"),
+                                            "--stream", stream, "--quiet", "--timeout", "120",
+                                            "--duration", str(int(dur / cfg.live_speed + 300))))
+        watches[s] = LiveWatch(stream, f"{stream}-predictions", timeout=run.budget(150))
+        watches[s].start()
+    infers = [f"infer-{s}" for s in held]
+    end = time.monotonic() + run.budget(150)
     while not all(w.ready.is_set() for w in watches.values()) and time.monotonic() < end \
             and all(w.is_alive() for w in watches.values()):
         run.sup.check_alive([*infers, "headset-heldout"], "live phase")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from edge.lsl_config import session_config
+from edge.lsl_config import PORT_RANGE, session_config
 from neurofed.demo import DemoConfig
 from neurofed.supervise import DemoError, Supervisor, command
 
@@ -39,7 +39,10 @@ class Run:
         self.results: dict = {"config": cfg.to_dict(), "run_dir": str(self.dir), "federation_name": self.federation,
                               "run_tag": self.tag}
         lsl_cfg = self.dir / "lsl_api.cfg"
-        lsl_cfg.write_text(session_config(f"neurofed-demo-{self.tag}"))
+        # every headset has 2 outlets and every recorder/decoder/listener takes ports too; liblsl only probes
+        # [BasePort, BasePort + PortRange) on this host, so the range grows with the demo (edge/lsl_config.py)
+        ports = max(PORT_RANGE, 8 * (len(cfg.subjects) + len(cfg.heldout)) + 128)
+        lsl_cfg.write_text(session_config(f"neurofed-demo-{self.tag}", port_range=ports))
         if "pylsl" in sys.modules and os.environ.get("LSLAPICFG") != str(lsl_cfg):
             raise DemoError("pylsl was loaded before the demo could give this process its private LSL session; "
                             "run the demo in a fresh process (`neurofed demo`)")
@@ -152,20 +155,27 @@ def capture(run: Run) -> dict:
     wall = dur / cfg.speed
     console.print(f"[bold]capture[/]: {len(cfg.subjects)} headsets replay {dur:.0f} s of EEG each at {cfg.speed:g}x "
                   f"(~{wall:.0f} s); edge clients record cued trials into their stores")
+    # headsets first: their outlets take the low LSL service ports before any recorder's resolver does
+    # (resolvers started first push outlets past the probed port range: edge/lsl_config.py); each headset
+    # still waits for its recorder before it streams, so no cue is lost
+    run.sup.start("headsets-train", command("headset-sim", "--subjects", ",".join(map(str, cfg.subjects)),
+                                            "--data-dir", str(run.data_dir), "--runs", cfg.runs,
+                                            "--speed", str(cfg.speed), "--name", run.stream,
+                                            "--wait-consumers", "240", "--lead-in", "1.0"))
+    log, end = run.dir / "logs" / "headsets-train.log", time.monotonic() + run.budget(180)
+    while (not log.is_file() or log.read_text().count("source_id") < len(cfg.subjects)) and time.monotonic() < end:
+        run.sup.check_alive(["headsets-train"], "simulated headsets (capture)")
+        time.sleep(0.5)
+    time.sleep(2.0)  # the outlets are opened right after the headsets announce themselves
     names = []
     for s in cfg.subjects:
         name = f"record-{run.clients[s]}"
         run.sup.start(name, command("edge-client", "record", "--stream", f"{run.stream}-S{s:03d}",
                                     "--store", str(run.store(s)), "--subject", f"S{s:03d}", "--sfreq", "160",
-                                    "--resolve-timeout", "90", "--idle-timeout", "5",
-                                    "--duration", str(int(wall + 150))))
+                                    "--resolve-timeout", "180", "--idle-timeout", "5",
+                                    "--duration", str(int(wall + 300))))
         names.append(name)
-    time.sleep(1.0)
-    run.sup.start("headsets-train", command("headset-sim", "--subjects", ",".join(map(str, cfg.subjects)),
-                                                   "--data-dir", str(run.data_dir), "--runs", cfg.runs,
-                                                   "--speed", str(cfg.speed), "--name", run.stream,
-                                                   "--wait-consumers", "90", "--lead-in", "1.0"))
-    run.sup.wait(["headsets-train"], run.budget(wall + 120), "simulated headsets (capture)")
+    run.sup.wait(["headsets-train"], run.budget(wall + 240 + 60), "simulated headsets (capture)")
     run.sup.wait(names, run.budget(60), "edge-client record")
     counts = {}
     from edge.store import LocalStore

@@ -83,24 +83,25 @@ def summarise(res: dict) -> None:
     s = res["summary"]
     cfg = res["config"]
     console.print(f"\n[bold]What was trained[/]: {explain(res)}")
-    t = Table(title=f"Held-out subjects, decoded live by model.onnx (chance 50 %; never trained on; {s['heldout_rule']})",
-              show_lines=False)
-    for col in ("subject", "live BCA", "live correct", "95 % CI (Wilson)", "p vs chance", "offline BCA",
-                "round-0 BCA", "final-round BCA"):
-        t.add_column(col, justify="left" if col == "subject" else "right")
+    console.print(f"[bold]Held-out subjects[/] ({', '.join(s['heldout'])}): {s['heldout_rule']}.")
+    t = Table(title="Held-out subjects decoded live by model.onnx (never trained on; chance 50 %)", show_lines=False)
+    for col in ("subject", "live BCA", "correct/decoded", "95% CI (Wilson)", "p vs 50%", "offline BCA",
+                "round-0 BCA", "final BCA"):
+        t.add_column(col, justify="left" if col == "subject" else "right", no_wrap=True)
     for r in rows:
-        t.add_row(r["subject"], _pct(r["bca_live"]), f"{r['correct']}/{r['n']} of {r['cues']} cues",
+        t.add_row(r["subject"], _pct(r["bca_live"]), f"{r['correct']}/{r['n']}",
                   _ci(r["accuracy_ci95_wilson"]), "n/a" if r["p_above_chance"] is None else f"{r['p_above_chance']:.2g}",
                   _pct(r["bca_offline"]), _pct(r["bca_round0"]), _pct(r["bca_final_round"]))
     pooled = s["live_pooled"]
-    t.add_row("mean / pooled", _pct(s["bca_live"]), f"{pooled['correct']}/{pooled['n']}",
+    t.add_row("mean/pooled", _pct(s["bca_live"]), f"{pooled['correct']}/{pooled['n']}",
               _ci(pooled["accuracy_ci95_wilson"]),
               "n/a" if pooled["p_above_chance"] is None else f"{pooled['p_above_chance']:.2g}",
               _pct(s["bca_offline"]), _pct(s["bca_round0"]), _pct(s["bca_heldout_final_round"]), style="bold")
     console.print(t)
     console.print("BCA = balanced accuracy (mean of the per-class recalls); the interval is the 95 % Wilson score "
                   "interval of the live accuracy (correct / decoded), which equals BCA when the classes are balanced "
-                  "(EEGMMIDB: ~22-23 left and right cues per subject). p: one-sided exact binomial test against 50 %.")
+                  "(EEGMMIDB: ~22-23 left and right cues per subject). p: one-sided exact binomial test against 50 %. "
+                  "Round-0: the untrained initial model; final: the last global model in torch (offline).")
     t = Table(title=f"NeuroFed demo ({cfg['algorithm']}, {len(cfg['subjects'])} clients, {cfg['rounds']} rounds)",
               show_lines=False)
     t.add_column("what")
@@ -131,7 +132,7 @@ def explain(res: dict) -> str:
             f"{cfg['runs'].replace(',', '/')} (left/right fist imagery, 45 cued trials) into its own edge client, "
             f"which keeps the trials on the device. {cfg['rounds']} rounds; each round {n_per_round} of the "
             f"{len(cfg['subjects'])} clients (fraction {cfg['fraction']}, seeded) train {cfg['local_epochs']} local "
-            f"epochs of SGD (lr {cfg['lr']}, batch {cfg['batch_size']}) on {cfg['channels']} channels band-passed "
+            f"epochs of SGD (lr {cfg['lr']}, batch {cfg['batch_size']}) on the {cfg['channels']} channel set, band-passed "
             f"8-30 Hz at {cfg['resample']:g} Hz with per-device Euclidean alignment, and send weights only. "
             f"The exported model then decodes {len(cfg['heldout'])} held-out subjects "
             f"({subject_ranges(cfg['heldout'])}) it never saw, live from their headsets.")
@@ -149,7 +150,7 @@ def _plots(d: Path, res: dict) -> dict[str, str]:
     rounds = res["federation"]["rounds"]
     held = res["heldout_subjects"]["subjects"]
 
-    fig, ax = plt.subplots(figsize=(7.5, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
     curve = res.get("curve", [])
     if curve:
         xs = [p["round"] for p in curve]
@@ -159,13 +160,13 @@ def _plots(d: Path, res: dict) -> dict[str, str]:
         ax.axhline(50, color="grey", lw=0.8, ls=":")
         ax.set_ylabel("held-out BCA (%)")
     ax2 = ax.twinx()
-    ax2.plot([r["round"] for r in rounds], [r["loss"] for r in rounds], "s--", color="tab:orange", ms=3,
-             label="mean client training loss")
+    ax2.plot([r["round"] for r in rounds], [r["loss"] for r in rounds], "s--", color="tab:brown", ms=2, lw=0.8,
+             alpha=0.7, label="mean client training loss (right axis)")
     ax2.set_ylabel("training loss")
     ax.set_xlabel("round (0 = untrained initial model)")
     ax.set_title("Held-out BCA of each published global model, and training loss", fontsize=10)
-    fig.legend(loc="lower right", fontsize=7, ncol=2)
-    fig.tight_layout()
+    fig.legend(loc="lower center", fontsize=7, ncol=4, bbox_to_anchor=(0.5, 0.0), frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(d / "learning_curve.png", dpi=110)
     plt.close(fig)
     out["learning_curve"] = "learning_curve.png"
