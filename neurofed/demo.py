@@ -112,7 +112,7 @@ def demo_cmd(
     local_epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = 2,
     lr: Annotated[float, typer.Option(help="Client SGD learning rate.")] = 0.05,
     speed: Annotated[float, typer.Option(help="Playback speed of the training headsets.")] = 20.0,
-    live_speed: Annotated[float, typer.Option(help="Playback speed of the held-out headset.")] = 10.0,
+    live_speed: Annotated[float, typer.Option(help="Playback speed of the held-out headsets.")] = 10.0,
     runs: Annotated[str, typer.Option(help="EEGMMIDB runs each headset replays.")] = "4,8,12",
     eps: Annotated[str, typer.Option(help="FGSM budgets for BCA vs epsilon (comma list; '' = skip).")] = "0.01,0.03,0.05",
     broker: Annotated[str | None, typer.Option(help="Use this broker (mqtt://host:port) instead of the embedded one.")] = None,
