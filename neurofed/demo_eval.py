@@ -46,7 +46,7 @@ def decoded(y: np.ndarray, p: np.ndarray) -> dict:
     """BCA, accuracy, its 95 % Wilson interval and the p-value against chance, from labels and predictions."""
     from trainer.evaluate import bca
 
-    n, k = int(len(y)), int((np.asarray(y) == np.asarray(p)).sum())
+    n, k = len(y), int((np.asarray(y) == np.asarray(p)).sum())
     return {"n": n, "correct": k, "accuracy": k / n if n else None,
             "bca": bca(y, p) if n and len(set(np.asarray(y).tolist())) > 1 else None,
             "accuracy_ci95_wilson": wilson(k, n), "p_above_chance": p_above_chance(k, n)}

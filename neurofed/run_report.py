@@ -258,23 +258,23 @@ def write_report(d: Path, res: dict) -> Path:
     a = res["wire"]["audit"]
     lat = "n/a" if s["latency_ms_p50"] is None else f"{s['latency_ms_p50']:.1f} / {s['latency_ms_p99']:.1f} ms"
     lines = [f"# NeuroFed demo run `{Path(d).name}`", "", "## What was trained, on whom, how", "", explain(res), "",
-             f"Held-out subjects: {', '.join(s['heldout'])}, chosen as {s['heldout_rule']}. Broker "
+             (f"Held-out subjects: {', '.join(s['heldout'])}, chosen as {s['heldout_rule']}. Broker "
              f"{res['broker']['url']} ({res['broker']['kind']}); seed {cfg['seed']}; training headsets at "
-             f"{cfg['speed']:g}x, held-out headsets at {cfg['live_speed']:g}x real time.", "",
+             f"{cfg['speed']:g}x, held-out headsets at {cfg['live_speed']:g}x real time."), "",
              "## Held-out subjects, decoded live", "",
-             "| subject | live BCA | live correct / decoded (cues) | 95 % CI of live accuracy (Wilson) | "
-             "p vs chance | offline BCA | round-0 BCA (untrained) | final-round BCA |", "|---|---|---|---|---|---|---|---|"]
+             ("| subject | live BCA | live correct / decoded (cues) | 95 % CI of live accuracy (Wilson) | "
+             "p vs chance | offline BCA | round-0 BCA (untrained) | final-round BCA |"), "|---|---|---|---|---|---|---|---|"]
     for r in s["per_heldout"]:
         lines.append(f"| {r['subject']} | {_pct(r['bca_live'])} | {r['correct']}/{r['n']} ({r['cues']}) | "
                      f"{_ci(r['accuracy_ci95_wilson'])} | "
                      f"{'n/a' if r['p_above_chance'] is None else format(r['p_above_chance'], '.2g')} | "
                      f"{_pct(r['bca_offline'])} | {_pct(r['bca_round0'])} | {_pct(r['bca_final_round'])} |")
     pooled = s["live_pooled"]
-    lines += [f"| **mean / pooled** | **{_pct(s['bca_live'])}** | {pooled['correct']}/{pooled['n']} | "
+    lines += [(f"| **mean / pooled** | **{_pct(s['bca_live'])}** | {pooled['correct']}/{pooled['n']} | "
               f"{_ci(pooled['accuracy_ci95_wilson'])} | "
               f"{'n/a' if pooled['p_above_chance'] is None else format(pooled['p_above_chance'], '.2g')} | "
-              f"{_pct(s['bca_offline'])} | {_pct(s['bca_round0'])} | {_pct(s['bca_heldout_final_round'])} |", "",
-              "How to read it: chance is 50 % (two balanced classes). *Live BCA* is the balanced accuracy (mean of "
+              f"{_pct(s['bca_offline'])} | {_pct(s['bca_round0'])} | {_pct(s['bca_heldout_final_round'])} |"), "",
+              ("How to read it: chance is 50 % (two balanced classes). *Live BCA* is the balanced accuracy (mean of "
               "the per-class recalls) of `edge-client infer`'s predictions, each matched to the cue whose window it "
               "decoded, against that cue's label. The interval is the 95 % Wilson score interval "
               "(`scipy.stats.binomtest(...).proportion_ci(method='wilson')`) of the live *accuracy* (correct / "
@@ -284,20 +284,20 @@ def write_report(d: Path, res: dict) -> Path:
               "*Offline BCA*: `neurofed evaluate` of the same model.onnx on the same subject's trials from the EDF "
               "files (offline EA over all its trials); live decoding aligns with a running EA mean and has less BN "
               "context for its first windows, so the two differ a little. *Round-0 BCA*: the untrained initial "
-              "model, the baseline. *Final-round BCA*: the last published global model in torch.", "",
+              "model, the baseline. *Final-round BCA*: the last published global model in torch."), "",
               "## Other numbers", "", "| what | value | produced by |", "|---|---|---|",
-              f"| training subjects, offline BCA | {_pct(s['bca_training_set_offline'])} (training set: scored on the "
-              "trials they trained on; not an accuracy estimate) | `neurofed evaluate --trained-on ...` |",
-              f"| latency p50 / p99 | {lat} | arrival of the prediction sample - arrival of the window's last EEG "
-              "sample (LSL) |",
+              (f"| training subjects, offline BCA | {_pct(s['bca_training_set_offline'])} (training set: scored on the "
+              "trials they trained on; not an accuracy estimate) | `neurofed evaluate --trained-on ...` |"),
+              (f"| latency p50 / p99 | {lat} | arrival of the prediction sample - arrival of the window's last EEG "
+              "sample (LSL) |"),
               f"| bytes down / up | {s['coordinator_down']} / {s['clients_up']} | coordinator `metrics.json` |",
-              f"| all bytes through the broker | {s['broker_all_messages']} in {s['broker_messages']} messages | "
-              "wiretap on `#` |",
-              f"| no EEG on the broker | {'PASS' if a['ok'] else 'FAIL'} | {a['decoded_as_protocol']}/{a['messages']} "
+              (f"| all bytes through the broker | {s['broker_all_messages']} in {s['broker_messages']} messages | "
+              "wiretap on `#` |"),
+              (f"| no EEG on the broker | {'PASS' if a['ok'] else 'FAIL'} | {a['decoded_as_protocol']}/{a['messages']} "
               f"messages decode as protocol; {len(a['bad_tensors'])} non-weight tensors; {len(a['eeg_hits'])} "
               f"payloads with EEG sample runs ({a['eeg_fingerprints']} fingerprints); detector self-test "
               f"{'passed' if a.get('detector_self_test') else 'FAILED'}; largest payload {a['largest_payload_bytes']} B "
-              f"vs one raw trial {a['one_raw_trial_bytes']} B |",
+              f"vs one raw trial {a['one_raw_trial_bytes']} B |"),
               f"| wall time | {s['seconds']:.0f} s | phases: {res['timings_s']} |", "",
               "Checks: " + ", ".join(f"{k}={v}" for k, v in c.items() if k not in ("all_ok", "failed")) + ".", ""]
     titles = {"learning_curve": "Learning curve", "participation": "Per-client participation",

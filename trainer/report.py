@@ -268,10 +268,10 @@ def report(
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)
     pngs = plots(runs, out)
-    notes = ["mean ± sd: mean over subjects of each subject's BCA (averaged over seeds first); sd is the sample "
+    notes = [("mean ± sd: mean over subjects of each subject's BCA (averaged over seeds first); sd is the sample "
              "standard deviation over subjects (ddof=1). sd over seeds: sample standard deviation of the per-seed "
              "means. p: two-sided paired t-test over the subjects both runs hold. Every score is on subjects the "
-             "scoring model never trained on (see Folds)."]
+             "scoring model never trained on (see Folds).")]
     notes += [f"**Warning**: {w}." for w in warnings]
     md = ("# NeuroFed report\n\n" + protocol_markdown(runs) + "\n\n## Results\n\n" + table + "\n\n"
           + "\n\n".join(notes) + "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
