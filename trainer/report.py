@@ -243,7 +243,9 @@ def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="run directories (each with results.json)")],
     out: Annotated[Path, typer.Option(help="folder for report.md and PNG plots")] = Path("runs/report"),
     seeds: Annotated[str | None, typer.Option(help="only these seeds, e.g. '0' or '0,1' (default: all a run has)")] = None,
-    refs: Annotated[str, typer.Option(help="algorithms to give paired p-values against (their plain run)")] = "ct,fedavg",
+    refs: Annotated[str | None, typer.Option(help="algorithms to give paired p-values against (their plain run); "
+                                                 "default ct,fedavg where present; a name given here that matches no "
+                                                 "run is a warning")] = None,
     p_metrics: Annotated[str, typer.Option(help="metrics to test, e.g. 'bca,pgd@0.03'")] = "bca",
 ) -> None:
     """Render a markdown table (mean ± std, paired t-test p-values) and PNG plots from runs."""
@@ -259,12 +261,12 @@ def report(
     pms = tuple(x.strip() for x in p_metrics.split(",") if x.strip())
     if unknown := [m for m in pms if m not in known]:
         raise typer.BadParameter(f"--p-metrics {','.join(unknown)}: no run has it (runs have {sorted(known)})")
-    ref_names = tuple(x.strip() for x in refs.split(",") if x.strip())
+    ref_names = tuple(x.strip() for x in (refs or "ct,fedavg").split(",") if x.strip())
     table = markdown_table(runs, ref_names, pms)
     matched = reference_runs(runs, ref_names)
     warnings = [f"--refs {k}: no run of algorithm {k!r} among the runs given "
                 f"({', '.join(sorted({r['algorithm'] for r in runs}))}); no p-value against it"
-                for k in ref_names if k not in matched]
+                for k in ref_names if k not in matched and refs is not None]
     for w in warnings:
         typer.echo(f"warning: {w}", err=True)
     pngs = plots(runs, out)
