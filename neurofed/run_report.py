@@ -234,7 +234,7 @@ HOW_TO_READ = {
     "learning_curve": ("After every round the demo takes the global model the coordinator published off the broker "
                        "and scores it (torch, test batch 8) on every held-out subject's 45 trials from the EDF "
                        "files. Thin lines: one held-out subject; thick black: their mean; round 0 is the untrained "
-                       "initial model (the baseline); dotted: chance (50 %). Orange squares (right axis): the "
+                       "initial model (the baseline); dotted: chance (50 %). Brown dashed line (right axis): the "
                        "participating clients' mean training loss of that round. A rising black line above the "
                        "round-0 point is learning that transfers to people the model never saw."),
     "participation": ("Rounds each training headset took part in (the coordinator draws the round's clients with "
