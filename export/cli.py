@@ -108,8 +108,16 @@ def evaluate_cmd(
     batch_size: Annotated[int | None, typer.Option(help="test batch (default: model metadata)")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="write results as JSON")] = None,
+    trained_on: Annotated[
+        str | None,
+        typer.Option(help="subjects the model trained on, e.g. '1-8' (default: from the model's data hashes)"),
+    ] = None,
 ) -> None:
-    """Balanced accuracy of an ONNX model per subject (onnxruntime forward passes)."""
+    """Balanced accuracy of an ONNX model per subject (onnxruntime forward passes).
+
+    Subjects the model trained on are scored on trials they trained on: they are marked
+    "training set" and summarised apart from held-out subjects (sample std, ddof=1).
+    """
     from export.evaluate import evaluate, load_eegmmidb_for, load_files_for
     from export.metadata import read_onnx_meta
     from trainer.errors import NeuroFedError
@@ -118,37 +126,45 @@ def evaluate_cmd(
         raise typer.BadParameter(f"attack {attack!r}: use fgsm or pgd")
     if not model.is_file():
         raise NeuroFedError(f"{model}: ONNX model file not found")
+    from trainer.cli import parse_subjects
+
     meta = read_onnx_meta(model)
+    given = None if trained_on is None else [f"S{n:03d}" for n in parse_subjects(trained_on, None)]
     if recording:
         data = load_files_for(meta, recording, _parse_event_map(event_map))
     else:
-        from trainer.cli import parse_subjects
-
         with console.status("loading subjects..."):
             data = load_eegmmidb_for(meta, parse_subjects(subjects, data_dir), data_dir)
     with console.status("evaluating..."):
-        res = evaluate(model, data, attack, eps, checkpoint, seed, batch_size)
-    metrics = list(res["summary"])
+        res = evaluate(model, data, attack, eps, checkpoint, seed, batch_size, trained_on=given)
+    metrics = ["bca"] + (["bca_attacked"] if attack else [])
     t = Table(
         title=f"{meta.model} ({meta.bn_mode}{', ' + meta.quantized if meta.quantized else ''}): "
         f"BCA per subject, test batch {res['test_batch_size']}" + (f", {attack} eps {eps}" if attack else "")
     )
     t.add_column("subject")
     t.add_column("trials", justify="right")
+    t.add_column("scored on")
     for m in metrics:
         t.add_column(m, justify="right")
+    known = res["training_subjects"] is not None
     for s, row in res["per_subject"].items():
-        t.add_row(s, str(row["n_trials"]), *[f"{100 * row[m]:.1f}" for m in metrics])
-    t.add_row(
-        "mean ± std",
-        "",
-        *[
-            f"{100 * res['summary'][m]['mean']:.1f} ± {100 * res['summary'][m]['std_subjects']:.1f}"
-            for m in metrics
-        ],
-        style="bold",
-    )
+        where = "training set" if row["trained_on"] else ("held out" if known else "unknown")
+        t.add_row(s, str(row["n_trials"]), where, *[f"{100 * row[m]:.1f}" for m in metrics])
+    groups = [("mean ± sd, held out" if known else "mean ± sd (training membership unknown)", res["summary"]),
+              ("mean ± sd, training set", res["summary_training"])]
+    for name, summ in groups:
+        if summ:
+            t.add_row(name, "", f"{next(iter(summ.values()))['n_subjects']} subj.",
+                      *[f"{100 * summ[m]['mean']:.1f} ± {100 * summ[m]['std_subjects']:.1f}" for m in metrics],
+                      style="bold")
     console.print(t)
+    if res["summary_training"]:
+        console.print("training-set scores are on trials the model trained on; they are not accuracy estimates "
+                      f"({res['training_subjects_source']}). sd: sample standard deviation over subjects (ddof=1).")
+    elif not known:
+        console.print("the model's metadata does not say which subjects it trained on (pass --trained-on); "
+                      "sd: sample standard deviation over subjects (ddof=1).")
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(res, indent=1))

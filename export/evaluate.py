@@ -128,6 +128,40 @@ def check_fit(meta: OnnxModelMeta, sd) -> tuple[np.ndarray, np.ndarray]:
     return sd.X.astype(np.float32), sd.y
 
 
+def training_subjects(meta: OnnxModelMeta, trained_on: Sequence[str] | None = None) -> tuple[set[str] | None, str | None]:
+    """The subjects (``SNNN``) the model was trained on, and where that was learnt.
+
+    ``trained_on`` (given by the caller, e.g. the demo, whose coordinator never sees client data)
+    wins; else the file names of the model's ``data_hashes`` (``S001R04.edf`` -> ``S001``), which
+    ``neurofed simulate`` records; else ``(None, None)``: unknown.
+    """
+    if trained_on is not None:
+        return {subject_id(s) for s in trained_on}, "given (--trained-on)"
+    if meta.data_hashes:
+        return {name[:4] for name in meta.data_hashes}, "model metadata (data_hashes)"
+    return None, None
+
+
+def subject_id(s: str | int) -> str:
+    """``3``, ``"3"``, ``"S3"`` or ``"S003"`` -> ``"S003"``."""
+    t = str(s).strip().upper().removeprefix("S")
+    if not t.isdigit():
+        raise NeuroFedError(f"{s!r} is not a subject number (e.g. 3 or S003)")
+    return f"S{int(t):03d}"
+
+
+def group_summary(rows: Mapping[str, dict], metrics: Sequence[str]) -> dict:
+    """Per metric: mean, sample std (ddof=1; 0 for one subject) and number of subjects; {} if no rows."""
+    if not rows:
+        return {}
+    out = {}
+    for m in metrics:
+        v = np.array([r[m] for r in rows.values()], dtype=float)
+        out[m] = {"mean": float(v.mean()), "std_subjects": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+                  "n_subjects": len(v)}
+    return out
+
+
 def evaluate(
     model_path: str | os.PathLike,
     data: Mapping[str, tuple[np.ndarray, np.ndarray]],
@@ -137,8 +171,16 @@ def evaluate(
     seed: int = 0,
     batch_size: int | None = None,
     on_subject: Callable[[str], None] | None = None,
+    trained_on: Sequence[str] | None = None,
 ) -> dict:
-    """BCA per subject (onnxruntime forward), clean and optionally attacked; JSON-ready dict."""
+    """BCA per subject (onnxruntime forward), clean and optionally attacked; JSON-ready dict.
+
+    Training subjects (``trained_on``, else the model's ``data_hashes``) are scored on trials they
+    trained on: their rows carry ``trained_on: true`` and they are summarised apart
+    (``summary_training``), never mixed into ``summary`` (held-out subjects, or every subject when
+    the model does not say what it was trained on: ``training_subjects`` is then null).
+    Standard deviations are sample ones (ddof=1) over subjects.
+    """
     from trainer.evaluate import bca
 
     om = OnnxModel(model_path)
@@ -154,17 +196,11 @@ def evaluate(
         if on_subject:
             on_subject(subj)
     metrics = ["bca"] + (["bca_attacked"] if attack else [])
-    summary = (
-        {
-            m: {
-                "mean": float(np.mean([r[m] for r in per.values()])),
-                "std_subjects": float(np.std([r[m] for r in per.values()])),
-            }
-            for m in metrics
-        }
-        if per
-        else {}
-    )
+    trained, source = training_subjects(om.meta, trained_on)
+    for subj, row in per.items():
+        row["trained_on"] = None if trained is None else subj in trained
+    held = {s: r for s, r in per.items() if not r["trained_on"]}
+    seen = {s: r for s, r in per.items() if r["trained_on"]}
     return {
         "model": str(model_path),
         "model_hash": om.meta.model_hash,
@@ -173,6 +209,9 @@ def evaluate(
         "quantized": om.meta.quantized,
         "test_batch_size": bs,
         "attack": {"name": attack, "eps": eps, "seed": seed} if attack else None,
+        "training_subjects": None if trained is None else sorted(trained),
+        "training_subjects_source": source,
         "per_subject": per,
-        "summary": summary,
+        "summary": group_summary(held, metrics),
+        "summary_training": group_summary(seen, metrics),
     }

@@ -19,14 +19,45 @@ def _progress(tap, curve, rounds: int) -> None:
     while not tap.results.empty():
         msg, _ = decode(tap.results.get())
         r = curve.get(msg.round, {})
-        console.print(f"  round {msg.round:>3}/{rounds}  {', '.join(msg.participants)}  "
+        console.print(f"  round {msg.round:>3}/{rounds}  {len(msg.participants)} clients  "
                       f"loss {msg.loss if msg.loss is not None else float('nan'):.3f}  "
                       f"up {msg.bytes_up / 1e3:.0f} kB  down {msg.bytes_down / 1e3:.0f} kB  {msg.seconds:.1f} s"
-                      + (f"  held-out BCA {100 * r['bca']:.1f} %" if "bca" in r else ""))
+                      + (f"  held-out mean BCA {100 * r['bca']:.1f} %" if "bca" in r else ""))
+
+
+def wilson(k: int, n: int) -> tuple[float, float] | None:
+    """95 % Wilson score interval of a binomial proportion ``k / n`` (scipy.stats.binomtest); None if n = 0."""
+    from scipy.stats import binomtest
+
+    if n == 0:
+        return None
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def p_above_chance(k: int, n: int, chance: float = 0.5) -> float | None:
+    """One-sided exact binomial p-value of ``k`` or more correct of ``n`` under ``chance``."""
+    from scipy.stats import binomtest
+
+    return None if n == 0 else float(binomtest(k, n, chance, alternative="greater").pvalue)
+
+
+def decoded(y: np.ndarray, p: np.ndarray) -> dict:
+    """BCA, accuracy, its 95 % Wilson interval and the p-value against chance, from labels and predictions."""
+    from trainer.evaluate import bca
+
+    n, k = len(y), int((np.asarray(y) == np.asarray(p)).sum())
+    return {"n": n, "correct": k, "accuracy": k / n if n else None,
+            "bca": bca(y, p) if n and len(set(np.asarray(y).tolist())) > 1 else None,
+            "accuracy_ci95_wilson": wilson(k, n), "p_above_chance": p_above_chance(k, n)}
 
 
 class HeldOutCurve:
-    """Held-out BCA of every global model the coordinator published (taken off the wire by the wiretap)."""
+    """Held-out BCA of every global model the coordinator published (taken off the wire by the wiretap).
+
+    Round 0 is the untrained initial model the coordinator publishes before the first round: the
+    baseline every later round is read against. Each point has the BCA per held-out subject and their mean.
+    """
 
     def __init__(self, run: Run, tap) -> None:
         self.run, self.tap = run, tap
@@ -50,96 +81,132 @@ class HeldOutCurve:
             msg, tensors = decode(payload)
             m = msg.meta
             if self.data is None:
-                self.data = load_eegmmidb_subject(self.run.cfg.heldout, PreprocessConfig.from_dict(m.preprocess),
-                                                  self.run.data_dir)
+                pre = PreprocessConfig.from_dict(m.preprocess)
+                self.data = [load_eegmmidb_subject(h, pre, self.run.data_dir) for h in self.run.cfg.heldout]
             torch.manual_seed(0)
             model = build_model(m.model, m.n_channels, m.n_classes, m.n_times, m.sfreq, m.bn_mode)
             model.load_state_dict(tensors)
-            self.points[msg.round] = {"round": msg.round, "bca": bca(self.data.y, predict(model, self.data.X, 8))}
+            per = {sd.subject: bca(sd.y, predict(model, sd.X, 8)) for sd in self.data}
+            self.points[msg.round] = {"round": msg.round, "bca": float(np.mean(list(per.values()))),
+                                      "per_subject": per}
 
 
 def live(run: Run) -> dict:
+    """Stream every held-out subject at once; one ``edge-client infer`` and one listener per headset."""
+    from export.metadata import read_onnx_meta
     from neurofed.livewatch import LiveWatch
-    from trainer.evaluate import bca
 
     cfg, t = run.cfg, time.monotonic()
-    h = cfg.heldout
-    stream = f"{run.stream}-heldout"
-    dur = recording_seconds(run, [h])
-    console.print(f"[bold]live[/]: held-out S{h:03d} streams {dur:.0f} s at {cfg.live_speed:g}x; "
-                  "edge-client infer decodes each cue window with model.onnx")
+    held = [f"S{h:03d}" for h in cfg.heldout]
+    base = f"{run.stream}-heldout"
+    streams = {s: base if len(held) == 1 else f"{base}-{s}" for s in held}  # headset-sim's naming
+    dur = recording_seconds(run, cfg.heldout)
+    console.print(f"[bold]live[/]: held-out {', '.join(held)} stream {dur:.0f} s each at {cfg.live_speed:g}x, "
+                  "together; one edge-client infer per headset decodes each cue window with model.onnx")
     go = run.dir / "live.go"
-    run.sup.start("infer", command("edge-client", "infer", "--model", str(run.dir / "model.onnx"), "--stream", stream,
-                                   "--quiet", "--timeout", "90", "--duration", str(int(dur / cfg.live_speed + 240))))
-    watch = LiveWatch(stream, f"{stream}-predictions", timeout=run.budget(120))
-    watch.start()
-    run.sup.start("headset-heldout", command("headset-sim", "--subjects", str(h), "--data-dir",
-                                                    str(run.data_dir), "--runs", cfg.runs, "--speed", str(cfg.live_speed),
-                                                    "--name", stream, "--wait-consumers", "120", "--lead-in", "0.5",
-                                                    "--go-file", str(go)))
-    end = time.monotonic() + run.budget(120)
-    while not watch.ready.is_set() and time.monotonic() < end and watch.is_alive():
-        run.sup.check_alive(["infer", "headset-heldout"], "live phase")
+    # headsets first, so their outlets hold the low LSL ports (as in capture); they stream on the go file
+    run.sup.start("headset-heldout", command("headset-sim", "--subjects", ",".join(map(str, cfg.heldout)),
+                                             "--data-dir", str(run.data_dir), "--runs", cfg.runs,
+                                             "--speed", str(cfg.live_speed), "--name", base,
+                                             "--wait-consumers", "180", "--lead-in", "0.5", "--go-file", str(go)))
+    log, end = run.dir / "logs" / "headset-heldout.log", time.monotonic() + run.budget(120)
+    while (not log.is_file() or log.read_text().count("source_id") < len(held)) and time.monotonic() < end:
+        run.sup.check_alive(["headset-heldout"], "held-out headsets")
+        time.sleep(0.5)
+    time.sleep(2.0)
+    watches = {}
+    for s, stream in streams.items():
+        run.sup.start(f"infer-{s}", command("edge-client", "infer", "--model", str(run.dir / "model.onnx"),
+                                            "--stream", stream, "--quiet", "--timeout", "120",
+                                            "--duration", str(int(dur / cfg.live_speed + 300))))
+        watches[s] = LiveWatch(stream, f"{stream}-predictions", timeout=run.budget(150))
+        watches[s].start()
+    infers = [f"infer-{s}" for s in held]
+    end = time.monotonic() + run.budget(150)
+    while not all(w.ready.is_set() for w in watches.values()) and time.monotonic() < end \
+            and all(w.is_alive() for w in watches.values()):
+        run.sup.check_alive([*infers, "headset-heldout"], "live phase")
         time.sleep(0.1)
-    go.touch()  # decoder and watch are connected: stream
+    go.touch()  # decoders and watches are connected: stream
     try:
-        run.sup.wait(["headset-heldout"], run.budget(dur / cfg.live_speed + 120), "held-out headset")
-        run.sup.check_alive(["infer"], "edge-client infer")
+        run.sup.wait(["headset-heldout"], run.budget(dur / cfg.live_speed + 120), "held-out headsets")
+        run.sup.check_alive(infers, "edge-client infer")
         n, end = -1, time.monotonic() + run.budget(15)
-        while len(watch.preds) != n and time.monotonic() < end:  # let the last windows through
-            n = len(watch.preds)
+        while sum(len(w.preds) for w in watches.values()) != n and time.monotonic() < end:  # last windows
+            n = sum(len(w.preds) for w in watches.values())
             time.sleep(2.0)
     finally:
-        run.sup.stop("infer")
-        watch.stop_evt.set()
-        watch.join(5)
-    if watch.error:
-        raise DemoError(f"live watch: {watch.error}")
-    from export.metadata import read_onnx_meta
-
+        for name in infers:
+            run.sup.stop(name)
+        for w in watches.values():
+            w.stop_evt.set()
+            w.join(5)
     meta = read_onnx_meta(run.dir / "model.onnx")
-    y, p = watch.labelled(list(meta.classes), float(meta.preprocess.get("tmax", 4.0)))
-    lat = watch.latencies_ms()
+    classes, tmax = list(meta.classes), float(meta.preprocess.get("tmax", 4.0))
+    per, lats, ys, ps = {}, [], [], []
+    for s, w in watches.items():
+        if w.error:
+            raise DemoError(f"live watch of {s}: {w.error}")
+        if not w.preds:
+            raise DemoError(f"no live prediction of {s} arrived from edge-client infer (log {run.dir}/logs/infer-{s}.log)")
+        # each prediction is matched to the cue whose window it decoded (window end = cue + tmax, in the
+        # headset's own stream time, which replay speed does not change); the label is the cue's
+        y, p = w.labelled(classes, tmax)
+        ys.append(y), ps.append(p)
+        lat = w.latencies_ms()
+        lats.append(lat)
+        per[s] = {"stream": streams[s], "cues": sum(1 for _, lab in w.markers if lab in classes),
+                  "predictions": len(w.preds), "matched": len(y), **decoded(y, p)}
+    lat = np.concatenate(lats) if lats else np.empty(0)
     np.save(run.dir / "latency_ms.npy", lat)
-    n_cues = sum(1 for _, lab in watch.markers if lab in meta.classes)
-    res = {"stream": stream, "cues": n_cues, "predictions": len(watch.preds), "matched": len(y),
-           "bca_live": bca(y, p) if len(y) and len(set(y.tolist())) > 1 else None,
+    pooled = decoded(np.concatenate(ys), np.concatenate(ps))
+    bcas = [r["bca"] for r in per.values() if r["bca"] is not None]
+    res = {"per_subject": per, "cues": sum(r["cues"] for r in per.values()),
+           "predictions": sum(r["predictions"] for r in per.values()),
+           "matched": sum(r["matched"] for r in per.values()),
+           "bca_live": float(np.mean(bcas)) if bcas else None,
+           "pooled": pooled,
            "latency_ms": {"p50": float(np.percentile(lat, 50)) if len(lat) else None,
                           "p99": float(np.percentile(lat, 99)) if len(lat) else None,
                           "max": float(lat.max()) if len(lat) else None, "n": len(lat)}}
-    if not watch.preds:
-        raise DemoError(f"no live prediction arrived from edge-client infer (log {run.dir}/logs/infer.log)")
     run.phase("live", t)
     return res
 
 
 def offline(run: Run) -> dict:
-    """``neurofed evaluate`` clean on every demo subject, and under attack on the held-out one (in parallel)."""
+    """``neurofed evaluate`` clean on every demo subject, and under attack on the held-out ones (in parallel)."""
     cfg, t = run.cfg, time.monotonic()
     ev = run.dir / "eval"
     ev.mkdir(exist_ok=True)
     model, ckpt = str(run.dir / "model.onnx"), str(run.dir / "coordinator" / "global_model.safetensors")
-    subs = ",".join(map(str, [*cfg.subjects, cfg.heldout]))
-    console.print(f"[bold]evaluate[/]: neurofed evaluate (clean: subjects {subs}; {cfg.attack} at eps "
-                  f"{', '.join(map(str, cfg.eps)) or '-'} on S{cfg.heldout:03d})")
+    subs = ",".join(map(str, [*cfg.subjects, *cfg.heldout]))
+    held = ",".join(map(str, cfg.heldout))
+    console.print(f"[bold]evaluate[/]: neurofed evaluate (clean: every demo subject, training ones marked; "
+                  f"{cfg.attack} at eps {', '.join(map(str, cfg.eps)) or '-'} on the held-out subjects)")
     names = ["eval-clean"]
     run.sup.start("eval-clean", command("neurofed", "evaluate", "--model", model, "--data-dir", str(run.data_dir),
-                                        "--subjects", subs, "--json", str(ev / "clean.json")))
+                                        "--subjects", subs, "--trained-on", ",".join(map(str, cfg.subjects)),
+                                        "--json", str(ev / "clean.json")))
     for e in cfg.eps:
         n = f"eval-{cfg.attack}-{e:g}"
         run.sup.start(n, command("neurofed", "evaluate", "--model", model, "--data-dir", str(run.data_dir),
-                                 "--subjects", str(cfg.heldout), "--attack", cfg.attack, "--eps", str(e),
-                                 "--checkpoint", ckpt, "--json", str(ev / f"{cfg.attack}-{e:g}.json")))
+                                 "--subjects", held, "--attack", cfg.attack, "--eps", str(e),
+                                 "--checkpoint", ckpt, "--trained-on", ",".join(map(str, cfg.subjects)),
+                                 "--json", str(ev / f"{cfg.attack}-{e:g}.json")))
         names.append(n)
     run.sup.wait(names, run.budget(400), "neurofed evaluate")
     clean = json.loads((ev / "clean.json").read_text())
-    attacks = [{"eps": 0.0, "bca": clean["per_subject"][f"S{cfg.heldout:03d}"]["bca"]}]
+    attacks = [{"eps": 0.0, "bca": clean["summary"]["bca"]["mean"]}]
     for e in cfg.eps:
         a = json.loads((ev / f"{cfg.attack}-{e:g}.json").read_text())
-        attacks.append({"eps": e, "bca": a["per_subject"][f"S{cfg.heldout:03d}"]["bca_attacked"]})
+        attacks.append({"eps": e, "bca": a["summary"]["bca_attacked"]["mean"]})
     run.phase("evaluate", t)
+    heldout = [f"S{h:03d}" for h in cfg.heldout]
     return {"per_subject": {s: r["bca"] for s, r in clean["per_subject"].items()},
-            "heldout": f"S{cfg.heldout:03d}", "bca_offline": clean["per_subject"][f"S{cfg.heldout:03d}"]["bca"],
+            "training_subjects": clean["training_subjects"], "heldout": heldout,
+            "bca_offline": clean["summary"]["bca"]["mean"],
+            "bca_offline_per_heldout": {s: clean["per_subject"][s]["bca"] for s in heldout},
+            "bca_training_set": clean["summary_training"].get("bca"),
             "attack": cfg.attack, "bca_vs_eps": attacks}
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from edge.lsl_config import session_config
+from edge.lsl_config import PORT_RANGE, session_config
 from neurofed.demo import DemoConfig
 from neurofed.supervise import DemoError, Supervisor, command
 
@@ -39,7 +39,10 @@ class Run:
         self.results: dict = {"config": cfg.to_dict(), "run_dir": str(self.dir), "federation_name": self.federation,
                               "run_tag": self.tag}
         lsl_cfg = self.dir / "lsl_api.cfg"
-        lsl_cfg.write_text(session_config(f"neurofed-demo-{self.tag}"))
+        # every headset has 2 outlets and every recorder/decoder/listener takes ports too; liblsl only probes
+        # [BasePort, BasePort + PortRange) on this host, so the range grows with the demo (edge/lsl_config.py)
+        ports = max(PORT_RANGE, 8 * (len(cfg.subjects) + len(cfg.heldout)) + 128)
+        lsl_cfg.write_text(session_config(f"neurofed-demo-{self.tag}", port_range=ports))
         if "pylsl" in sys.modules and os.environ.get("LSLAPICFG") != str(lsl_cfg):
             raise DemoError("pylsl was loaded before the demo could give this process its private LSL session; "
                             "run the demo in a fresh process (`neurofed demo`)")
@@ -152,20 +155,27 @@ def capture(run: Run) -> dict:
     wall = dur / cfg.speed
     console.print(f"[bold]capture[/]: {len(cfg.subjects)} headsets replay {dur:.0f} s of EEG each at {cfg.speed:g}x "
                   f"(~{wall:.0f} s); edge clients record cued trials into their stores")
+    # headsets first: their outlets take the low LSL service ports before any recorder's resolver does
+    # (resolvers started first push outlets past the probed port range: edge/lsl_config.py); each headset
+    # still waits for its recorder before it streams, so no cue is lost
+    run.sup.start("headsets-train", command("headset-sim", "--subjects", ",".join(map(str, cfg.subjects)),
+                                            "--data-dir", str(run.data_dir), "--runs", cfg.runs,
+                                            "--speed", str(cfg.speed), "--name", run.stream,
+                                            "--wait-consumers", "240", "--lead-in", "1.0"))
+    log, end = run.dir / "logs" / "headsets-train.log", time.monotonic() + run.budget(180)
+    while (not log.is_file() or log.read_text().count("source_id") < len(cfg.subjects)) and time.monotonic() < end:
+        run.sup.check_alive(["headsets-train"], "simulated headsets (capture)")
+        time.sleep(0.5)
+    time.sleep(2.0)  # the outlets are opened right after the headsets announce themselves
     names = []
     for s in cfg.subjects:
         name = f"record-{run.clients[s]}"
         run.sup.start(name, command("edge-client", "record", "--stream", f"{run.stream}-S{s:03d}",
                                     "--store", str(run.store(s)), "--subject", f"S{s:03d}", "--sfreq", "160",
-                                    "--resolve-timeout", "90", "--idle-timeout", "5",
-                                    "--duration", str(int(wall + 150))))
+                                    "--resolve-timeout", "180", "--idle-timeout", "5",
+                                    "--duration", str(int(wall + 300))))
         names.append(name)
-    time.sleep(1.0)
-    run.sup.start("headsets-train", command("headset-sim", "--subjects", ",".join(map(str, cfg.subjects)),
-                                                   "--data-dir", str(run.data_dir), "--runs", cfg.runs,
-                                                   "--speed", str(cfg.speed), "--name", run.stream,
-                                                   "--wait-consumers", "90", "--lead-in", "1.0"))
-    run.sup.wait(["headsets-train"], run.budget(wall + 120), "simulated headsets (capture)")
+    run.sup.wait(["headsets-train"], run.budget(wall + 240 + 60), "simulated headsets (capture)")
     run.sup.wait(names, run.budget(60), "edge-client record")
     counts = {}
     from edge.store import LocalStore
@@ -191,7 +201,7 @@ rounds = {cfg.rounds}
 fraction = {cfg.fraction}
 seed = {cfg.seed}
 min_clients = {len(cfg.subjects)}
-join_timeout_s = 180
+join_timeout_s = 300
 round_deadline_s = {cfg.round_deadline_s}
 strategy = "{cfg.algorithm}"
 
@@ -231,9 +241,9 @@ def federate(run: Run, tap, curve) -> dict:
         run.sup.start(f"join-{cid}", command("edge-client", "join", "--broker", run.url, "--client-id", cid,
                                              "--federation", run.federation, "--store", str(run.store(s)),
                                              "--state-dir", str(run.dir / "clients" / cid / "state"),
-                                             "--join-timeout", "180"))
+                                             "--join-timeout", "300"))
         joins.append(f"join-{cid}")
-    end = time.monotonic() + run.budget(180 + cfg.rounds * (cfg.round_deadline_s + 5))
+    end = time.monotonic() + run.budget(300 + cfg.rounds * (cfg.round_deadline_s + 5))
     while run.sup.children["coordinator"].rc is None:
         if time.monotonic() > end:
             raise DemoError("federated training did not finish in time (log logs/coordinator.log)")
@@ -254,9 +264,10 @@ def export(run: Run) -> dict:
     ckpt = run.dir / "coordinator" / "global_model.safetensors"
     if not ckpt.is_file():
         raise DemoError(f"the coordinator wrote no final model ({ckpt}); see logs/coordinator.log")
-    console.print("[bold]export[/]: neurofed export -> model.onnx (verified against torch on the held-out subject)")
+    console.print("[bold]export[/]: neurofed export -> model.onnx (verified against torch on the held-out subjects)")
     run.sup.start("export", command("neurofed", "export", str(ckpt), "-o", str(run.dir / "model.onnx"),
-                                    "--data-dir", str(run.data_dir), "--verify-subjects", str(run.cfg.heldout),
+                                    "--data-dir", str(run.data_dir), "--verify-subjects",
+                                    ",".join(map(str, run.cfg.heldout)),
                                     "--json", str(run.dir / "export.json")))
     run.sup.wait(["export"], run.budget(300), "neurofed export")
     run.phase("export", t)
@@ -281,6 +292,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         curve = HeldOutCurve(run, tap)
         run.results["federation"] = federate(run, tap, curve)
         run.results["curve"] = [curve.points[k] for k in sorted(curve.points)]
+        run.results["heldout_subjects"] = {"subjects": [f"S{h:03d}" for h in cfg.heldout], "rule": cfg.heldout_rule}
         run.results["export"] = export(run)
         run.results["live"] = live(run)
         run.results["offline"] = offline(run)

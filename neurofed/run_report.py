@@ -15,6 +15,10 @@ def _pct(v) -> str:
     return "n/a" if v is None else f"{100 * v:.1f} %"
 
 
+def _ci(c) -> str:
+    return "n/a" if not c else f"{100 * c[0]:.1f}-{100 * c[1]:.1f} %"
+
+
 def checks(res: dict) -> dict:
     """The demo's pass/fail checks (also what tests/neurofed/test_demo.py asserts)."""
     cfg = res["config"]
@@ -25,7 +29,8 @@ def checks(res: dict) -> dict:
     c = {
         "rounds_completed": len(rounds) == cfg["rounds"],
         "model_exported": bool(exp) and Path(res["run_dir"], "model.onnx").is_file(),
-        "live_predictions": live.get("predictions", 0) > 0 and live.get("matched", 0) > 0,
+        "live_predictions": bool(live.get("per_subject")) and all(
+            r.get("predictions", 0) > 0 and r.get("matched", 0) > 0 for r in live["per_subject"].values()),
         "no_eeg_on_broker": bool(audit.get("ok")) and audit.get("messages", 0) > 0,
     }
     failed = [k for k, v in c.items() if not v]
@@ -39,27 +44,71 @@ def traffic_bytes(res: dict) -> dict:
             "broker_all_messages": tr["total_bytes"], "broker_messages": tr["total_messages"]}
 
 
+def heldout_rows(res: dict) -> list[dict]:
+    """Per held-out subject: live BCA/accuracy/interval, offline BCA, round-0 and final-round BCA."""
+    curve = {p["round"]: p for p in res.get("curve", [])}
+    first, last = curve.get(0, {}), curve[max(curve)] if curve else {}
+    rows = []
+    for s in res["heldout_subjects"]["subjects"]:
+        lv = res["live"]["per_subject"][s]
+        rows.append({"subject": s, "bca_live": lv["bca"], "correct": lv["correct"], "n": lv["n"],
+                     "cues": lv["cues"], "predictions": lv["predictions"], "accuracy_live": lv["accuracy"],
+                     "accuracy_ci95_wilson": lv["accuracy_ci95_wilson"], "p_above_chance": lv["p_above_chance"],
+                     "bca_offline": res["offline"]["bca_offline_per_heldout"][s],
+                     "bca_round0": first.get("per_subject", {}).get(s),
+                     "bca_final_round": last.get("per_subject", {}).get(s)})
+    return rows
+
+
 def summarise(res: dict) -> None:
-    """Fill ``res['checks']``/``res['summary']`` and print the final summary table."""
+    """Fill ``res['checks']``/``res['summary']`` and print the final summary (the same numbers as report.md)."""
     res["checks"] = checks(res)
     live, off, audit = res["live"], res["offline"], res["wire"]["audit"]
     b = traffic_bytes(res)
     curve = res.get("curve", [])
+    r0 = next((p for p in curve if p["round"] == 0), None)
+    rows = heldout_rows(res)
     res["summary"] = {
-        "heldout": off["heldout"], "bca_live": live["bca_live"], "bca_offline": off["bca_offline"],
+        "heldout": res["heldout_subjects"]["subjects"], "heldout_rule": res["heldout_subjects"]["rule"],
+        "chance_level": 0.5, "per_heldout": rows,
+        "bca_live": live["bca_live"], "bca_offline": off["bca_offline"],
+        "live_pooled": live["pooled"],
+        "bca_round0": r0["bca"] if r0 else None,
         "bca_heldout_final_round": curve[-1]["bca"] if curve else None,
+        "bca_training_set_offline": (off.get("bca_training_set") or {}).get("mean"),
         "latency_ms_p50": live["latency_ms"]["p50"], "latency_ms_p99": live["latency_ms"]["p99"],
         "predictions": live["predictions"], "cues": live["cues"], **b,
         "no_eeg_on_broker": audit["ok"], "seconds": res["timings_s"]["total"],
     }
     s = res["summary"]
-    t = Table(title=f"NeuroFed demo ({res['config']['algorithm']}, {len(res['config']['subjects'])} clients, "
-                    f"{res['config']['rounds']} rounds)", show_lines=False)
+    cfg = res["config"]
+    console.print(f"\n[bold]What was trained[/]: {explain(res)}")
+    console.print(f"[bold]Held-out subjects[/] ({', '.join(s['heldout'])}): {s['heldout_rule']}.")
+    t = Table(title="Held-out subjects decoded live by model.onnx (never trained on; chance 50 %)", show_lines=False)
+    for col in ("subject", "live BCA", "correct/decoded", "95% CI (Wilson)", "p vs 50%", "offline BCA",
+                "round-0 BCA", "final BCA"):
+        t.add_column(col, justify="left" if col == "subject" else "right", no_wrap=True)
+    for r in rows:
+        t.add_row(r["subject"], _pct(r["bca_live"]), f"{r['correct']}/{r['n']}",
+                  _ci(r["accuracy_ci95_wilson"]), "n/a" if r["p_above_chance"] is None else f"{r['p_above_chance']:.2g}",
+                  _pct(r["bca_offline"]), _pct(r["bca_round0"]), _pct(r["bca_final_round"]))
+    pooled = s["live_pooled"]
+    t.add_row("mean/pooled", _pct(s["bca_live"]), f"{pooled['correct']}/{pooled['n']}",
+              _ci(pooled["accuracy_ci95_wilson"]),
+              "n/a" if pooled["p_above_chance"] is None else f"{pooled['p_above_chance']:.2g}",
+              _pct(s["bca_offline"]), _pct(s["bca_round0"]), _pct(s["bca_heldout_final_round"]), style="bold")
+    console.print(t)
+    console.print("BCA = balanced accuracy (mean of the per-class recalls); the interval is the 95 % Wilson score "
+                  "interval of the live accuracy (correct / decoded), which equals BCA when the classes are balanced "
+                  "(EEGMMIDB: ~22-23 left and right cues per subject). p: one-sided exact binomial test against 50 %. "
+                  "Round-0: the untrained initial model; final: the last global model in torch (offline).")
+    t = Table(title=f"NeuroFed demo ({cfg['algorithm']}, {len(cfg['subjects'])} clients, {cfg['rounds']} rounds)",
+              show_lines=False)
     t.add_column("what")
     t.add_column("value", justify="right")
-    t.add_row(f"held-out {s['heldout']} BCA, live (edge-client infer)", _pct(s["bca_live"]))
-    t.add_row(f"held-out {s['heldout']} BCA, offline (neurofed evaluate)", _pct(s["bca_offline"]))
-    t.add_row("live predictions / cues", f"{s['predictions']} / {s['cues']}")
+    t.add_row("training subjects, offline BCA (training set: trials they trained on)",
+              _pct(s["bca_training_set_offline"]))
+    t.add_row("live predictions / cues (held-out)", f"{s['predictions']} / {s['cues']}")
     t.add_row("latency p50 / p99 (last sample -> prediction)",
               "n/a" if s["latency_ms_p50"] is None else f"{s['latency_ms_p50']:.1f} / {s['latency_ms_p99']:.1f} ms")
     t.add_row("bytes down (tasks) / up (updates)", f"{b['coordinator_down'] / 1e6:.2f} / {b['clients_up'] / 1e6:.2f} MB")
@@ -72,6 +121,23 @@ def summarise(res: dict) -> None:
     console.print(f"run directory: {res['run_dir']} (report.md, results.json, logs/)")
 
 
+def explain(res: dict) -> str:
+    """What was trained, on whom and how, in words (console and report.md)."""
+    from trainer.report import subject_ranges
+
+    cfg = res["config"]
+    n_per_round = max(1, int(cfg["fraction"] * len(cfg["subjects"])))
+    return (f"{cfg['algorithm'].upper()} federated training over MQTT of an EEGNet on {len(cfg['subjects'])} "
+            f"simulated headsets, one per EEGMMIDB subject ({subject_ranges(cfg['subjects'])}), each replaying runs "
+            f"{cfg['runs'].replace(',', '/')} (left/right fist imagery, 45 cued trials) into its own edge client, "
+            f"which keeps the trials on the device. {cfg['rounds']} rounds; each round {n_per_round} of the "
+            f"{len(cfg['subjects'])} clients (fraction {cfg['fraction']}, seeded) train {cfg['local_epochs']} local "
+            f"epochs of SGD (lr {cfg['lr']}, batch {cfg['batch_size']}) on the {cfg['channels']} channel set, band-passed "
+            f"8-30 Hz at {cfg['resample']:g} Hz with per-device Euclidean alignment, and send weights only. "
+            f"The exported model then decodes {len(cfg['heldout'])} held-out subjects "
+            f"({subject_ranges(cfg['heldout'])}) it never saw, live from their headsets.")
+
+
 # ----------------------------------------------------------------------------- plots
 def _plots(d: Path, res: dict) -> dict[str, str]:
     import matplotlib
@@ -82,54 +148,67 @@ def _plots(d: Path, res: dict) -> dict[str, str]:
 
     out: dict[str, str] = {}
     rounds = res["federation"]["rounds"]
+    held = res["heldout_subjects"]["subjects"]
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
     curve = res.get("curve", [])
     if curve:
-        ax.plot([p["round"] for p in curve], [100 * p["bca"] for p in curve], "o-", label="held-out BCA (global model)")
+        xs = [p["round"] for p in curve]
+        for s in held:
+            ax.plot(xs, [100 * p["per_subject"][s] for p in curve], "o-", ms=3, lw=0.8, alpha=0.6, label=s)
+        ax.plot(xs, [100 * p["bca"] for p in curve], "o-", color="black", lw=2, ms=4, label="mean of held-out")
         ax.axhline(50, color="grey", lw=0.8, ls=":")
         ax.set_ylabel("held-out BCA (%)")
     ax2 = ax.twinx()
-    ax2.plot([r["round"] for r in rounds], [r["loss"] for r in rounds], "s--", color="tab:orange", ms=3,
-             label="mean client training loss")
+    ax2.plot([r["round"] for r in rounds], [r["loss"] for r in rounds], "s--", color="tab:brown", ms=2, lw=0.8,
+             alpha=0.7, label="mean client training loss (right axis)")
     ax2.set_ylabel("training loss")
-    ax.set_xlabel("round")
-    fig.legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
+    ax.set_xlabel("round (0 = untrained initial model)")
+    ax.set_title("Held-out BCA of each published global model, and training loss", fontsize=10)
+    fig.legend(loc="lower center", fontsize=7, ncol=4, bbox_to_anchor=(0.5, 0.0), frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(d / "learning_curve.png", dpi=110)
     plt.close(fig)
     out["learning_curve"] = "learning_curve.png"
 
     part = Counter(c for r in rounds for c in r["participants"])
     clients = sorted(res["capture"])
-    fig, ax = plt.subplots(figsize=(6, 3))
+    fig, ax = plt.subplots(figsize=(max(6, 0.3 * len(clients)), 3))
     ax.bar(clients, [part.get(c, 0) for c in clients])
     ax.set_ylabel("rounds trained")
-    ax.set_title("per-client participation")
-    plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+    ax.set_title("Per-client participation (rounds each headset trained in)", fontsize=10)
+    plt.setp(ax.get_xticklabels(), rotation=60, ha="right", fontsize=7)
     fig.tight_layout()
     fig.savefig(d / "participation.png", dpi=110)
     plt.close(fig)
     out["participation"] = "participation.png"
 
     per = res["offline"]["per_subject"]
-    held = res["offline"]["heldout"]
-    fig, ax = plt.subplots(figsize=(6, 3))
-    ax.bar(list(per), [100 * v for v in per.values()], color=["tab:red" if s == held else "tab:blue" for s in per])
+    live = res["live"]["per_subject"]
+    subs = list(per)
+    fig, ax = plt.subplots(figsize=(max(7, 0.3 * len(subs)), 3.6))
+    ax.bar(subs, [100 * per[s] for s in subs], color=["tab:red" if s in held else "tab:blue" for s in subs],
+           label="offline (neurofed evaluate)")
+    xi = [subs.index(s) for s in held if live[s]["bca"] is not None]
+    ax.plot(xi, [100 * live[subs[i]]["bca"] for i in xi], "k*", ms=10, label="live (edge-client infer)")
     ax.axhline(50, color="grey", lw=0.8, ls=":")
     ax.set_ylabel("BCA (%)")
-    ax.set_title(f"per-subject BCA of model.onnx (red: held-out {held}; blue: trained on)")
+    ax.set_title("BCA of model.onnx per subject\nblue: training subjects (training-set score); red: held out",
+                 fontsize=9)
+    plt.setp(ax.get_xticklabels(), rotation=60, ha="right", fontsize=7)
+    ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(d / "per_subject_bca.png", dpi=110)
     plt.close(fig)
     out["per_subject_bca"] = "per_subject_bca.png"
 
     pts = res["offline"]["bca_vs_eps"]
-    fig, ax = plt.subplots(figsize=(5, 3))
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
     ax.plot([p["eps"] for p in pts], [100 * p["bca"] for p in pts], "o-")
     ax.axhline(50, color="grey", lw=0.8, ls=":")
     ax.set_xlabel(f"{res['offline']['attack'].upper()} epsilon (x per-channel std)")
-    ax.set_ylabel(f"BCA on {held} (%)")
+    ax.set_ylabel("mean BCA, held-out (%)")
+    ax.set_title("White-box attack on the held-out subjects", fontsize=10)
     fig.tight_layout()
     fig.savefig(d / "bca_vs_eps.png", dpi=110)
     plt.close(fig)
@@ -137,16 +216,38 @@ def _plots(d: Path, res: dict) -> dict[str, str]:
 
     lat_file = d / "latency_ms.npy"
     lat = np.load(lat_file) if lat_file.exists() else np.empty(0)
-    fig, ax = plt.subplots(figsize=(5, 3))
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
     if len(lat):
         ax.hist(lat, bins=30)
     ax.set_xlabel("latency (ms): last EEG sample of the window -> prediction sample")
     ax.set_ylabel("windows")
+    ax.set_title("Live decoding latency (all held-out headsets)", fontsize=10)
     fig.tight_layout()
     fig.savefig(d / "latency_hist.png", dpi=110)
     plt.close(fig)
     out["latency_hist"] = "latency_hist.png"
     return out
+
+
+#: How to read each plot (report.md).
+HOW_TO_READ = {
+    "learning_curve": ("After every round the demo takes the global model the coordinator published off the broker "
+                       "and scores it (torch, test batch 8) on every held-out subject's 45 trials from the EDF "
+                       "files. Thin lines: one held-out subject; thick black: their mean; round 0 is the untrained "
+                       "initial model (the baseline); dotted: chance (50 %). Brown dashed line (right axis): the "
+                       "participating clients' mean training loss of that round. A rising black line above the "
+                       "round-0 point is learning that transfers to people the model never saw."),
+    "participation": ("Rounds each training headset took part in (the coordinator draws the round's clients with "
+                      "its seed)."),
+    "per_subject_bca": ("Bars: `neurofed evaluate` of model.onnx on every subject's trials from the EDF files. Blue "
+                        "bars are training subjects scored on the trials they trained on (a training-set score, not "
+                        "an accuracy estimate); red bars are the held-out subjects; black stars: the live BCA of the "
+                        "held-out subjects from the decoder's predictions. Dotted: chance."),
+    "bca_vs_eps": ("Mean held-out BCA of model.onnx when each trial is perturbed by a white-box attack of budget "
+                   "epsilon (x each channel's std), crafted on the exported weights; epsilon 0 is the clean score."),
+    "latency_hist": ("Per live prediction: arrival of the prediction sample minus arrival of the EEG sample that ends "
+                     "its window, in the demo process (same clock, loopback)."),
+}
 
 
 def write_report(d: Path, res: dict) -> Path:
@@ -156,34 +257,53 @@ def write_report(d: Path, res: dict) -> Path:
     s, c, cfg = res["summary"], res["checks"], res["config"]
     a = res["wire"]["audit"]
     lat = "n/a" if s["latency_ms_p50"] is None else f"{s['latency_ms_p50']:.1f} / {s['latency_ms_p99']:.1f} ms"
-    rows = [
-        ("held-out BCA live", f"{_pct(s['bca_live'])} ({s['predictions']} predictions, {s['cues']} cues)",
-         "`edge-client infer` predictions vs the headset's cue markers"),
-        ("held-out BCA offline", _pct(s["bca_offline"]), "`neurofed evaluate --model model.onnx --subjects ...`"),
-        ("held-out BCA, final global model (torch)", _pct(s["bca_heldout_final_round"]),
-         "model taken off the wire, `trainer.evaluate.predict`"),
-        ("latency p50 / p99", lat, "arrival of the prediction sample - arrival of the window's last EEG sample (LSL)"),
-        ("bytes down / up", f"{s['coordinator_down']} / {s['clients_up']}", "coordinator `metrics.json`"),
-        ("all bytes through the broker", f"{s['broker_all_messages']} in {s['broker_messages']} messages",
-         "wiretap on `#`"),
-        ("no EEG on the broker", "PASS" if a["ok"] else "FAIL",
-         (f"{a['decoded_as_protocol']}/{a['messages']} messages decode as protocol; {len(a['bad_tensors'])} non-weight "
-         f"tensors; {len(a['eeg_hits'])} payloads with EEG sample runs ({a['eeg_fingerprints']} fingerprints); "
-         f"detector self-test {'passed' if a.get('detector_self_test') else 'FAILED'}; largest payload "
-         f"{a['largest_payload_bytes']} B vs one raw trial {a['one_raw_trial_bytes']} B")),
-        ("wall time", f"{s['seconds']:.0f} s", f"phases: {res['timings_s']}"),
-    ]
-    head = (f"{cfg['algorithm'].upper()}, {len(cfg['subjects'])} clients (subjects {cfg['subjects']}), held-out "
-            f"S{cfg['heldout']:03d}, {cfg['rounds']} rounds, fraction {cfg['fraction']}, client batch "
-            f"{cfg['batch_size']}, {cfg['local_epochs']} local epochs, {cfg['channels']} @ {cfg['resample']:g} Hz; "
-            f"broker {res['broker']['url']} ({res['broker']['kind']}).")
-    checks_line = ", ".join(f"{k}={v}" for k, v in c.items() if k not in ("all_ok", "failed"))
-    lines = [f"# NeuroFed demo run `{Path(d).name}`", "", head, "", "| what | value | produced by |", "|---|---|---|",
-             *[f"| {w} | {v} | {how} |" for w, v, how in rows], "", f"Checks: {checks_line}.", ""]
+    lines = [f"# NeuroFed demo run `{Path(d).name}`", "", "## What was trained, on whom, how", "", explain(res), "",
+             (f"Held-out subjects: {', '.join(s['heldout'])}, chosen as {s['heldout_rule']}. Broker "
+             f"{res['broker']['url']} ({res['broker']['kind']}); seed {cfg['seed']}; training headsets at "
+             f"{cfg['speed']:g}x, held-out headsets at {cfg['live_speed']:g}x real time."), "",
+             "## Held-out subjects, decoded live", "",
+             ("| subject | live BCA | live correct / decoded (cues) | 95 % CI of live accuracy (Wilson) | "
+             "p vs chance | offline BCA | round-0 BCA (untrained) | final-round BCA |"), "|---|---|---|---|---|---|---|---|"]
+    for r in s["per_heldout"]:
+        lines.append(f"| {r['subject']} | {_pct(r['bca_live'])} | {r['correct']}/{r['n']} ({r['cues']}) | "
+                     f"{_ci(r['accuracy_ci95_wilson'])} | "
+                     f"{'n/a' if r['p_above_chance'] is None else format(r['p_above_chance'], '.2g')} | "
+                     f"{_pct(r['bca_offline'])} | {_pct(r['bca_round0'])} | {_pct(r['bca_final_round'])} |")
+    pooled = s["live_pooled"]
+    lines += [(f"| **mean / pooled** | **{_pct(s['bca_live'])}** | {pooled['correct']}/{pooled['n']} | "
+              f"{_ci(pooled['accuracy_ci95_wilson'])} | "
+              f"{'n/a' if pooled['p_above_chance'] is None else format(pooled['p_above_chance'], '.2g')} | "
+              f"{_pct(s['bca_offline'])} | {_pct(s['bca_round0'])} | {_pct(s['bca_heldout_final_round'])} |"), "",
+              ("How to read it: chance is 50 % (two balanced classes). *Live BCA* is the balanced accuracy (mean of "
+              "the per-class recalls) of `edge-client infer`'s predictions, each matched to the cue whose window it "
+              "decoded, against that cue's label. The interval is the 95 % Wilson score interval "
+              "(`scipy.stats.binomtest(...).proportion_ci(method='wilson')`) of the live *accuracy* (correct / "
+              "decoded); accuracy equals BCA when classes are balanced and is within a point or two of it here "
+              "(~22-23 cues per class per subject). The mean row gives the mean of the subjects' live BCAs and the "
+              "interval and p-value of all held-out trials pooled (one-sided exact binomial test against 50 %). "
+              "*Offline BCA*: `neurofed evaluate` of the same model.onnx on the same subject's trials from the EDF "
+              "files (offline EA over all its trials); live decoding aligns with a running EA mean and has less BN "
+              "context for its first windows, so the two differ a little. *Round-0 BCA*: the untrained initial "
+              "model, the baseline. *Final-round BCA*: the last published global model in torch."), "",
+              "## Other numbers", "", "| what | value | produced by |", "|---|---|---|",
+              (f"| training subjects, offline BCA | {_pct(s['bca_training_set_offline'])} (training set: scored on the "
+              "trials they trained on; not an accuracy estimate) | `neurofed evaluate --trained-on ...` |"),
+              (f"| latency p50 / p99 | {lat} | arrival of the prediction sample - arrival of the window's last EEG "
+              "sample (LSL) |"),
+              f"| bytes down / up | {s['coordinator_down']} / {s['clients_up']} | coordinator `metrics.json` |",
+              (f"| all bytes through the broker | {s['broker_all_messages']} in {s['broker_messages']} messages | "
+              "wiretap on `#` |"),
+              (f"| no EEG on the broker | {'PASS' if a['ok'] else 'FAIL'} | {a['decoded_as_protocol']}/{a['messages']} "
+              f"messages decode as protocol; {len(a['bad_tensors'])} non-weight tensors; {len(a['eeg_hits'])} "
+              f"payloads with EEG sample runs ({a['eeg_fingerprints']} fingerprints); detector self-test "
+              f"{'passed' if a.get('detector_self_test') else 'FAILED'}; largest payload {a['largest_payload_bytes']} B "
+              f"vs one raw trial {a['one_raw_trial_bytes']} B |"),
+              f"| wall time | {s['seconds']:.0f} s | phases: {res['timings_s']} |", "",
+              "Checks: " + ", ".join(f"{k}={v}" for k, v in c.items() if k not in ("all_ok", "failed")) + ".", ""]
     titles = {"learning_curve": "Learning curve", "participation": "Per-client participation",
               "per_subject_bca": "Per-subject BCA", "bca_vs_eps": "BCA vs attack epsilon", "latency_hist": "Latency"}
     for k, f in plots.items():
-        lines += [f"## {titles[k]}", "", f"![{titles[k]}]({f})", ""]
+        lines += [f"## {titles[k]}", "", HOW_TO_READ[k], "", f"![{titles[k]}]({f})", ""]
     files = ("`config.json`, `federation.toml`, `lsl_api.cfg`, `logs/*.log` (every process), `clients/*/store` "
              "(captured trials, never uploaded), `clients/*/state`, `coordinator/` (checkpoints, metrics.json, "
              "global_model.safetensors), `model.onnx`, `export.json`, `eval/*.json`, `results.json`.")

@@ -233,12 +233,31 @@ data_app = typer.Typer(help="Find, check and download EEG recordings.", no_args_
 
 @data_app.command("info")
 def data_info(data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None) -> None:
-    """Where the data is and which subjects have all left/right imagery runs."""
-    from trainer.data import list_subjects, resolve_data_dir
+    """Where the data is, and every file checked: header vs size, annotations, left/right cues.
+
+    Exits 2 naming each file with a problem (truncated, unreadable, missing, cues absent)."""
+    from trainer.data import resolve_data_dir
+    from trainer.data.eegmmidb import check_files
+    from trainer.errors import DataError
 
     d = resolve_data_dir(data_dir)
-    subs = list_subjects(d)
-    console.print(f"data folder: {d}\nsubjects with runs 4/8/12 ({len(subs)}): {', '.join(map(str, subs))}")
+    with Progress(TextColumn("[bold]checking EDF files"), BarColumn(), TextColumn("{task.completed} files"),
+                  console=console, transient=True) as prog:
+        task = prog.add_task("check", total=None)
+        report = check_files(d, on_file=lambda _: prog.advance(task))
+    good = [s for s, r in report.items() if r["ok"]]
+    cues = sum(f["cues"] for s in good for f in report[s]["files"].values())
+    console.print(f"data folder: {d}\nsubjects with runs 4/8/12 complete and readable ({len(good)}, {cues} "
+                  f"left/right cues): {', '.join(map(str, good))}")
+    bad = {s: r for s, r in report.items() if not r["ok"]}
+    for s, r in bad.items():
+        for name, f in r["files"].items():
+            for problem in f["problems"]:
+                console.print(f"[red]S{s:03d}[/] {name}: {problem}")
+    if bad:
+        n = sum(1 for r in bad.values() for f in r["files"].values() if f["problems"])
+        raise DataError(f"{n} file(s) of {len(bad)} subject(s) have problems (listed above): "
+                        f"subjects {', '.join(map(str, bad))} are not usable as they are")
 
 
 @data_app.command("download")

@@ -44,6 +44,91 @@ def label_of(run: dict) -> str:
     return Path(run["_dir"]).name or run["algorithm"]
 
 
+def subject_ranges(subjects) -> str:
+    """``["S001", "S002", "S003", "S009"]`` (or ints) -> ``"S001-S003, S009"``."""
+    nums = sorted({int(str(s).upper().lstrip("S")) for s in subjects})
+    parts, i = [], 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        parts.append(f"S{nums[i]:03d}" + (f"-S{nums[j]:03d}" if j > i else ""))
+        i = j + 1
+    return ", ".join(parts)
+
+
+def protocol_of(run: dict) -> dict[str, str]:
+    """What a run did, in words, from its results.json (data, subjects, folds, model, preprocessing,
+    optimiser, rounds, seeds, attacks); the keys are the report's protocol lines."""
+    cfg = run.get("config", {})
+    pre = cfg.get("preprocess", {})
+    loc = cfg.get("local", {})
+    strat = run.get("strategy", {})
+    subjects = cfg.get("subjects") or sorted(run.get("per_subject", {}))
+    files = sorted(run.get("data_hashes", {}))
+    runs = sorted({f[4:7].lstrip("R").lstrip("0") for f in files if len(f) >= 7 and f[4] == "R"}, key=int)
+    data = "EEGMMIDB (PhysioNet), left/right fist motor imagery" + (
+        f", runs {'/'.join(runs)} ({len(files)} EDF files, SHA-256 in results.json)" if runs else "")
+    proto = cfg.get("protocol", "loso")
+    if proto == "loso":
+        folds = f"leave-one-subject-out ({len(subjects)} folds; every subject scored once, never trained on)"
+    elif proto.startswith("kfold:"):
+        folds = (f"subject-wise {proto.split(':')[1]}-fold (subject groups drawn with fold seed "
+                 f"{cfg.get('fold_seed', 0)}; every subject scored once by a model that never saw it)")
+    else:
+        folds = "none: trained on every subject, no held-out score"
+    chans = pre.get("channels")
+    ch = "all 64 channels" if chans is None else (
+        "the 21 sensorimotor channels (FC/C/CP rows)" if len(chans) == 21 else f"{len(chans)} channels")
+    rate = f"{pre['resample']:g} Hz" if pre.get("resample") else "160 Hz (native)"
+    prep = (f"{ch}, band-pass {pre.get('fmin', '?')}-{pre.get('fmax', '?')} Hz, resampled to {rate}, window "
+            f"{pre.get('tmin', 0)}-{pre.get('tmax', 4)} s after the cue, "
+            + ("per-subject Euclidean alignment" if pre.get("ea", True) else "no Euclidean alignment"))
+    alg = run.get("algorithm", cfg.get("algorithm", "?"))
+    if alg == "ct":
+        opt = (f"SGD lr {loc.get('lr')}, momentum {loc.get('momentum')}, weight decay {loc.get('weight_decay')}, "
+               f"batch {cfg.get('ct_batch_size')} (centralised: one model on the pooled training subjects)")
+        rounds = f"{cfg.get('rounds')} epochs"
+    else:
+        opt = (f"client SGD lr {loc.get('lr')}, momentum {loc.get('momentum')}, weight decay "
+               f"{loc.get('weight_decay')}, client batch {loc.get('batch_size')}, {loc.get('local_epochs')} local "
+               "epoch(s) per round")
+        rounds = (f"{cfg.get('rounds')} rounds, {cfg.get('fraction')} of the clients per round "
+                  "(one client per training subject)")
+    over = cfg.get("strategy_overrides") or {}
+    model = (f"{run.get('model', cfg.get('model'))}, {strat.get('bn_mode', '?')} BN, test batch "
+             f"{cfg.get('test_batch', '?')}")
+    algo = alg + (f" with overrides {over}" if over else "") + (
+        f" (SAM rho {strat['sam_rho']}, FGSM-AT eps {strat['fat_eps']}, AWP gamma {strat['awp_gamma']})"
+        if strat and any(strat.get(k) for k in ("sam_rho", "fat_eps", "awp_gamma")) else "")
+    attacks = ", ".join(f"{a} eps {e}" for a, e in cfg.get("attacks", [])) or "none"
+    n_seeds = run.get("per_seed") or {}
+    seeds = ", ".join(sorted(n_seeds, key=int)) if n_seeds else ", ".join(map(str, cfg.get("seeds", [])))
+    return {"data": data, "subjects": f"{len(subjects)}: {subject_ranges(subjects)}", "folds": folds,
+            "algorithm": algo, "model": model, "preprocessing": prep, "optimiser": opt, "rounds": rounds,
+            "seeds": seeds, "attacks (white-box, eps x per-channel std)": attacks}
+
+
+def protocol_markdown(runs: list[dict]) -> str:
+    """The report's opening: the protocol lines shared by every run, then what differs per run."""
+    protos = [protocol_of(r) for r in runs]
+    keys = list(protos[0])
+    same = [k for k in keys if all(p.get(k) == protos[0][k] for p in protos)]
+    lines = ["## Protocol", ""] + [f"- **{k}**: {protos[0][k]}" for k in same]
+    differ = [k for k in keys if k not in same]
+    if differ:
+        lines += ["", "Per run (where runs differ):", ""]
+        for r, p in zip(runs, protos):
+            lines.append(f"- `{label_of(r)}`: " + "; ".join(f"{k}: {p[k]}" for k in differ))
+    return "\n".join(lines)
+
+
+def sample_std(values) -> float:
+    """Sample standard deviation (ddof=1); 0.0 for fewer than two values."""
+    v = np.asarray(list(values), dtype=float)
+    return float(v.std(ddof=1)) if len(v) > 1 else 0.0
+
+
 def paired_p(a: dict, b: dict, metric: str = "bca") -> float | None:
     """Paired t-test over subjects both runs hold (two-sided)."""
     common = sorted(set(a["per_subject"]) & set(b["per_subject"]))
@@ -56,19 +141,25 @@ def paired_p(a: dict, b: dict, metric: str = "bca") -> float | None:
     return float(stats.ttest_rel(x, y).pvalue)
 
 
-def markdown_table(runs: list[dict], refs: tuple[str, ...] = ("ct", "fedavg"),
-                   p_metrics: tuple[str, ...] = ("bca",)) -> str:
-    """Accuracy (and robustness) table, with paired p-values (per metric in ``p_metrics``) against the plain runs
-    of the algorithms in ``refs`` where present."""
-    metrics = sorted({m for r in runs for m in r["summary"]}, key=lambda m: (m != "bca", m))
-    # reference = the run named like the algorithm (e.g. directory "ct"), else its first plain run
+def reference_runs(runs: list[dict], refs: tuple[str, ...]) -> dict[str, dict]:
+    """Algorithm name in ``refs`` -> its reference run: the run named like the algorithm (e.g. directory
+    ``ct``), else its first plain run. Names that match no run are absent (the report warns about them)."""
     ref_runs: dict[str, dict] = {}
     for r in runs:
         plain = not r["config"].get("strategy_overrides") and r["config"]["preprocess"].get("ea", True)
         if r["algorithm"] in refs and (label_of(r) == r["algorithm"] or (plain and r["algorithm"] not in ref_runs)):
             ref_runs[r["algorithm"]] = r
-    head = ["algorithm", "subjects", "seeds"] + [f"{m} mean ± std (%)" for m in metrics]
-    head += ["bca std over seeds"]
+    return ref_runs
+
+
+def markdown_table(runs: list[dict], refs: tuple[str, ...] = ("ct", "fedavg"),
+                   p_metrics: tuple[str, ...] = ("bca",)) -> str:
+    """Accuracy (and robustness) table, with paired p-values (per metric in ``p_metrics``) against the plain runs
+    of the algorithms in ``refs`` where present."""
+    metrics = sorted({m for r in runs for m in r["summary"]}, key=lambda m: (m != "bca", m))
+    ref_runs = reference_runs(runs, refs)
+    head = ["algorithm", "subjects", "seeds"] + [f"{m} mean ± sd (%)" for m in metrics]
+    head += ["bca sd over seeds"]
     head += [f"p vs {k}" + ("" if pm == "bca" else f" ({pm})") for pm in p_metrics for k in refs if k in ref_runs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
@@ -76,8 +167,10 @@ def markdown_table(runs: list[dict], refs: tuple[str, ...] = ("ct", "fedavg"),
         row = [label_of(r), str(len(r["per_subject"])), str(n_seeds)]
         for m in metrics:
             s = r["summary"].get(m)
-            row.append(f"{100 * s['mean']:.1f} ± {100 * s['std_subjects']:.1f}" if s else "-")
-        row.append(f"{100 * r['summary']['bca']['std_seeds']:.1f}" if n_seeds > 1 else "-")
+            sd = sample_std(v[m] for v in r["per_subject"].values() if m in v)
+            row.append(f"{100 * s['mean']:.1f} ± {100 * sd:.1f}" if s else "-")
+        seed_means = r["summary"]["bca"].get("per_seed", [])
+        row.append(f"{100 * sample_std(seed_means):.1f}" if n_seeds > 1 and len(seed_means) > 1 else "-")
         for pm in p_metrics:
             for k in refs:
                 if k in ref_runs:
@@ -105,6 +198,7 @@ def plots(runs: list[dict], out: Path) -> list[Path]:
         ax.axhline(50, color="grey", lw=0.8, ls="--")
         ax.set_xticks(np.arange(len(subjects)) + 0.4 - w / 2, subjects, rotation=90)
         ax.set_ylabel("BCA (%)")
+        ax.set_title("BCA per held-out subject (dashed: chance, 50 %)", fontsize=10)
         ax.legend(fontsize=7)
         fig.tight_layout()
         made.append(out / "per_subject_bca.png")
@@ -114,7 +208,11 @@ def plots(runs: list[dict], out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4))
         for r in runs:
             if r["curve"]:
-                ax.plot([p["round"] for p in r["curve"]], [100 * p["bca"] for p in r["curve"]], label=label_of(r))
+                n = len(r["curve"])  # short runs: a marker on every point (one point is no line)
+                ax.plot([p["round"] for p in r["curve"]], [100 * p["bca"] for p in r["curve"]], label=label_of(r),
+                        marker="o" if n <= 30 else None, ms=4)
+        ax.axhline(50, color="grey", lw=0.8, ls="--")
+        ax.set_title("held-out BCA of the global model during training (mean over folds and seeds)", fontsize=10)
         ax.set_xlabel("round (CT: epoch)")
         ax.set_ylabel("held-out BCA (%)")
         ax.legend(fontsize=7)
@@ -145,7 +243,9 @@ def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="run directories (each with results.json)")],
     out: Annotated[Path, typer.Option(help="folder for report.md and PNG plots")] = Path("runs/report"),
     seeds: Annotated[str | None, typer.Option(help="only these seeds, e.g. '0' or '0,1' (default: all a run has)")] = None,
-    refs: Annotated[str, typer.Option(help="algorithms to give paired p-values against (their plain run)")] = "ct,fedavg",
+    refs: Annotated[str | None, typer.Option(help="algorithms to give paired p-values against (their plain run); "
+                                                 "default ct,fedavg where present; a name given here that matches no "
+                                                 "run is a warning")] = None,
     p_metrics: Annotated[str, typer.Option(help="metrics to test, e.g. 'bca,pgd@0.03'")] = "bca",
 ) -> None:
     """Render a markdown table (mean ± std, paired t-test p-values) and PNG plots from runs."""
@@ -161,9 +261,22 @@ def report(
     pms = tuple(x.strip() for x in p_metrics.split(",") if x.strip())
     if unknown := [m for m in pms if m not in known]:
         raise typer.BadParameter(f"--p-metrics {','.join(unknown)}: no run has it (runs have {sorted(known)})")
-    table = markdown_table(runs, tuple(x.strip() for x in refs.split(",") if x.strip()), pms)
+    ref_names = tuple(x.strip() for x in (refs or "ct,fedavg").split(",") if x.strip())
+    table = markdown_table(runs, ref_names, pms)
+    matched = reference_runs(runs, ref_names)
+    warnings = [f"--refs {k}: no run of algorithm {k!r} among the runs given "
+                f"({', '.join(sorted({r['algorithm'] for r in runs}))}); no p-value against it"
+                for k in ref_names if k not in matched and refs is not None]
+    for w in warnings:
+        typer.echo(f"warning: {w}", err=True)
     pngs = plots(runs, out)
-    md = "# NeuroFed report\n\n" + table + "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n"
+    notes = [("mean ± sd: mean over subjects of each subject's BCA (averaged over seeds first); sd is the sample "
+             "standard deviation over subjects (ddof=1). sd over seeds: sample standard deviation of the per-seed "
+             "means. p: two-sided paired t-test over the subjects both runs hold. Every score is on subjects the "
+             "scoring model never trained on (see Folds).")]
+    notes += [f"**Warning**: {w}." for w in warnings]
+    md = ("# NeuroFed report\n\n" + protocol_markdown(runs) + "\n\n## Results\n\n" + table + "\n\n"
+          + "\n\n".join(notes) + "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
     (out / "report.md").write_text(md)
     typer.echo(table)
     typer.echo(f"report: {out / 'report.md'}")

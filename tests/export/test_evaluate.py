@@ -112,3 +112,31 @@ def test_wrong_model_file_is_clear(tmp_path):
     bad.write_bytes(b"not onnx")
     with pytest.raises(NeuroFedError, match="not a readable ONNX model"):
         read_onnx_meta(bad)
+
+
+def test_training_subjects_are_marked_and_summarised_apart(eegnet_bs, data_dir, tmp_path):
+    """The fixture model trained on S001-S002 (its data hashes say so): S001 is a training-set score."""
+    from typer.testing import CliRunner
+
+    from neurofed.cli import app
+
+    _, onnx_path = eegnet_bs
+    meta = read_onnx_meta(onnx_path)
+    res = evaluate(onnx_path, load_eegmmidb_for(meta, [1, 3, 4], data_dir))
+    assert res["training_subjects"] == ["S001", "S002"]
+    assert res["training_subjects_source"] == "model metadata (data_hashes)"
+    assert [r["trained_on"] for r in res["per_subject"].values()] == [True, False, False]
+    held = [res["per_subject"][s]["bca"] for s in ("S003", "S004")]
+    assert res["summary"]["bca"]["n_subjects"] == 2 and res["summary"]["bca"]["mean"] == pytest.approx(np.mean(held))
+    assert res["summary"]["bca"]["std_subjects"] == pytest.approx(np.std(held, ddof=1))
+    assert res["summary_training"]["bca"] == {"mean": res["per_subject"]["S001"]["bca"], "std_subjects": 0.0,
+                                              "n_subjects": 1}
+    # --trained-on overrides the metadata (a federated model's coordinator never sees client data)
+    out = tmp_path / "e.json"
+    cli = CliRunner().invoke(app, ["evaluate", "--model", str(onnx_path), "--data-dir", str(data_dir),
+                                   "--subjects", "1,3", "--trained-on", "3", "--json", str(out)],
+                            env={"COLUMNS": "200"})
+    assert cli.exit_code == 0, cli.output
+    d = json.loads(out.read_text())
+    assert d["training_subjects"] == ["S003"] and d["per_subject"]["S003"]["trained_on"]
+    assert "training set" in cli.output and "held out" in cli.output and "not accuracy estimates" in cli.output

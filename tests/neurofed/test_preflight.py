@@ -25,7 +25,7 @@ def test_missing_piece_is_named(monkeypatch) -> None:
     assert "`edge-client teleport` is not a registered command" in msg
 
 
-@pytest.mark.parametrize("kw", [{"algorithm": "fedavg"}, {"subjects": [1]}, {"subjects": [1, 2], "heldout": 2},
+@pytest.mark.parametrize("kw", [{"algorithm": "fedavg"}, {"subjects": [1]}, {"subjects": [1, 2], "heldout": [2]}, {"heldout": []},
                                 {"rounds": 0}])
 def test_bad_config_is_one_clear_error(kw) -> None:
     with pytest.raises(NeuroFedError):

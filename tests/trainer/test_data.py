@@ -212,3 +212,38 @@ def test_moabb_offline_fails_fast_and_clearly():
     with pytest.raises(DownloadUnavailable, match="offline"):
         load_moabb_subject("BNCI2014_001", 1)
     assert time.perf_counter() - t0 < 5.0
+
+
+def test_data_info_names_a_truncated_file(tmp_path, data_dir):
+    """``neurofed data info`` checks every file: a truncated copy of a real EDF is named, exit 2."""
+    from typer.testing import CliRunner
+
+    from neurofed.cli import app
+
+    for s in (1, 2):
+        _copy_subject(tmp_path, data_dir, s)
+    bad = tmp_path / "data" / "eegmmidb" / "S002" / "S002R08.edf"
+    raw = bad.read_bytes()
+    bad.write_bytes(raw[: len(raw) - 5000])
+    res = CliRunner().invoke(app, ["data", "info", "--data-dir", str(tmp_path / "data")], env={"COLUMNS": "300"})
+    assert isinstance(res.exception, DataError), res.output  # `neurofed` maps it to one line and exit 2
+    assert "complete and readable (1, 45 left/right cues): 1" in res.output
+    line = next(ln for ln in res.output.splitlines() if "S002R08.edf" in ln)
+    assert "S002" in line and f"file is {len(raw) - 5000} bytes but its header describes {len(raw)} bytes" in line
+    assert "1 file(s) of 1 subject(s) have problems" in str(res.exception)
+
+
+def test_check_file_reports_missing_cues(tmp_path):
+    """An EDF whose annotations hold only T1 (no right-fist cue) is reported, not counted as complete."""
+    from trainer.data.eegmmidb import check_file
+
+    rng = np.random.default_rng(0)
+    raw = mne.io.RawArray(rng.standard_normal((2, 160 * 30)) * 1e-5, mne.create_info(["C3", "C4"], 160.0, "eeg"),
+                          verbose="error")
+    raw.set_annotations(mne.Annotations([2.0, 10.0, 27.0], [4.0] * 3, ["T1", "T0", "T1"]))
+    p = tmp_path / "S001R04.edf"
+    mne.export.export_raw(p, raw, fmt="edf", verbose="error")
+    n, problems = check_file(p, 4)
+    assert n == 1  # the cue at 27 s has no full 4 s window in a 30 s recording
+    assert any("no T2 (right_fist) cue" in x for x in problems)
+    assert any("1 cue(s) at 27.0 s end past the recording" in x for x in problems)

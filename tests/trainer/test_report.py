@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from scipy import stats
 from typer.testing import CliRunner
@@ -21,6 +22,10 @@ def _run(tmp_path, name: str, per_seed: dict) -> str:
          "summary": summary, "per_subject": per_subject, "per_seed": per_seed, "curve": []}
     (d / "results.json").write_text(json.dumps(r))
     return str(d)
+
+
+def _table_head(md: str) -> str:
+    return next(ln for ln in md.splitlines() if ln.startswith("| algorithm |"))
 
 
 def test_report_seeds_keeps_only_those_seeds(tmp_path):
@@ -55,7 +60,7 @@ def test_report_refs_chooses_the_p_value_columns(tmp_path):
     b = _run(tmp_path, "fedbs_e1", {"0": {s: {"bca": 0.5 + 0.01 * i} for i, s in enumerate(subs)}})
     res = CliRunner().invoke(app, ["report", a, b, "--refs", "fedbs", "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
-    head = (tmp_path / "r" / "report.md").read_text().splitlines()[2]
+    head = _table_head((tmp_path / "r" / "report.md").read_text())
     assert head.rstrip(" |").endswith("p vs fedbs") and "p vs ct" not in head
 
 
@@ -66,9 +71,63 @@ def test_report_p_metrics_adds_robustness_p_values(tmp_path):
     res = CliRunner().invoke(app, ["report", a, b, "--p-metrics", "bca,pgd@0.03", "--out", str(tmp_path / "r")])
     assert res.exit_code == 0, res.output
     lines = (tmp_path / "r" / "report.md").read_text().splitlines()
-    assert lines[2].rstrip(" |").endswith("p vs fedavg | p vs fedavg (pgd@0.03)")
+    assert _table_head("\n".join(lines)).rstrip(" |").endswith("p vs fedavg | p vs fedavg (pgd@0.03)")
     safe = [c.strip() for c in next(ln for ln in lines if ln.startswith("| safe")).strip("|").split("|")]
     want = stats.ttest_rel([0.3, 0.31, 0.32, 0.33], [0.2] * 4).pvalue
     assert safe[-2:] == ["1", f"{want:.3g}"]  # equal benign BCA: p 1; PGD: paired test
     bad = CliRunner().invoke(app, ["report", a, "--p-metrics", "fgsm@0.1", "--out", str(tmp_path / "r2")])
     assert bad.exit_code != 0 and "no run has it" in bad.output
+
+
+def _full_run(tmp_path, name: str, algorithm: str, local_epochs: int = 2) -> str:
+    """A results.json as ``neurofed simulate`` writes it (3 subjects, LOSO, one seed, 3 rounds)."""
+    from dataclasses import asdict
+
+    from trainer.data import PreprocessConfig
+    from trainer.experiments.simulate import SimConfig, aggregate_seeds
+    from trainer.fl.local import LocalConfig
+
+    cfg = SimConfig(algorithm=algorithm, subjects=[1, 2, 9], rounds=3, eval_every=1, attacks=[["pgd", 0.03]],
+                    local=LocalConfig(0.05, 0.9, 1e-4, 8, local_epochs).to_dict(),
+                    preprocess=PreprocessConfig.from_preset("sensorimotor21", resample=80.0).to_dict())
+    per_seed = {"0": {"S001": {"bca": 0.6}, "S002": {"bca": 0.7}, "S009": {"bca": 0.9}}}
+    per_subject, summary = aggregate_seeds(per_seed)
+    r = {"algorithm": algorithm, "model": "eegnet", "config": asdict(cfg), "strategy": cfg.strategy().to_dict(),
+         "summary": summary, "per_subject": per_subject, "per_seed": per_seed,
+         "curve": [{"round": k, "bca": 0.5 + 0.05 * k} for k in (1, 2, 3)],
+         "data_hashes": {f"S{s:03d}R{r:02d}.edf": "x" for s in (1, 2, 9) for r in (4, 8, 12)}}
+    d = tmp_path / name
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(r))
+    return str(d)
+
+
+def test_report_opens_with_the_protocol_and_uses_the_sample_std(tmp_path):
+    a = _full_run(tmp_path, "fedbs", "fedbs")
+    b = _full_run(tmp_path, "fedbs_e1", "fedbs", local_epochs=1)
+    res = CliRunner().invoke(app, ["report", a, b, "--refs", "fedbs", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "r" / "report.md").read_text()
+    proto = md.split("## Protocol", 1)[1].split("## Results", 1)[0]
+    for want in ("EEGMMIDB", "runs 4/8/12", "**subjects**: 3: S001-S002, S009", "leave-one-subject-out (3 folds",
+                 "eegnet, batch_specific BN, test batch 8", "21 sensorimotor channels", "band-pass 8.0-30.0 Hz",
+                 "80 Hz", "Euclidean alignment", "client SGD lr 0.05", "client batch 8", "3 rounds, 0.5 of the clients",
+                 "**seeds**: 0", "pgd eps 0.03"):
+        assert want in proto, want
+    # what differs between the runs is said per run, not mixed into the shared lines
+    assert "`fedbs_e1`: optimiser:" in proto and "1 local epoch(s)" in proto
+    assert md.index("## Protocol") < md.index("| algorithm |")
+    row = next(ln for ln in md.splitlines() if ln.startswith("| fedbs |"))
+    assert f"73.3 ± {100 * np.std([0.6, 0.7, 0.9], ddof=1):.1f}" in row  # sample std 15.3, not 12.5
+    assert "ddof=1" in md
+    assert (tmp_path / "r" / "learning_curves.png").is_file()
+
+
+def test_report_warns_when_a_refs_name_matches_no_run(tmp_path):
+    a = _full_run(tmp_path, "fedbs", "fedbs")
+    res = CliRunner().invoke(app, ["report", a, "--refs", "fedavg", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    assert "--refs fedavg: no run of algorithm 'fedavg'" in res.stderr
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "**Warning**: --refs fedavg: no run of algorithm 'fedavg' among the runs given (fedbs)" in md
+    assert "p vs" not in _table_head(md)

@@ -148,3 +148,73 @@ def download(subjects: Iterable[int], runs: Iterable[int] = LR_IMAGERY_RUNS, pat
     for s in subjects:
         out += [str(p) for p in mne.datasets.eegbci.load_data(s, list(runs), path=path, update_path=False)]
     return out
+
+
+def check_file(path: Path, run: int, window_s: float = 4.0) -> tuple[int, list[str]]:
+    """Check one EEGMMIDB recording without loading its samples.
+
+    Header vs file size (:func:`trainer.data.io.check_edf_size`, the same check as loading), EDF
+    header and annotations readable by MNE, both cue classes of the run present, and every cue's
+    ``window_s`` window inside the recording.
+
+    Returns
+    -------
+    n_cues, problems : int, list of str
+        Usable cues of the run's two classes, and one line per problem (empty: the file is fine).
+    """
+    import mne
+
+    from trainer.data.io import check_edf_size
+
+    try:
+        check_edf_size(path)
+    except DataError as exc:
+        return 0, [str(exc).removeprefix(f"{path}: ")]
+    try:
+        raw = mne.io.read_raw_edf(path, preload=False, verbose="error")
+    except Exception as exc:  # noqa: BLE001 - MNE raises many types for bad files; report the cause
+        return 0, [f"header or annotations unreadable ({type(exc).__name__}: {exc})"]
+    labels = RUN_EVENT_LABELS.get(run, {})
+    desc = [str(d) for d in raw.annotations.description]
+    onsets = raw.annotations.onset
+    problems = [f"no {code} ({cls}) cue among its annotations" for code, cls in sorted(labels.items())
+                if code not in desc]
+    end = raw.n_times / raw.info["sfreq"]
+    cues = [t for t, d in zip(onsets, desc) if d in labels]
+    late = [t for t in cues if t + window_s > end + 1e-9]
+    if late:
+        problems.append(f"{len(late)} cue(s) at {', '.join(f'{t:.1f}' for t in late)} s end past the recording "
+                        f"({end:.1f} s) within their {window_s:g} s window")
+    return len(cues) - len(late), problems
+
+
+def check_files(data_dir: str | os.PathLike | None = None, task: str = "left_right",
+                on_file=None) -> dict[int, dict]:
+    """:func:`check_file` on every subject folder's runs of ``task``; missing runs are problems too.
+
+    Returns
+    -------
+    dict
+        Subject -> ``{"files": {name: {"cues": int, "problems": [...]}}, "ok": bool}``, sorted by subject.
+    """
+    root = _subjects_root(resolve_data_dir(data_dir))
+    if root is None:
+        raise DataError(f"no SNNN subject folders under {data_dir}")
+    runs = TASKS[task][0]
+    out: dict[int, dict] = {}
+    for c in sorted(root.iterdir()):
+        m = _SUBJECT_DIR.match(c.name)
+        if not (m and c.is_dir()):
+            continue
+        files = {}
+        for r in runs:
+            p = c / f"{c.name}R{r:02d}.edf"
+            if not p.is_file():
+                files[p.name] = {"cues": 0, "problems": ["missing"]}
+                continue
+            n, problems = check_file(p, r)
+            files[p.name] = {"cues": n, "problems": problems}
+            if on_file:
+                on_file(p)
+        out[int(m.group(1))] = {"files": files, "ok": not any(f["problems"] for f in files.values())}
+    return out
