@@ -15,6 +15,10 @@ from typing import Annotated
 import typer
 
 from trainer.errors import NeuroFedError
+from trainer.fl.local import LocalConfig
+
+
+_LOCAL = LocalConfig()  # the published protocol: one definition for simulate, the demo and the coordinator
 
 
 @dataclass(frozen=True)
@@ -34,8 +38,9 @@ class DemoConfig:
         round rather than the papers' half: the same compute per round as half of 16 clients, with twice
         the subjects to generalise from (experiments/demo_sizing/).
     lr : float
-        Client SGD learning rate. 0.05, not the papers' 0.005: with 45 trials per client, 0.005
-        leaves the model at chance for 100 rounds (docs/BENCHMARKS.md, "The local-step budget").
+        Client SGD learning rate. Batch size, local epochs and lr default to the published protocol's
+        single definition (:class:`trainer.fl.local.LocalConfig`): 0.05, not the papers' 0.005, which with
+        45 trials per client leaves the model at chance for 100 rounds (docs/BENCHMARKS.md).
     speed : float
         Playback speed of the training headsets (capture phase).
     live_speed : float
@@ -52,9 +57,9 @@ class DemoConfig:
     algorithm: str = "fedbs"
     rounds: int = 40
     fraction: float = 0.25
-    batch_size: int = 8
-    local_epochs: int = 2
-    lr: float = 0.05
+    batch_size: int = _LOCAL.batch_size
+    local_epochs: int = _LOCAL.local_epochs
+    lr: float = _LOCAL.lr
     channels: str = "sensorimotor21"
     resample: float = 80.0
     speed: float = 20.0
@@ -108,9 +113,9 @@ def demo_cmd(
     algorithm: Annotated[str, typer.Option(help="fedbs or safe.")] = "fedbs",
     rounds: Annotated[int, typer.Option(help="Federated rounds.")] = 40,
     fraction: Annotated[float, typer.Option(help="Fraction of clients per round (0.25 of 32 = 8 per round).")] = 0.25,
-    batch_size: Annotated[int, typer.Option(help="Client batch size.")] = 8,
-    local_epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = 2,
-    lr: Annotated[float, typer.Option(help="Client SGD learning rate.")] = 0.05,
+    batch_size: Annotated[int, typer.Option(help="Client batch size.")] = _LOCAL.batch_size,
+    local_epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = _LOCAL.local_epochs,
+    lr: Annotated[float, typer.Option(help="Client SGD learning rate.")] = _LOCAL.lr,
     speed: Annotated[float, typer.Option(help="Playback speed of the training headsets.")] = 20.0,
     live_speed: Annotated[float, typer.Option(help="Playback speed of the held-out headsets.")] = 10.0,
     runs: Annotated[str, typer.Option(help="EEGMMIDB runs each headset replays.")] = "4,8,12",
