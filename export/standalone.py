@@ -117,7 +117,7 @@ def newton_schulz_inv_sqrt(a: torch.Tensor, iters: int = NS_ITERS) -> torch.Tens
     """
     n = a.shape[-1]
     eye = torch.eye(n, dtype=a.dtype)
-    c = torch.diagonal(a).sum()
+    c = (a * eye).sum()  # the trace (torch.diagonal exports to a ConstantOfShape tract mistypes)
     y = a / c
     z = eye
     for _ in range(iters):
