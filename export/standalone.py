@@ -490,3 +490,37 @@ class StandaloneModel:
             reason, bad = guard_reason(flags, list(self.meta.ch_names))
             raise WindowRejected(reason, bad)
         return probs, nxt
+
+
+def recording_windows(
+    path: str | os.PathLike, ch_names: list[str], label_map: dict[str, str], tmin: float, tmax: float
+) -> tuple[np.ndarray, list[str], float]:
+    """Raw cue-locked windows of one recording in time order, channels in ``ch_names`` order.
+
+    Returns ``(windows (n, channels, samples) in microvolts, labels, sampling rate)``; this is what
+    a device streams, before any preprocessing.
+    """
+    from trainer.data.io import epochs_from_raw, read_raw
+    from trainer.data.preprocess import pick_channels
+
+    raw = read_raw(path)
+    x, labels = epochs_from_raw(raw, label_map, tmin, tmax, source=str(path))
+    return pick_channels(x, list(raw.ch_names), ch_names), labels, float(raw.info["sfreq"])
+
+
+def eegmmidb_session_windows(
+    subject: int, ch_names: list[str], classes: list[str], tmin: float, tmax: float, data_dir: Any = None
+) -> list[tuple[str, np.ndarray, np.ndarray, float]]:
+    """Every imagery run (session) of an EEGMMIDB subject whose classes are ``classes``:
+    ``[(run file name, windows, class indices, rate), ...]`` in run order."""
+    from trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, subject_files
+
+    task = next((t for t, (_, cls) in TASKS.items() if list(cls) == list(classes)), None)
+    if task is None:
+        raise NeuroFedError(f"no EEGMMIDB task has the classes {classes}")
+    out = []
+    for f in subject_files(data_dir, subject, TASKS[task][0]):
+        run = int(f.stem[-2:])
+        w, labels, rate = recording_windows(f, ch_names, dict(RUN_EVENT_LABELS[run]), tmin, tmax)
+        out.append((f.name, w, np.array([classes.index(c) for c in labels]), rate))
+    return out
