@@ -40,11 +40,43 @@ def export_cmd(
         str, typer.Option(help="int8 scope: all (Conv+Gemm) or linear (Gemm/MatMul only)")
     ] = "all",
     report: Annotated[Path | None, typer.Option("--json", help="write the export report as JSON")] = None,
+    standalone: Annotated[
+        bool,
+        typer.Option(
+            "--standalone",
+            help="write ONE self-contained graph instead: raw window + state in, probabilities + next state out",
+        ),
+    ] = False,
+    rate: Annotated[float, typer.Option(help="--standalone: the device's sampling rate in Hz")] = 160.0,
+    unit: Annotated[str, typer.Option(help="--standalone: the device's unit (V, mV, uV, nV)")] = "uV",
+    step: Annotated[float, typer.Option(help="--standalone: sliding step in s recorded for apps")] = 0.5,
 ) -> None:
-    """Export a checkpoint to ONNX (opset 18, dynamic batch, batch-specific BN kept) and verify it."""
+    """Export a checkpoint to ONNX (opset 18, dynamic batch, batch-specific BN kept) and verify it.
+
+    With ``--standalone``: one graph doing the guard, band-pass, resampling, online EA and
+    batch-specific BN context itself (``probs, state = run(window, state)``; see docs/apps.md).
+    """
     from export.onnx_export import export_model, held_out_data, report_dict
     from trainer.checkpoint import load_checkpoint
     from trainer.errors import NeuroFedError
+
+    if standalone:
+        from export.standalone import export_standalone
+
+        if int8:
+            raise NeuroFedError("--int8 applies to the plain export, not to --standalone")
+        with console.status("exporting the standalone graph..."):
+            meta, dec = export_standalone(checkpoint, output, rate, unit, step)
+        sa = meta.standalone
+        console.print(
+            f"wrote {output}: window {meta.n_channels} x {sa['window_samples']} ({unit} at {rate:g} Hz), "
+            f"state {sa['state_size']} float64, {sa['context_windows']} BN context windows, "
+            f"model_hash {meta.model_hash[:12]}..."
+        )
+        if report:
+            report.parent.mkdir(parents=True, exist_ok=True)
+            report.write_text(json.dumps(meta.model_dump(), indent=1))
+        return
 
     if not checkpoint.is_file():
         raise NeuroFedError(f"{checkpoint}: checkpoint file not found")
