@@ -449,7 +449,7 @@ class StandaloneModel:
         except Exception as exc:
             raise NeuroFedError(f"{path}: not a readable ONNX model ({exc})") from None
         self.meta = meta_from_model(proto, str(path))
-        raw = getattr(self.meta, "standalone", None) or (self.meta.model_extra or {}).get("standalone")
+        raw = self.meta.standalone
         if not raw:
             raise NeuroFedError(f"{path}: not a standalone export; use `neurofed export --standalone`")
         self.info = StandaloneInfo.model_validate(raw)
