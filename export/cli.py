@@ -187,8 +187,48 @@ def evaluate_cmd(
         console.print(f"wrote {json_out}")
 
 
+app_cli = typer.Typer(help="Apps: bundle a standalone model with a real recording, serve the browser page.",
+                      no_args_is_help=True)
+
+
+@app_cli.command("bundle")
+def app_bundle_cmd(
+    checkpoint: Annotated[Path, typer.Argument(help="NeuroFed .safetensors checkpoint")],
+    subject: Annotated[int, typer.Option(help="EEGMMIDB subject whose imagery runs are replayed")] = 3,
+    out: Annotated[Path, typer.Option(help="bundle folder")] = Path("apps/web/data"),
+    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None,
+    rate: Annotated[float, typer.Option(help="device rate the model is exported for")] = 160.0,
+) -> None:
+    """Write model.onnx/.json (standalone) and recording.bin/.json (raw windows + cue labels) for apps."""
+    from export.apps import make_bundle
+
+    with console.status("exporting the standalone model and the recording..."):
+        model, rec = make_bundle(checkpoint, subject, out, data_dir, rate)
+    console.print(f"wrote {model}, {model.with_suffix('.json')}, {rec}, {rec.with_suffix('.bin')}")
+
+
+@app_cli.command("serve")
+def app_serve_cmd(
+    bundle: Annotated[Path | None, typer.Option(help="bundle folder to serve as data/ (default: apps/web/data)")] = None,
+    web: Annotated[Path, typer.Option(help="the page's folder (npm ci done there)")] = Path("apps/web"),
+    port: Annotated[int, typer.Option()] = 8765,
+) -> None:
+    """Serve the browser app on http://127.0.0.1:PORT/ until Ctrl-C."""
+    import threading
+
+    from export.apps import serve
+
+    httpd = serve(web, bundle, port=port)
+    console.print(f"serving {web} on http://127.0.0.1:{port}/index.html (Ctrl-C stops)")
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        httpd.shutdown()
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this package's commands (and benchmarks) to the CLI."""
+    app.add_typer(app_cli, name="app")
     app.command("export")(export_cmd)
     app.command("evaluate")(evaluate_cmd)
     from export.bench import bench_onnx

@@ -38,6 +38,7 @@ async function main() {
   state.decoder = dec;
   dec.checkStream(doc);
   const windows = recordingWindows(doc, bytes);
+  state.windows = windows;
   const sa = meta.standalone;
   $("model").textContent =
     `${meta.model} (${meta.bn_mode}, ${meta.strategy || "?"}), model hash ${meta.model_hash.slice(0, 12)}…; ` +
