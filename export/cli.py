@@ -66,7 +66,7 @@ def export_cmd(
         if int8:
             raise NeuroFedError("--int8 applies to the plain export, not to --standalone")
         with console.status("exporting the standalone graph..."):
-            meta, dec = export_standalone(checkpoint, output, rate, unit, step)
+            meta, _ = export_standalone(checkpoint, output, rate, unit, step)
         sa = meta.standalone
         console.print(
             f"wrote {output}: window {meta.n_channels} x {sa['window_samples']} ({unit} at {rate:g} Hz), "

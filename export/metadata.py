@@ -19,7 +19,7 @@ from typing import Any, get_type_hints
 
 import onnx
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model, field_validator
+from pydantic import ConfigDict, ValidationError, create_model, field_validator
 
 from trainer.checkpoint import ModelMeta
 from trainer.errors import NeuroFedError

@@ -84,6 +84,54 @@ def compare_subject(plain: Path, standalone: Path, subject: int, data_dir: str |
     return out
 
 
+def browser_p50(checkpoint: Path, subject: int, data_dir: str | None, web: Path = Path("apps/web")) -> dict:
+    """Replay a bundle in headless Chromium (onnxruntime-web, WASM, 1 thread): p50 per window."""
+    import shutil
+    import socket
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    from export.apps import make_bundle, serve
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver):
+        raise RuntimeError("chromium/chromedriver not installed (apt-get install chromium chromium-driver)")
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle, page = Path(tmp) / "bundle", Path(tmp) / "web"
+        make_bundle(checkpoint, subject, bundle, data_dir)
+        shutil.copytree(web, page, ignore=shutil.ignore_patterns("node_modules", "data"))
+        (page / "node_modules").symlink_to((web / "node_modules").resolve())
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port = sk.getsockname()[1]
+        httpd = serve(page, bundle, port=port)
+        opts = webdriver.ChromeOptions()
+        opts.binary_location = chromium
+        for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+            opts.add_argument(a)
+        d = webdriver.Chrome(service=Service(driver), options=opts)
+        try:
+            d.get(f"http://127.0.0.1:{port}/index.html?speed=0")
+            t = time.monotonic()
+            while time.monotonic() - t < 600:
+                st = d.execute_script("return window.neurofed && window.neurofed.done ? "
+                                      "{error: window.neurofed.error, ms: window.neurofed.ms} : null")
+                if st:
+                    break
+                time.sleep(0.2)
+            else:
+                raise RuntimeError("the page did not finish within 600 s")
+            if st["error"]:
+                raise RuntimeError(f"page error: {st['error']}")
+            ms = np.array(st["ms"])
+            return {"runtime": "onnxruntime-web (WASM, 1 thread), headless Chromium", "windows": len(ms),
+                    "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
+        finally:
+            d.quit()
+            httpd.shutdown()
+
+
 def bench_standalone(
     checkpoint: Annotated[Path, typer.Option(help="trained .safetensors checkpoint")],
     subjects: Annotated[str, typer.Option(help="held-out EEGMMIDB subjects, e.g. '13-19'")] = "13-16",
@@ -91,6 +139,7 @@ def bench_standalone(
     reps: Annotated[int, typer.Option(help="timed windows")] = 500,
     warmup: Annotated[int, typer.Option()] = 50,
     out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
+    browser: Annotated[bool, typer.Option(help="also time the page in headless Chromium")] = True,
 ) -> None:
     """Standalone graph == Python pipeline on real held-out sessions (ORT, tract, onnx.reference); p50 per window."""
     from rich.console import Console
@@ -142,6 +191,10 @@ def bench_standalone(
             for w in ws[:8]:
                 engine.process(w, 0.0)
             lat_engine = _p50(lambda: engine.process(ws[8], 0.0), reps, warmup)
+    lat_browser = None
+    if browser:
+        with console.status("browser (onnxruntime-web)..."):
+            lat_browser = browser_p50(checkpoint, subs[0], data_dir)
     bca_p = float(np.mean([r["bca_python_pipeline"] for r in rows]))
     bca_s = float(np.mean([r["bca_standalone_onnxruntime"] for r in rows]))
     result = {
@@ -156,7 +209,8 @@ def bench_standalone(
                              for k in rows[0]["runtimes"]},
         "bca_mean": {"python_pipeline": bca_p, "standalone": bca_s, "difference": bca_s - bca_p},
         "latency_per_window": {"standalone_graph_onnxruntime": lat_graph,
-                               "standalone_run_with_checks": lat_run, "python_engine": lat_engine},
+                               "standalone_run_with_checks": lat_run, "python_engine": lat_engine,
+                               "browser": lat_browser},
         "targets_met": {"parity_le_1e-4": all(
             v["max_abs_prob_diff"] <= 1e-4 and v["class_mismatches"] == 0
             for r in rows for v in r["runtimes"].values()),
@@ -167,7 +221,8 @@ def bench_standalone(
     console.print(
         f"BCA pipeline {100 * bca_p:.2f} % vs standalone {100 * bca_s:.2f} %; p50 per window: graph "
         f"{lat_graph['p50_ms']:.3f} ms, run() {lat_run['p50_ms']:.3f} ms, Python engine {lat_engine['p50_ms']:.3f} ms "
-        f"(load {os.getloadavg()[0]:.1f})\nwrote {p}"
+        + (f", browser {lat_browser['p50_ms']:.2f} ms" if lat_browser else "")
+        + f" (load {os.getloadavg()[0]:.1f})\nwrote {p}"
     )
 
 

@@ -79,7 +79,7 @@ def _node() -> str:
 def test_node_replay_equals_python(bundle, python_probs, tmp_path):
     out = tmp_path / "node.json"
     r = subprocess.run([_node(), str(NODE / "replay.mjs"), "--bundle", str(bundle), "--json", str(out)],
-                       capture_output=True, text=True, timeout=300)
+                       check=False, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     got = np.array(json.loads(out.read_text())["probs"])
     assert got.shape == python_probs.shape
@@ -99,14 +99,14 @@ const w = recordingWindows(doc, readFileSync("{bundle / 'recording.bin'}"))[0];
 {BAD_INPUT_JS}
 console.log(JSON.stringify(errs));
 """)
-    r = subprocess.run([_node(), str(script)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([_node(), str(script)], check=False, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     _check_bad_input(json.loads(r.stdout.strip().splitlines()[-1]))
     # a broken bundle: one error line, exit 2
     bad = tmp_path / "broken"
     shutil.copytree(bundle, bad)
     (bad / "recording.bin").write_bytes(bytes(12))
-    r = subprocess.run([_node(), str(NODE / "replay.mjs"), "--bundle", str(bad)], capture_output=True, text=True,
+    r = subprocess.run([_node(), str(NODE / "replay.mjs"), "--bundle", str(bad)], check=False, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and r.stderr.strip() == "error: recording.bin has 12 bytes, expected 4 x 45 x 21 x 640"
 
