@@ -14,7 +14,8 @@ import typer
 from trainer.bench import BENCH_DIR, write_result
 
 
-def _timeit(fn: Callable[[], object], reps: int, warmup: int) -> dict:
+def time_calls(fn: Callable[[], object], reps: int, warmup: int) -> dict:
+    """p50/p90/p99/mean of ``fn`` in ms over ``reps`` calls after ``warmup`` calls."""
     for _ in range(warmup):
         fn()
     ts = np.empty(reps)
@@ -96,9 +97,9 @@ def bench_shape(
                 with torch.inference_mode():
                     net(xt)
 
-            row["torch_eager"] = _timeit(eager, reps, warmup)
+            row["torch_eager"] = time_calls(eager, reps, warmup)
             for name, om in sessions.items():
-                row[name] = _timeit(lambda om=om, x=x: om.forward(x), reps, warmup)
+                row[name] = time_calls(lambda om=om, x=x: om.forward(x), reps, warmup)
             row["speedup_fp32_vs_torch"] = row["torch_eager"]["p50_ms"] / row["onnxruntime_fp32"]["p50_ms"]
             row["speedup_int8_vs_fp32"] = (
                 row["onnxruntime_fp32"]["p50_ms"] / row["onnxruntime_int8"]["p50_ms"]

@@ -21,6 +21,12 @@ def _parse_subjects(spec: str | None, data_dir: str | None) -> list[int] | None:
     return parse_subjects(spec, data_dir)
 
 
+def _write_json(path: Path | None, obj: object) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(obj, indent=1))
+
+
 def export_cmd(
     checkpoint: Annotated[Path, typer.Argument(help="NeuroFed .safetensors checkpoint")],
     output: Annotated[Path, typer.Option("--output", "-o", help="ONNX file to write")] = Path("model.onnx"),
@@ -73,9 +79,7 @@ def export_cmd(
             f"state {sa['state_size']} float64, {sa['context_windows']} BN context windows, "
             f"model_hash {meta.model_hash[:12]}..."
         )
-        if report:
-            report.parent.mkdir(parents=True, exist_ok=True)
-            report.write_text(json.dumps(meta.model_dump(), indent=1))
+        _write_json(report, meta.model_dump())
         return
 
     if not checkpoint.is_file():
@@ -108,9 +112,7 @@ def export_cmd(
             f"(delta {100 * d['bca_delta']:+.1f} pts, agreement {100 * d['agreement']:.1f} %, "
             f"{d['size_fp32_bytes']} -> {d['size_int8_bytes']} bytes)"
         )
-    if report:
-        report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(json.dumps(out, indent=1))
+    _write_json(report, out)
 
 
 def _parse_event_map(spec: str) -> dict[str, str]:

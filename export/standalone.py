@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -307,11 +306,9 @@ def to_standalone_onnx(dec: StandaloneDecoder) -> onnx.ModelProto:
     """Export with the dynamo exporter at opset 18 (static shapes: one window, one state)."""
     window = torch.randn(dec.n_ch, dec.n_in, generator=torch.Generator().manual_seed(0)) * 20.0
     state = torch.from_numpy(dec.initial_state())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name in ("torch.onnx", "onnx_ir", "onnxscript"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    from export.onnx_export import quiet_exporter
+
+    with quiet_exporter():
         try:
             prog = torch.onnx.export(
                 dec.eval(),
@@ -438,17 +435,10 @@ class StandaloneModel:
     """
 
     def __init__(self, path: str | os.PathLike, threads: int = 1) -> None:
-        from export.metadata import meta_from_model
-        from export.runtime import make_session
+        from export.runtime import load_model, make_session
 
         self.path = Path(path)
-        if not self.path.is_file():
-            raise NeuroFedError(f"{path}: ONNX model file not found")
-        try:
-            proto = onnx.load(str(path))
-        except Exception as exc:
-            raise NeuroFedError(f"{path}: not a readable ONNX model ({exc})") from None
-        self.meta = meta_from_model(proto, str(path))
+        proto, self.meta = load_model(path)
         raw = self.meta.standalone
         if not raw:
             raise NeuroFedError(f"{path}: not a standalone export; use `neurofed export --standalone`")

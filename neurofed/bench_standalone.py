@@ -19,19 +19,8 @@ from typing import Annotated
 import numpy as np
 import typer
 
+from export.bench import time_calls
 from trainer.bench import BENCH_DIR, write_result
-
-
-def _p50(fn: Callable[[], object], reps: int, warmup: int) -> dict:
-    for _ in range(warmup):
-        fn()
-    ts = np.empty(reps)
-    for i in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts[i] = time.perf_counter() - t
-    ms = ts * 1e3
-    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "reps": reps}
 
 
 def compare_subject(plain: Path, standalone: Path, subject: int, data_dir: str | None, reference: bool) -> dict:
@@ -84,7 +73,7 @@ def compare_subject(plain: Path, standalone: Path, subject: int, data_dir: str |
     return out
 
 
-def browser_p50(checkpoint: Path, subject: int, data_dir: str | None, web: Path = Path("apps/web")) -> dict:
+def browsertime_calls(checkpoint: Path, subject: int, data_dir: str | None, web: Path = Path("apps/web")) -> dict:
     """Replay a bundle in headless Chromium (onnxruntime-web, WASM, 1 thread): p50 per window."""
     import shutil
     import socket
@@ -185,16 +174,16 @@ def bench_standalone(
         w32 = ws[8].astype(np.float32)
         feeds = {"window": w32, "state": state}
         with console.status("timing..."):
-            lat_graph = _p50(lambda: sm.session.run(None, feeds), reps, warmup)
-            lat_run = _p50(lambda: sm.run(w32, state), reps, warmup)
+            lat_graph = time_calls(lambda: sm.session.run(None, feeds), reps, warmup)
+            lat_run = time_calls(lambda: sm.run(w32, state), reps, warmup)
             engine = InferenceEngine(om, om.meta.ch_names, 160.0)
             for w in ws[:8]:
                 engine.process(w, 0.0)
-            lat_engine = _p50(lambda: engine.process(ws[8], 0.0), reps, warmup)
+            lat_engine = time_calls(lambda: engine.process(ws[8], 0.0), reps, warmup)
     lat_browser = None
     if browser:
         with console.status("browser (onnxruntime-web)..."):
-            lat_browser = browser_p50(checkpoint, subs[0], data_dir)
+            lat_browser = browsertime_calls(checkpoint, subs[0], data_dir)
     bca_p = float(np.mean([r["bca_python_pipeline"] for r in rows]))
     bca_s = float(np.mean([r["bca_standalone_onnxruntime"] for r in rows]))
     result = {
