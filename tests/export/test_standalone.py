@@ -150,3 +150,22 @@ def test_bad_input_is_refused_clearly(standalone, sessions):
     # a foreign state fed to the bare graph gives NaN and is not advanced
     p, nxt, _ = m.session.run(None, {"window": w, "state": other})
     assert np.isnan(p).all() and np.array_equal(nxt, other)
+
+
+@pytest.mark.parametrize(("model", "bn_mode"), [("shallow", "batch_specific"), ("deep", "batch_specific"),
+                                                ("eegnet", "standard")])
+def test_other_variants_equal_python_pipeline(model, bn_mode, tmp_path, data_dir, cache_env):
+    """ShallowConvNet, Deep4 (160 Hz: band-pass only) and standard BN (no context in the state)."""
+    from export.onnx_export import export_checkpoint
+    from tests.export.conftest import make_checkpoint
+
+    ckpt = make_checkpoint(tmp_path / "m.safetensors", model, bn_mode, data_dir)
+    export_checkpoint(ckpt, tmp_path / "m.onnx", verify=False)
+    export_standalone(ckpt, tmp_path / "sa.onnx", rate=160.0)
+    om, sm = OnnxModel(tmp_path / "m.onnx"), StandaloneModel(tmp_path / "sa.onnx")
+    assert sm.info.context_windows == (0 if bn_mode == "standard" else 7)
+    eng = InferenceEngine(om, om.meta.ch_names, 160.0)
+    sess = eegmmidb_session_windows(HELD_OUT, list(om.meta.ch_names), list(om.meta.classes), 0.0, 4.0, data_dir)
+    want = np.array([eng.process(w, 0.0).probabilities for w in sess[0][1]])
+    got = _replay(sm.run, sm.initial_state(), sess[:1])
+    assert np.abs(got - want).max() <= 1e-4 and (got.argmax(1) == want.argmax(1)).all()
