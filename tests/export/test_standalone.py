@@ -169,3 +169,20 @@ def test_other_variants_equal_python_pipeline(model, bn_mode, tmp_path, data_dir
     want = np.array([eng.process(w, 0.0).probabilities for w in sess[0][1]])
     got = _replay(sm.run, sm.initial_state(), sess[:1])
     assert np.abs(got - want).max() <= 1e-4 and (got.argmax(1) == want.argmax(1)).all()
+
+
+def test_cli_standalone_in_volts_equals_microvolts(standalone, eegnet_bs, sessions, tmp_path):
+    """`neurofed export --standalone --unit V`: the same decoding from samples in volts."""
+    from typer.testing import CliRunner
+
+    from neurofed.cli import app
+
+    out = tmp_path / "v.onnx"
+    r = CliRunner().invoke(app, ["export", str(eegnet_bs[0]), "--standalone", "--unit", "V", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    uv, v = StandaloneModel(standalone[1]), StandaloneModel(out)
+    assert v.info.unit == "V" and v.info.unit_to_uv == 1e6 and v.meta.model_hash == uv.meta.model_hash
+    ws = sessions[0][1][:9]
+    want = _replay(uv.run, uv.initial_state(), [("", ws, None, 160.0)])
+    got = _replay(v.run, v.initial_state(), [("", ws * 1e-6, None, 160.0)])
+    assert np.abs(got - want).max() <= 1e-5
