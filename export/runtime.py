@@ -51,6 +51,11 @@ class OnnxModel:
     def __init__(self, path: str | os.PathLike, threads: int = 1) -> None:
         self.path = Path(path)
         proto, self.meta = load_model(path)
+        if self.meta.standalone:
+            raise NeuroFedError(
+                f"{path}: a standalone model (raw window + state); run it with "
+                "export.standalone.StandaloneModel, or export the plain model without --standalone"
+            )
         self.session = make_session(proto.SerializeToString(), threads)
         self._in = self.session.get_inputs()[0].name
         self._out = self.session.get_outputs()[0].name

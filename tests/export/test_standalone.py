@@ -186,3 +186,10 @@ def test_cli_standalone_in_volts_equals_microvolts(standalone, eegnet_bs, sessio
     want = _replay(uv.run, uv.initial_state(), [("", ws, None, 160.0)])
     got = _replay(v.run, v.initial_state(), [("", ws * 1e-6, None, 160.0)])
     assert np.abs(got - want).max() <= 1e-5
+
+
+def test_plain_runtime_refuses_a_standalone_file(standalone):
+    with pytest.raises(NeuroFedError, match="a standalone model"):
+        OnnxModel(standalone[1])
+    with pytest.raises(NeuroFedError, match="not a standalone export"):
+        StandaloneModel(standalone[0])
