@@ -14,7 +14,8 @@ import typer
 from trainer.bench import BENCH_DIR, write_result
 
 
-def _timeit(fn: Callable[[], object], reps: int, warmup: int) -> dict:
+def time_calls(fn: Callable[[], object], reps: int, warmup: int) -> dict:
+    """p50/p90/p99/mean of ``fn`` in ms over ``reps`` calls after ``warmup`` calls."""
     for _ in range(warmup):
         fn()
     ts = np.empty(reps)
@@ -96,44 +97,20 @@ def bench_shape(
                 with torch.inference_mode():
                     net(xt)
 
-            row["torch_eager"] = _timeit(eager, reps, warmup)
+            row["torch_eager"] = time_calls(eager, reps, warmup)
             for name, om in sessions.items():
-                row[name] = _timeit(lambda om=om, x=x: om.forward(x), reps, warmup)
+                row[name] = time_calls(lambda om=om, x=x: om.forward(x), reps, warmup)
             row["speedup_fp32_vs_torch"] = row["torch_eager"]["p50_ms"] / row["onnxruntime_fp32"]["p50_ms"]
             row["speedup_int8_vs_fp32"] = (
                 row["onnxruntime_fp32"]["p50_ms"] / row["onnxruntime_int8"]["p50_ms"]
             )
             out[f"batch_{b}"] = row
-        if model_name == "eegnet" and n_channels == 21:
-            out["edge_engine"] = bench_engine(fp32, reps, warmup)
         out["size_bytes"] = {
             "fp32": fp32.stat().st_size,
             "int8": int8.stat().st_size,
             "int8_linear_only": int8_lin.stat().st_size,
         }
     return out
-
-
-def bench_engine(onnx_path: Path, reps: int, warmup: int) -> dict:
-    """``edge.infer.InferenceEngine.process`` on one raw 64-channel 160 Hz window: guard, band-pass,
-    resample, online EA and an onnxruntime pass over the window plus 7 context windows."""
-    from edge.infer import InferenceEngine
-    from export.runtime import OnnxModel
-
-    om = OnnxModel(onnx_path, threads=1)
-    names = [f"ch{i}" for i in range(om.meta.n_channels)] + [
-        f"extra{i}" for i in range(64 - om.meta.n_channels)
-    ]
-    engine = InferenceEngine(om, names, 2 * om.meta.sfreq)
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((64, engine.window_samples)) * 20.0
-    for _ in range(8):  # fill the BN context
-        engine.process(w, 0.0)
-    return {
-        "stream": "64 ch @ 160 Hz, 4 s window -> 21 x 320",
-        "context_windows": engine.batch - 1,
-        **_timeit(lambda: engine.process(w, 0.0), reps, warmup),
-    }
 
 
 def bench_onnx(
@@ -173,7 +150,4 @@ def bench_onnx(
                 f"int8 {row['onnxruntime_int8']['p50_ms']:.3f} ms, int8 linear-only "
                 f"{row['onnxruntime_int8_linear_only']['p50_ms']:.3f} ms"
             )
-    console.print(
-        f"edge engine, one window incl. preprocessing: {results[0]['edge_engine']['p50_ms']:.3f} ms p50"
-    )
     console.print(f"targets: {targets}\nwrote {p}")

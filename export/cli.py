@@ -21,6 +21,12 @@ def _parse_subjects(spec: str | None, data_dir: str | None) -> list[int] | None:
     return parse_subjects(spec, data_dir)
 
 
+def _write_json(path: Path | None, obj: object) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(obj, indent=1))
+
+
 def export_cmd(
     checkpoint: Annotated[Path, typer.Argument(help="NeuroFed .safetensors checkpoint")],
     output: Annotated[Path, typer.Option("--output", "-o", help="ONNX file to write")] = Path("model.onnx"),
@@ -40,11 +46,41 @@ def export_cmd(
         str, typer.Option(help="int8 scope: all (Conv+Gemm) or linear (Gemm/MatMul only)")
     ] = "all",
     report: Annotated[Path | None, typer.Option("--json", help="write the export report as JSON")] = None,
+    standalone: Annotated[
+        bool,
+        typer.Option(
+            "--standalone",
+            help="write ONE self-contained graph instead: raw window + state in, probabilities + next state out",
+        ),
+    ] = False,
+    rate: Annotated[float, typer.Option(help="--standalone: the device's sampling rate in Hz")] = 160.0,
+    unit: Annotated[str, typer.Option(help="--standalone: the device's unit (V, mV, uV, nV)")] = "uV",
+    step: Annotated[float, typer.Option(help="--standalone: sliding step in s recorded for apps")] = 0.5,
 ) -> None:
-    """Export a checkpoint to ONNX (opset 18, dynamic batch, batch-specific BN kept) and verify it."""
+    """Export a checkpoint to ONNX (opset 18, dynamic batch, batch-specific BN kept) and verify it.
+
+    With ``--standalone``: one graph doing the guard, band-pass, resampling, online EA and
+    batch-specific BN context itself (``probs, state = run(window, state)``; see docs/apps.md).
+    """
     from export.onnx_export import export_model, held_out_data, report_dict
     from trainer.checkpoint import load_checkpoint
     from trainer.errors import NeuroFedError
+
+    if standalone:
+        from export.standalone import export_standalone
+
+        if int8:
+            raise NeuroFedError("--int8 applies to the plain export, not to --standalone")
+        with console.status("exporting the standalone graph..."):
+            meta, _ = export_standalone(checkpoint, output, rate, unit, step)
+        sa = meta.standalone
+        console.print(
+            f"wrote {output}: window {meta.n_channels} x {sa['window_samples']} ({unit} at {rate:g} Hz), "
+            f"state {sa['state_size']} float64, {sa['context_windows']} BN context windows, "
+            f"model_hash {meta.model_hash[:12]}..."
+        )
+        _write_json(report, meta.model_dump())
+        return
 
     if not checkpoint.is_file():
         raise NeuroFedError(f"{checkpoint}: checkpoint file not found")
@@ -76,9 +112,7 @@ def export_cmd(
             f"(delta {100 * d['bca_delta']:+.1f} pts, agreement {100 * d['agreement']:.1f} %, "
             f"{d['size_fp32_bytes']} -> {d['size_int8_bytes']} bytes)"
         )
-    if report:
-        report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(json.dumps(out, indent=1))
+    _write_json(report, out)
 
 
 def _parse_event_map(spec: str) -> dict[str, str]:
@@ -171,8 +205,48 @@ def evaluate_cmd(
         console.print(f"wrote {json_out}")
 
 
+app_cli = typer.Typer(help="Apps: bundle a standalone model with a real recording, serve the browser page.",
+                      no_args_is_help=True)
+
+
+@app_cli.command("bundle")
+def app_bundle_cmd(
+    checkpoint: Annotated[Path, typer.Argument(help="NeuroFed .safetensors checkpoint")],
+    subject: Annotated[int, typer.Option(help="EEGMMIDB subject whose imagery runs are replayed")] = 3,
+    out: Annotated[Path, typer.Option(help="bundle folder")] = Path("apps/web/data"),
+    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None,
+    rate: Annotated[float, typer.Option(help="device rate the model is exported for")] = 160.0,
+) -> None:
+    """Write model.onnx/.json (standalone) and recording.bin/.json (raw windows + cue labels) for apps."""
+    from export.apps import make_bundle
+
+    with console.status("exporting the standalone model and the recording..."):
+        model, rec = make_bundle(checkpoint, subject, out, data_dir, rate)
+    console.print(f"wrote {model}, {model.with_suffix('.json')}, {rec}, {rec.with_suffix('.bin')}")
+
+
+@app_cli.command("serve")
+def app_serve_cmd(
+    bundle: Annotated[Path | None, typer.Option(help="bundle folder to serve as data/ (default: apps/web/data)")] = None,
+    web: Annotated[Path, typer.Option(help="the page's folder (npm ci done there)")] = Path("apps/web"),
+    port: Annotated[int, typer.Option()] = 8765,
+) -> None:
+    """Serve the browser app on http://127.0.0.1:PORT/ until Ctrl-C."""
+    import threading
+
+    from export.apps import serve
+
+    httpd = serve(web, bundle, port=port)
+    console.print(f"serving {web} on http://127.0.0.1:{port}/index.html (Ctrl-C stops)")
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        httpd.shutdown()
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this package's commands (and benchmarks) to the CLI."""
+    app.add_typer(app_cli, name="app")
     app.command("export")(export_cmd)
     app.command("evaluate")(evaluate_cmd)
     from export.bench import bench_onnx

@@ -1,22 +1,27 @@
 """Metadata embedded in exported ONNX models (``metadata_props``, key ``neurofed``, JSON).
 
-Everything a consumer needs to feed the model correctly travels inside the ``.onnx`` file:
-channel order, sampling rate, band-pass, window, class names, preprocessing/EA policy, test
-batch size (batch-specific BN), strategy, training data hashes and a hash of the weights.
+Everything a consumer needs to feed the model correctly travels inside the ``.onnx`` file: the
+checkpoint's own model description (:class:`trainer.checkpoint.ModelMeta`: channel order,
+sampling rate, classes, preprocessing, test batch size, strategy, training data hashes) plus
+what the export adds (band-pass/window, EA policy, a hash of the weights, and for standalone
+graphs the state layout).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import MISSING, asdict, fields
+from typing import Any, get_type_hints
 
 import onnx
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import ConfigDict, ValidationError, create_model, field_validator
 
+from trainer.checkpoint import ModelMeta
 from trainer.errors import NeuroFedError
 
 META_KEY = "neurofed"
@@ -24,31 +29,40 @@ INPUT_NAME = "x"
 OUTPUT_NAME = "logits"
 
 
-class OnnxModelMeta(BaseModel):
-    """Validated NeuroFed metadata of an exported model."""
+def _card_fields() -> dict[str, Any]:
+    """The checkpoint's model description (:class:`trainer.checkpoint.ModelMeta`) as pydantic fields."""
+    hints = get_type_hints(ModelMeta)
+    out: dict[str, Any] = {}
+    for f in fields(ModelMeta):
+        if f.default is not MISSING:
+            default: Any = f.default
+        elif f.default_factory is not MISSING:
+            default = f.default_factory()
+        else:
+            default = ...
+        out[f.name] = (hints[f.name], default)
+    return out
 
-    model_config = ConfigDict(extra="allow", protected_namespaces=())
 
-    model: str
-    bn_mode: str
-    n_channels: int
-    n_classes: int
-    n_times: int
-    sfreq: float
-    ch_names: list[str]
-    classes: list[str]
+#: The model card: exactly the checkpoint's fields, validated (one description, not a copy).
+ModelCard = create_model(  # type: ignore[call-overload]
+    "ModelCard", __config__=ConfigDict(extra="allow", protected_namespaces=()), **_card_fields()
+)
+
+
+class OnnxModelMeta(ModelCard):  # type: ignore[misc, valid-type]
+    """Validated NeuroFed metadata of an exported model: the checkpoint's model card plus what
+    the export adds (derived band-pass/window, EA policy, weights hash, graph I/O names)."""
+
     bandpass: tuple[float, float]
     window: tuple[float, float]
-    preprocess: dict[str, Any]
     ea_policy: dict[str, Any]
-    test_batch_size: int = 8
-    strategy: str = ""
-    data_hashes: dict[str, str] = {}
     model_hash: str
     neurofed_version: str
     input_name: str = INPUT_NAME
     output_name: str = OUTPUT_NAME
     quantized: str | None = None
+    standalone: dict[str, Any] | None = None
 
     @field_validator("test_batch_size")
     @classmethod
@@ -61,6 +75,10 @@ class OnnxModelMeta(BaseModel):
     def ea(self) -> bool:
         """Whether the model expects Euclidean-aligned input."""
         return bool(self.preprocess.get("ea", False))
+
+    def model_meta(self) -> ModelMeta:
+        """The checkpoint description this export was made from."""
+        return ModelMeta(**{f.name: getattr(self, f.name) for f in fields(ModelMeta)})
 
 
 def model_hash(state: Mapping[str, torch.Tensor]) -> str:
@@ -75,10 +93,16 @@ def model_hash(state: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def build_meta(ckpt_meta: Any, state: Mapping[str, torch.Tensor]) -> OnnxModelMeta:
-    """ONNX metadata from a :class:`trainer.checkpoint.ModelMeta` and the model's state dict."""
-    from neurofed import __version__
+def package_version() -> str:
+    """The installed NeuroFed distribution's version (without importing the CLI package)."""
+    try:
+        return importlib.metadata.version("neurofed")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
+
+def build_meta(ckpt_meta: ModelMeta, state: Mapping[str, torch.Tensor]) -> OnnxModelMeta:
+    """ONNX metadata: the checkpoint's :class:`~trainer.checkpoint.ModelMeta` plus what export adds."""
     pre = dict(ckpt_meta.preprocess or {})
     ea = bool(pre.get("ea", False))
     ea_policy = (
@@ -91,23 +115,12 @@ def build_meta(ckpt_meta: Any, state: Mapping[str, torch.Tensor]) -> OnnxModelMe
         else {"train": "none", "online": "none"}
     )
     return OnnxModelMeta(
-        model=ckpt_meta.model,
-        bn_mode=ckpt_meta.bn_mode,
-        n_channels=ckpt_meta.n_channels,
-        n_classes=ckpt_meta.n_classes,
-        n_times=ckpt_meta.n_times,
-        sfreq=ckpt_meta.sfreq,
-        ch_names=list(ckpt_meta.ch_names),
-        classes=list(ckpt_meta.classes),
+        **asdict(ckpt_meta),
         bandpass=(float(pre.get("fmin", 0.0)), float(pre.get("fmax", 0.0))),
         window=(float(pre.get("tmin", 0.0)), float(pre.get("tmax", 0.0))),
-        preprocess=pre,
         ea_policy=ea_policy,
-        test_batch_size=ckpt_meta.test_batch_size,
-        strategy=ckpt_meta.strategy,
-        data_hashes=dict(ckpt_meta.data_hashes),
         model_hash=model_hash(state),
-        neurofed_version=__version__,
+        neurofed_version=package_version(),
     )
 
 

@@ -9,10 +9,11 @@ and compares onnxruntime with torch for batch sizes 1, 4 and 8.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -44,16 +45,22 @@ class VerifyReport:
     checks: list[str] = field(default_factory=list)
 
 
-def to_onnx(model: nn.Module, n_channels: int, n_times: int, batch: int = 8) -> onnx.ModelProto:
-    """Export ``model`` (eval mode) with the dynamo exporter, opset 18, dynamic batch axis."""
-    model = model.eval()
-    x = torch.randn(batch, n_channels, n_times, generator=torch.Generator().manual_seed(0))
+@contextlib.contextmanager
+def quiet_exporter() -> Iterator[None]:
+    """Silence the dynamo exporter's warnings and info logs (e.g. "torchvision is not installed")."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name in ("torch.onnx", "onnx_ir", "onnxscript"):
             logging.getLogger(name).setLevel(logging.WARNING)
-        # "torchvision is not installed" notices: irrelevant for EEG models
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+        yield
+
+
+def to_onnx(model: nn.Module, n_channels: int, n_times: int, batch: int = 8) -> onnx.ModelProto:
+    """Export ``model`` (eval mode) with the dynamo exporter, opset 18, dynamic batch axis."""
+    model = model.eval()
+    x = torch.randn(batch, n_channels, n_times, generator=torch.Generator().manual_seed(0))
+    with quiet_exporter():
         try:
             prog = torch.onnx.export(
                 model,

@@ -26,6 +26,17 @@ def make_session(model: str | os.PathLike | bytes, threads: int = 1) -> ort.Infe
         raise NeuroFedError(f"onnxruntime cannot load the model ({exc})") from None
 
 
+def load_model(path: str | os.PathLike) -> tuple[onnx.ModelProto, OnnxModelMeta]:
+    """An exported ``.onnx`` file and its validated NeuroFed metadata, with clear errors."""
+    if not Path(path).is_file():
+        raise NeuroFedError(f"{path}: ONNX model file not found")
+    try:
+        proto = onnx.load(str(path))
+    except Exception as exc:
+        raise NeuroFedError(f"{path}: not a readable ONNX model ({exc})") from None
+    return proto, meta_from_model(proto, str(path))
+
+
 class OnnxModel:
     """An exported model: its metadata and an onnxruntime session.
 
@@ -39,13 +50,12 @@ class OnnxModel:
 
     def __init__(self, path: str | os.PathLike, threads: int = 1) -> None:
         self.path = Path(path)
-        if not self.path.is_file():
-            raise NeuroFedError(f"{path}: ONNX model file not found")
-        try:
-            proto = onnx.load(str(path))
-        except Exception as exc:
-            raise NeuroFedError(f"{path}: not a readable ONNX model ({exc})") from None
-        self.meta: OnnxModelMeta = meta_from_model(proto, str(path))
+        proto, self.meta = load_model(path)
+        if self.meta.standalone:
+            raise NeuroFedError(
+                f"{path}: a standalone model (raw window + state); run it with "
+                "export.standalone.StandaloneModel, or export the plain model without --standalone"
+            )
         self.session = make_session(proto.SerializeToString(), threads)
         self._in = self.session.get_inputs()[0].name
         self._out = self.session.get_outputs()[0].name

@@ -48,6 +48,12 @@ for _mod in COMMAND_MODULES:
     except ImportError as _exc:  # a broken optional part must not take the other commands down
         print(f"warning: commands of {_mod.split('.')[0]}/ unavailable ({_exc})", file=sys.stderr)
 try:
+    from neurofed.bench_standalone import register as _register_standalone_bench
+
+    _register_standalone_bench(bench)
+except ImportError as _exc:
+    print(f"warning: standalone benchmark unavailable ({_exc})", file=sys.stderr)
+try:
     from edge.bench_lsl import register_bench as _register_lsl_bench
     from neurofed.bench_e2e import register as _register_e2e_bench
 

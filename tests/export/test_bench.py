@@ -16,4 +16,4 @@ def test_bench_shape_smoke():
         assert row[k]["reps"] == 5 and 0 < row[k]["p50_ms"] <= row[k]["p99_ms"]
     assert row["speedup_fp32_vs_torch"] == row["torch_eager"]["p50_ms"] / row["onnxruntime_fp32"]["p50_ms"]
     assert r["size_bytes"]["int8"] < r["size_bytes"]["fp32"]
-    assert r["edge_engine"]["context_windows"] == 7 and r["edge_engine"]["p50_ms"] > 0
+    assert "edge_engine" not in r  # the engine is timed by `neurofed bench standalone` (export/ imports no edge/)

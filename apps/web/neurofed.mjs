@@ -1,0 +1,140 @@
+// NeuroFed standalone decoder for JavaScript: one implementation for the browser (onnxruntime-web)
+// and Node (onnxruntime-node). The whole decoding loop is
+//     const dec = await StandaloneDecoder.create(ort, modelBytes, meta);
+//     let state = dec.initialState();
+//     ({ probs, state } = await dec.run(window, state));   // per window
+// The graph itself does the guard, band-pass, resampling, Euclidean alignment and BN context;
+// this file only checks inputs and turns the graph's guard flags into a clear error.
+
+export const GUARD_KINDS = ["non-finite", "flat", "saturated"];
+
+/** A problem with the input an app passed (wrong shape, rate, unit, foreign state). */
+export class NeurofedError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "NeurofedError";
+  }
+}
+
+/** The input guard refused a window; the state is unchanged. `badChannels` maps kind -> channel names. */
+export class WindowRejected extends NeurofedError {
+  constructor(message, badChannels) {
+    super(message);
+    this.name = "WindowRejected";
+    this.badChannels = badChannels;
+  }
+}
+
+/** One line naming the rejected channels, from the graph's (3, channels) guard output. */
+export function guardReason(flags, chNames) {
+  const n = chNames.length;
+  const bad = {};
+  const parts = [];
+  GUARD_KINDS.forEach((kind, k) => {
+    const chs = chNames.filter((_, i) => flags[k * n + i] > 0);
+    if (chs.length) {
+      bad[kind] = chs;
+      parts.push(`${kind} channel${chs.length > 1 ? "s" : ""} ${chs.join(", ")}`);
+    }
+  });
+  return [parts.join("; "), bad];
+}
+
+export class StandaloneDecoder {
+  /**
+   * @param ort onnxruntime-web or onnxruntime-node module
+   * @param session an ort.InferenceSession of the standalone graph
+   * @param meta the model's NeuroFed metadata (model.json written by `neurofed app bundle`)
+   */
+  constructor(ort, session, meta) {
+    if (!meta || !meta.standalone) {
+      throw new NeurofedError("not a standalone model: export it with `neurofed export --standalone`");
+    }
+    this.ort = ort;
+    this.session = session;
+    this.meta = meta;
+    this.sa = meta.standalone;
+    this.nCh = meta.n_channels;
+    this.nSamples = this.sa.window_samples;
+  }
+
+  /** Load a model (URL, path or bytes) with its metadata; one intra-op thread. */
+  static async create(ort, model, meta, executionProviders) {
+    const session = await ort.InferenceSession.create(model, {
+      executionProviders,
+      graphOptimizationLevel: "all",
+      intraOpNumThreads: 1,
+    });
+    return new StandaloneDecoder(ort, session, meta);
+  }
+
+  /** The state before a session's first window: zeros with the model hash. */
+  initialState() {
+    const s = new Float64Array(this.sa.state_size);
+    s.set(this.sa.hash_words, 0);
+    return s;
+  }
+
+  /** Refuse a stream this model cannot decode (channels, rate, unit). */
+  checkStream({ ch_names, rate, unit }) {
+    const want = this.meta.ch_names;
+    if (ch_names.length !== want.length || ch_names.some((c, i) => c.toLowerCase() !== want[i].toLowerCase())) {
+      throw new NeurofedError(`stream channels [${ch_names.join(", ")}] are not the model's [${want.join(", ")}] in order`);
+    }
+    if (Math.abs(rate - this.sa.rate) > 1e-9) {
+      throw new NeurofedError(`stream rate ${rate} Hz, but this model was exported for ${this.sa.rate} Hz`);
+    }
+    if (unit !== this.sa.unit) {
+      throw new NeurofedError(`stream unit ${unit}, but this model expects ${this.sa.unit}`);
+    }
+  }
+
+  /** Throw a NeurofedError naming the problem if the window or the state cannot be fed. */
+  check(window, state) {
+    const want = this.nCh * this.nSamples;
+    if (!(window instanceof Float32Array) || window.length !== want) {
+      const got = window instanceof Float32Array ? `${window.length} samples` : `a ${window?.constructor?.name}`;
+      throw new NeurofedError(
+        `window is ${got}, expected a Float32Array of ${this.nCh} channels x ${this.nSamples} samples ` +
+          `(${this.nSamples / this.sa.rate} s at ${this.sa.rate} Hz, ${this.sa.unit}) = ${want}`,
+      );
+    }
+    if (!(state instanceof Float64Array) || state.length !== this.sa.state_size) {
+      throw new NeurofedError(`state must be a Float64Array of ${this.sa.state_size} values (use initialState())`);
+    }
+    for (let i = 0; i < this.sa.hash_words.length; i++) {
+      if (state[i] !== this.sa.hash_words[i]) {
+        throw new NeurofedError(
+          `state belongs to another model (hash words ${Array.from(state.slice(0, 4))}, ` +
+            `this model ${this.sa.hash_words}); start from initialState()`,
+        );
+      }
+    }
+  }
+
+  /** Decode one raw window: `{probs, state}`; throws WindowRejected if the guard refuses it. */
+  async run(window, state) {
+    this.check(window, state);
+    const T = this.ort.Tensor;
+    const out = await this.session.run({
+      window: new T("float32", window, [this.nCh, this.nSamples]),
+      state: new T("float64", state, [this.sa.state_size]),
+    });
+    const flags = out.guard.data;
+    if (flags.some((v) => v > 0)) {
+      const [reason, bad] = guardReason(flags, this.meta.ch_names);
+      throw new WindowRejected(reason, bad);
+    }
+    return { probs: Float32Array.from(out.probs.data), state: out.next_state.data };
+  }
+}
+
+/** Split a recording (recording.json + the bytes of recording.bin) into float32 windows. */
+export function recordingWindows(doc, bytes) {
+  const [n, c, t] = doc.shape;
+  if (bytes.byteLength !== 4 * n * c * t) {
+    throw new NeurofedError(`recording.bin has ${bytes.byteLength} bytes, expected 4 x ${n} x ${c} x ${t}`);
+  }
+  const all = new Float32Array(bytes.buffer ?? bytes, bytes.byteOffset ?? 0, n * c * t);
+  return Array.from({ length: n }, (_, i) => all.slice(i * c * t, (i + 1) * c * t));
+}

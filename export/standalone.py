@@ -1,0 +1,517 @@
+"""Standalone decoder: ONE ONNX graph, ``probs, next_state, guard = graph(window, state)``.
+
+An app feeds a raw window at its device's own rate and unit (channels in the model's order) and
+an explicit state; everything NeuroFed does between the amplifier and the class probabilities
+happens inside the graph:
+
+* **unit** -> microvolts (one constant factor);
+* **input guard** (non-finite, flat, saturated channels; ``edge.guard``'s rules and default
+  thresholds) -> the ``guard`` output, and a rejected window leaves the state untouched;
+* **band-pass + resampling** as one exact matrix ``P`` (``y = x @ P``): ``sosfiltfilt`` on a
+  fixed-length window (odd extension and steady-state initial conditions included) followed by
+  ``resample_poly`` is a linear map of the window, so ``P`` is the pipeline applied to the
+  identity (columns = responses to unit impulses). A convolution would not be exact: the
+  filtfilt edge handling and the IIR tail make the map shift-variant near the window's ends;
+* **online Euclidean alignment** from the state's running covariance sum, its inverse square
+  root by a coupled Newton-Schulz iteration (MatMul/Add/Mul only, float64);
+* **batch-specific BN** with the context of the last ``B - 1`` accepted windows carried in the
+  state, written as masked ReduceMean/Sub/Mul/Sqrt/Div (no BatchNormalization node: tract
+  refuses computed statistics feeding one);
+* a **model hash** in the state: a state from another model yields NaN probabilities and is not
+  advanced (the hosts refuse it earlier with a clear error).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from trainer.data.config import PreprocessConfig
+from trainer.data.preprocess import n_times_for, preprocess_epochs
+from trainer.errors import DataError, NeuroFedError
+
+logger = logging.getLogger("neurofed.export")
+
+OPSET = 18
+#: Device units the graph accepts, as factors to microvolts.
+UNITS: dict[str, float] = {"V": 1e6, "mV": 1e3, "uV": 1.0, "nV": 1e-3}
+#: The model hash travels in the state as this many 24-bit integers (exact in float64).
+HASH_WORDS = 4
+#: Newton-Schulz iterations for R^{-1/2} (float64). Trace scaling puts the smallest eigenvalue at
+#: >= 1/(C * cond); each early iteration multiplies it by ~2.25, then convergence is quadratic:
+#: 18 iterations reach 2e-12 relative error on real EEGMMIDB sessions (cond <= 5.8e4), 24 cover
+#: condition numbers up to ~7e6.
+NS_ITERS = 24
+INPUTS = ("window", "state")
+OUTPUTS = ("probs", "next_state", "guard")
+GUARD_KINDS = ("non_finite", "flat", "saturated")
+
+
+@dataclass(frozen=True)
+class GuardThresholds:
+    """The input guard's thresholds in microvolts (the defaults of ``edge.guard.GuardConfig``)."""
+
+    flat_std_uv: float = 0.1
+    saturation_uv: float = 3000.0
+    clip_fraction: float = 0.05
+
+
+class StandaloneInfo(BaseModel):
+    """What an app needs to run the standalone graph (metadata key ``neurofed``, field ``standalone``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    rate: float
+    unit: str
+    unit_to_uv: float
+    window_samples: int
+    step_s: float
+    context_windows: int
+    state_size: int
+    state_layout: list[dict[str, Any]]
+    state_init: dict[str, Any]
+    hash_words: list[int]
+    guard: dict[str, float]
+    guard_kinds: list[str]
+    ea_calibration: str
+    preprocess_matrix: str
+    ea_inverse_sqrt: str
+
+
+def hash_words(model_hash: str) -> list[int]:
+    """The first 96 bits of the hex model hash as four 24-bit integers."""
+    return [int(model_hash[6 * i : 6 * i + 6], 16) for i in range(HASH_WORDS)]
+
+
+def preprocess_matrix(cfg: PreprocessConfig, rate: float) -> np.ndarray:
+    """``P`` (window_samples, n_times) with ``preprocess(x) == x @ P`` for any window ``x``.
+
+    Built by running training's own preprocessing (``trainer.data.preprocess.preprocess_epochs``:
+    ``sosfiltfilt`` then ``resample_poly``) on the identity: row ``i`` is the response to a unit
+    impulse at sample ``i``. Exact because both steps are linear in the window.
+    """
+    n_in = n_times_for(rate, cfg)
+    eye = np.eye(n_in)[:, None, :]
+    y, _, _ = preprocess_epochs(eye, rate, ["x"], replace(cfg, channels=None))
+    return np.ascontiguousarray(y[:, 0, :])
+
+
+def newton_schulz_inv_sqrt(a: torch.Tensor, iters: int = NS_ITERS) -> torch.Tensor:
+    """``A^{-1/2}`` of an SPD matrix by the coupled Newton-Schulz iteration (matmuls only).
+
+    ``A`` is scaled by its trace (eigenvalues into (0, 1]); ``Y -> A^{1/2}``, ``Z -> A^{-1/2}``.
+    """
+    n = a.shape[-1]
+    eye = torch.eye(n, dtype=a.dtype)
+    c = (a * eye).sum()  # the trace (torch.diagonal exports to a ConstantOfShape tract mistypes)
+    y = a / c
+    z = eye
+    for _ in range(iters):
+        t = 1.5 * eye - 0.5 * (z @ y)
+        y = y @ t
+        z = t @ z
+    return z / torch.sqrt(c)
+
+
+class PlainBatchNorm(nn.Module):
+    """BatchNorm2d written with plain ops; batch-specific statistics over the rows where ``mask`` is 1."""
+
+    def __init__(self, bn: _BatchNorm) -> None:
+        super().__init__()
+        self.eps = float(bn.eps)
+        self.standard = bool(bn.track_running_stats)
+        self.weight = nn.Parameter(bn.weight.detach().clone(), requires_grad=False)
+        self.bias = nn.Parameter(bn.bias.detach().clone(), requires_grad=False)
+        if self.standard:
+            self.register_buffer("mean", bn.running_mean.detach().clone())
+            self.register_buffer("var", bn.running_var.detach().clone())
+        self.mask: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight.view(1, -1, 1, 1)
+        b = self.bias.view(1, -1, 1, 1)
+        if self.standard:
+            mean, var = self.mean.view(1, -1, 1, 1), self.var.view(1, -1, 1, 1)
+            return (x - mean) / torch.sqrt(var + self.eps) * w + b
+        # masked E[x] and E[x^2] by ReduceMean over (batch, H, W), then one multiply-add: close to
+        # onnxruntime's own BatchNormalization path (a per-row ReduceSum over (H, W) was much slower)
+        m = self.mask.view(-1, 1, 1, 1)
+        frac = m.mean()
+        xm = x * m
+        mean = xm.mean(dim=(0, 2, 3), keepdim=True) / frac
+        var = (xm * x).mean(dim=(0, 2, 3), keepdim=True) / frac - mean * mean
+        scale = w / torch.sqrt(var + self.eps)
+        return x * scale + (b - mean * scale)
+
+
+def _plain_bn(model: nn.Module) -> tuple[nn.Module, list[PlainBatchNorm]]:
+    net = copy.deepcopy(model).eval()
+    swapped: list[PlainBatchNorm] = []
+    for name, mod in list(net.named_modules()):
+        if isinstance(mod, _BatchNorm):
+            parent = net.get_submodule(name.rpartition(".")[0]) if "." in name else net
+            plain = PlainBatchNorm(mod)
+            setattr(parent, name.rpartition(".")[2], plain)
+            swapped.append(plain)
+    return net, swapped
+
+
+class StandaloneDecoder(nn.Module):
+    """``(window, state) -> (probs, next_state, guard)``; see the module docstring.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The trained network (eval mode).
+    ckpt_meta : trainer.checkpoint.ModelMeta
+    model_hash : str
+        Hex SHA-256 of the weights (``export.metadata.model_hash``).
+    rate : float
+        The device's sampling rate in Hz.
+    unit : str
+        The device's unit (a key of :data:`UNITS`).
+    guard : GuardThresholds
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        ckpt_meta: Any,
+        model_hash: str,
+        rate: float,
+        unit: str = "uV",
+        guard: GuardThresholds = GuardThresholds(),
+    ) -> None:
+        super().__init__()
+        if unit not in UNITS:
+            raise NeuroFedError(f"unit {unit!r}: use one of {sorted(UNITS)}")
+        cfg = PreprocessConfig.from_dict({**ckpt_meta.preprocess, "channels": list(ckpt_meta.ch_names)})
+        try:
+            p = preprocess_matrix(cfg, rate)
+        except DataError as exc:
+            raise NeuroFedError(f"device rate {rate} Hz cannot feed this model: {exc}") from None
+        if p.shape[1] != ckpt_meta.n_times:
+            raise NeuroFedError(
+                f"a {p.shape[0]}-sample window at {rate} Hz preprocesses to {p.shape[1]} samples, "
+                f"but the model expects {ckpt_meta.n_times}"
+            )
+        self.net, self._bns = _plain_bn(model)
+        self.batch_specific = any(not b.standard for b in self._bns)
+        self.ea = bool(cfg.ea)
+        self.n_ch, self.n_in, self.n_t = ckpt_meta.n_channels, p.shape[0], ckpt_meta.n_times
+        self.n_classes = int(ckpt_meta.n_classes)
+        self.k = max(int(ckpt_meta.test_batch_size) - 1, 0) if self.batch_specific else 0
+        self.scale = float(UNITS[unit])
+        self.g = guard
+        self.register_buffer("p", torch.from_numpy(p).to(torch.float32))
+        self.register_buffer("hash", torch.tensor(hash_words(model_hash), dtype=torch.float64))
+        self.layout = self._layout()
+        self.state_size = sum(int(np.prod(e["shape"])) for e in self.layout)
+
+    def _layout(self) -> list[dict[str, Any]]:
+        parts: list[tuple[str, list[int], str]] = [
+            ("model_hash", [HASH_WORDS], "first 96 bits of the model hash as 24-bit integers"),
+            ("ea_count", [1], "accepted windows seen (EA running mean denominator)"),
+            ("n_context", [1], "valid BN context windows (the last n_context of the context slots)"),
+        ]
+        if self.ea:
+            parts.append(("ea_cov_sum", [self.n_ch, self.n_ch], "sum of X X^T / T of accepted preprocessed windows"))
+        if self.k:
+            parts.append(
+                ("context", [self.k, self.n_ch, self.n_t], "last accepted preprocessed (unaligned) windows, oldest first")
+            )
+        out, off = [], 0
+        for name, shape, what in parts:
+            out.append({"name": name, "offset": off, "shape": shape, "meaning": what})
+            off += int(np.prod(shape))
+        return out
+
+    def initial_state(self) -> np.ndarray:
+        """Zeros with the model hash in the first :data:`HASH_WORDS` entries."""
+        s = np.zeros(self.state_size, np.float64)
+        s[:HASH_WORDS] = self.hash.numpy()
+        return s
+
+    def _guard(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-channel flags (non-finite, flat, saturated), the zeroed window and an accept flag."""
+        g = self.g
+        elem_ok = (x - x) == 0  # False for NaN and +-inf
+        finite = elem_ok.all(dim=1)
+        xf = torch.where(elem_ok, x, torch.zeros_like(x))
+        mu = xf.mean(dim=1, keepdim=True)
+        std = torch.sqrt(((xf - mu) ** 2).mean(dim=1))
+        flat = (std < g.flat_std_uv) & finite
+        over = (xf.abs() >= g.saturation_uv).any(dim=1)
+        at_max = (xf == xf.amax(dim=1, keepdim=True)).sum(dim=1)
+        at_min = (xf == xf.amin(dim=1, keepdim=True)).sum(dim=1)
+        clipped = (torch.maximum(at_max, at_min) > g.clip_fraction * self.n_in) & ~flat & finite
+        sat = (over | clipped) & finite
+        flags = torch.stack([~finite, flat, sat])
+        return flags.to(torch.float32), xf, ~flags.any()
+
+    def forward(self, window: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x = window.to(torch.float64) * self.scale
+        flags, xf, ok = self._guard(x)
+        hash_ok = (state[:HASH_WORDS] == self.hash).all()
+        # band-pass + resampling: one float32 GEMM (MLAS), then float64 for EA like the Python path
+        y = (xf.to(torch.float32) @ self.p).to(torch.float64)
+        count = state[HASH_WORDS : HASH_WORDS + 1] + 1.0
+        n_ctx = state[HASH_WORDS + 1 : HASH_WORDS + 2]
+        off = HASH_WORDS + 2
+        parts = [self.hash, count]
+        if self.k:
+            parts.append(torch.minimum(n_ctx + 1.0, torch.full_like(n_ctx, float(self.k))))
+        else:
+            parts.append(n_ctx)
+        if self.ea:
+            c2 = self.n_ch * self.n_ch
+            cov = state[off : off + c2].view(self.n_ch, self.n_ch) + (y @ y.T) / self.n_t
+            off += c2
+            parts.append(cov.reshape(-1))
+        if self.k:
+            ctx = state[off:].view(self.k, self.n_ch, self.n_t)
+            batch = torch.cat([ctx, y.unsqueeze(0)])
+            parts.append(batch[1:].reshape(-1))
+            slot = torch.arange(self.k + 1, dtype=torch.float64)
+            mask = (slot >= self.k - n_ctx).to(torch.float32)
+        else:
+            batch = y.unsqueeze(0)
+            mask = torch.ones(1)
+        if self.ea:
+            a = newton_schulz_inv_sqrt(cov / count)
+            batch = torch.matmul(a, batch)
+        for bn in self._bns:
+            bn.mask = mask
+        logits = self.net(batch.to(torch.float32))[-1]
+        probs = torch.softmax(logits, dim=0)
+        accept = ok & hash_ok
+        nan = torch.full_like(probs, float("nan"))
+        next_state = torch.where(accept, torch.cat(parts), state)
+        return torch.where(accept, probs, nan), next_state, flags
+
+
+def to_standalone_onnx(dec: StandaloneDecoder) -> onnx.ModelProto:
+    """Export with the dynamo exporter at opset 18 (static shapes: one window, one state)."""
+    window = torch.randn(dec.n_ch, dec.n_in, generator=torch.Generator().manual_seed(0)) * 20.0
+    state = torch.from_numpy(dec.initial_state())
+    from export.onnx_export import quiet_exporter
+
+    with quiet_exporter():
+        try:
+            prog = torch.onnx.export(
+                dec.eval(),
+                (window.float(), state),
+                dynamo=True,
+                opset_version=OPSET,
+                input_names=list(INPUTS),
+                output_names=list(OUTPUTS),
+                verbose=False,
+            )
+        except Exception as exc:
+            raise NeuroFedError(f"standalone ONNX export failed: {exc}") from None
+    proto = prog.model_proto
+    bad = sorted({n.op_type for n in proto.graph.node} & {"BatchNormalization", "If", "Loop"})
+    if bad:
+        raise NeuroFedError(f"standalone graph contains {bad}; it must be plain ops only")
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception as exc:
+        raise NeuroFedError(f"onnx.checker rejected the standalone graph: {exc}") from None
+    return proto
+
+
+def standalone_info(dec: StandaloneDecoder, rate: float, unit: str, step_s: float) -> StandaloneInfo:
+    """The ``standalone`` section of the metadata."""
+    return StandaloneInfo(
+        inputs={
+            "window": {"shape": [dec.n_ch, dec.n_in], "dtype": "float32",
+                       "meaning": f"raw samples in {unit} at {rate} Hz, channels in ch_names order"},
+            "state": {"shape": [dec.state_size], "dtype": "float64", "meaning": "the previous next_state"},
+        },
+        outputs={
+            "probs": {"shape": [dec.n_classes],
+                      "dtype": "float32", "meaning": "class probabilities (NaN if rejected)"},
+            "next_state": {"shape": [dec.state_size], "dtype": "float64",
+                           "meaning": "state for the next window (unchanged if rejected)"},
+            "guard": {"shape": [len(GUARD_KINDS), dec.n_ch], "dtype": "float32",
+                      "meaning": "1 where a channel is non-finite / flat / saturated; any 1 rejects the window"},
+        },
+        rate=rate,
+        unit=unit,
+        unit_to_uv=UNITS[unit],
+        window_samples=dec.n_in,
+        step_s=step_s,
+        context_windows=dec.k,
+        state_size=dec.state_size,
+        state_layout=dec.layout,
+        state_init={"zeros": dec.state_size, "set": {"model_hash": hash_words_of(dec)}},
+        hash_words=hash_words_of(dec),
+        guard={"flat_std_uv": dec.g.flat_std_uv, "saturation_uv": dec.g.saturation_uv,
+               "clip_fraction": dec.g.clip_fraction},
+        guard_kinds=list(GUARD_KINDS),
+        ea_calibration=(
+            "EA uses the running mean covariance of all accepted windows from the first one on; "
+            f"BN statistics use up to {dec.k} previous windows: the first {dec.k} windows of a session "
+            "are decoded with fewer, and EA is settled after about 10 windows"
+            if dec.ea else "no EA"
+        ),
+        preprocess_matrix="sosfiltfilt + resample_poly as one exact (window_samples x n_times) matrix",
+        ea_inverse_sqrt=f"coupled Newton-Schulz, {NS_ITERS} iterations, float64, trace-scaled",
+    )
+
+
+def hash_words_of(dec: StandaloneDecoder) -> list[int]:
+    return [int(v) for v in dec.hash.tolist()]
+
+
+def export_standalone(
+    ckpt: str | os.PathLike,
+    out: str | os.PathLike,
+    rate: float,
+    unit: str = "uV",
+    step_s: float = 0.5,
+) -> tuple[Any, StandaloneDecoder]:
+    """``neurofed export --standalone``: checkpoint -> standalone ONNX with metadata; returns (meta, decoder)."""
+    from export.metadata import build_meta, embed_meta
+    from trainer.checkpoint import load_checkpoint
+
+    if not Path(ckpt).is_file():
+        raise NeuroFedError(f"{ckpt}: checkpoint file not found")
+    model, cmeta = load_checkpoint(ckpt)
+    meta = build_meta(cmeta, model.state_dict())
+    dec = StandaloneDecoder(model, cmeta, meta.model_hash, rate, unit)
+    proto = to_standalone_onnx(dec)
+    info = standalone_info(dec, rate, unit, step_s)
+    meta = meta.model_copy(update={"standalone": info.model_dump(), "input_name": "window", "output_name": "probs"})
+    embed_meta(proto, meta)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_bytes(proto.SerializeToString())
+    os.replace(tmp, out)
+    return meta, dec
+
+
+class WindowRejected(NeuroFedError):
+    """The input guard refused a window (the state is unchanged); ``bad_channels`` by kind."""
+
+    def __init__(self, reason: str, bad_channels: dict[str, list[str]]) -> None:
+        super().__init__(reason)
+        self.bad_channels = bad_channels
+
+
+def guard_reason(flags: np.ndarray, ch_names: list[str]) -> tuple[str, dict[str, list[str]]]:
+    """One line naming the rejected channels by kind (``""`` if none), and the channels by kind."""
+    bad = {
+        kind: [ch_names[i] for i in np.flatnonzero(row > 0)]
+        for kind, row in zip(GUARD_KINDS, np.asarray(flags))
+        if (row > 0).any()
+    }
+    parts = [f"{k.replace('_', '-')} channel{'s' if len(c) > 1 else ''} {', '.join(c)}" for k, c in bad.items()]
+    return "; ".join(parts), bad
+
+
+class StandaloneModel:
+    """A standalone ``.onnx`` decoder in onnxruntime: ``probs, state = model.run(window, state)``.
+
+    Parameters
+    ----------
+    path : path
+        File written by ``neurofed export --standalone``.
+    threads : int
+        Intra-op threads of the onnxruntime session.
+    """
+
+    def __init__(self, path: str | os.PathLike, threads: int = 1) -> None:
+        from export.runtime import load_model, make_session
+
+        self.path = Path(path)
+        proto, self.meta = load_model(path)
+        raw = self.meta.standalone
+        if not raw:
+            raise NeuroFedError(f"{path}: not a standalone export; use `neurofed export --standalone`")
+        self.info = StandaloneInfo.model_validate(raw)
+        self.session = make_session(proto.SerializeToString(), threads)
+
+    def initial_state(self) -> np.ndarray:
+        """The state before a session's first window (zeros with the model hash)."""
+        s = np.zeros(self.info.state_size, np.float64)
+        s[:HASH_WORDS] = self.info.hash_words
+        return s
+
+    def check(self, window: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Validated float32 window and float64 state, or a :class:`NeuroFedError` naming the problem."""
+        info = self.info
+        w = np.asarray(window)
+        want = (self.meta.n_channels, info.window_samples)
+        if w.shape != want:
+            raise NeuroFedError(
+                f"window shape {w.shape}, expected {want}: {want[0]} channels ({', '.join(self.meta.ch_names)}) "
+                f"x {want[1]} samples ({info.window_samples / info.rate:g} s at {info.rate:g} Hz, {info.unit})"
+            )
+        s = np.asarray(state, np.float64)
+        if s.shape != (info.state_size,):
+            raise NeuroFedError(f"state shape {s.shape}, expected ({info.state_size},) for this model")
+        if not np.array_equal(s[:HASH_WORDS], info.hash_words):
+            raise NeuroFedError(
+                "state belongs to another model (hash words "
+                f"{[int(v) if np.isfinite(v) else v for v in s[:HASH_WORDS]]}, this model {info.hash_words}); "
+                "start from model.initial_state()"
+            )
+        return np.ascontiguousarray(w, np.float32), np.ascontiguousarray(s)
+
+    def run(self, window: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Decode one raw window: ``(probs, next_state)``; :class:`WindowRejected` if the guard refuses it."""
+        w, s = self.check(window, state)
+        probs, nxt, flags = self.session.run(list(OUTPUTS), {"window": w, "state": s})
+        if flags.any():
+            reason, bad = guard_reason(flags, list(self.meta.ch_names))
+            raise WindowRejected(reason, bad)
+        return probs, nxt
+
+
+def recording_windows(
+    path: str | os.PathLike, ch_names: list[str], label_map: dict[str, str], tmin: float, tmax: float
+) -> tuple[np.ndarray, list[str], float]:
+    """Raw cue-locked windows of one recording in time order, channels in ``ch_names`` order.
+
+    Returns ``(windows (n, channels, samples) in microvolts, labels, sampling rate)``; this is what
+    a device streams, before any preprocessing.
+    """
+    from trainer.data.io import epochs_from_raw, read_raw
+    from trainer.data.preprocess import pick_channels
+
+    raw = read_raw(path)
+    x, labels = epochs_from_raw(raw, label_map, tmin, tmax, source=str(path))
+    return pick_channels(x, list(raw.ch_names), ch_names), labels, float(raw.info["sfreq"])
+
+
+def eegmmidb_session_windows(
+    subject: int, ch_names: list[str], classes: list[str], tmin: float, tmax: float, data_dir: Any = None
+) -> list[tuple[str, np.ndarray, np.ndarray, float]]:
+    """Every imagery run (session) of an EEGMMIDB subject whose classes are ``classes``:
+    ``[(run file name, windows, class indices, rate), ...]`` in run order."""
+    from trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, subject_files
+
+    task = next((t for t, (_, cls) in TASKS.items() if list(cls) == list(classes)), None)
+    if task is None:
+        raise NeuroFedError(f"no EEGMMIDB task has the classes {classes}")
+    out = []
+    for f in subject_files(data_dir, subject, TASKS[task][0]):
+        run = int(f.stem[-2:])
+        w, labels, rate = recording_windows(f, ch_names, dict(RUN_EVENT_LABELS[run]), tmin, tmax)
+        out.append((f.name, w, np.array([classes.index(c) for c in labels]), rate))
+    return out

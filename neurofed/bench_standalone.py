@@ -1,0 +1,220 @@
+"""``neurofed bench standalone``: the standalone graph against the Python pipeline (edge engine).
+
+Lives in neurofed/ because it joins export/ (the graph) and edge/ (the engine it must equal).
+On every held-out subject's whole sessions (cue-locked windows in time order, state carried
+across the subject's runs): max |dprob| and class mismatches in onnxruntime and tract (and
+onnx.reference on the first session), BCA of both paths, and per-window p50 latency of the
+standalone graph (onnxruntime, 1 thread) and of the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from export.bench import time_calls
+from trainer.bench import BENCH_DIR, write_result
+
+
+def compare_subject(plain: Path, standalone: Path, subject: int, data_dir: str | None, reference: bool) -> dict:
+    """One subject's sessions through the engine, onnxruntime, tract (and onnx.reference on run 1)."""
+    import onnx
+    import tract
+    from onnx.reference import ReferenceEvaluator
+
+    from edge.infer import InferenceEngine
+    from export.runtime import OnnxModel
+    from export.standalone import StandaloneModel, eegmmidb_session_windows
+    from trainer.evaluate import bca
+
+    om, sm = OnnxModel(plain), StandaloneModel(standalone)
+    m = sm.meta
+    sessions = eegmmidb_session_windows(subject, list(m.ch_names), list(m.classes), *m.window, data_dir)
+    engine = InferenceEngine(om, m.ch_names, sessions[0][3])
+    tr = tract.onnx().load(str(standalone)).into_model().into_runnable()
+    ref = ReferenceEvaluator(onnx.load(str(standalone))) if reference else None
+    runners: dict[str, Callable] = {
+        "onnxruntime": lambda w, s: sm.run(w, s),
+        "tract": lambda w, s: tuple(t.to_numpy() for t in tr.run([w, s]))[:2],
+    }
+    if ref is not None:
+        runners["onnx_reference"] = lambda w, s: tuple(ref.run(None, {"window": w, "state": s}))[:2]
+    states = {k: sm.initial_state() for k in runners}
+    want, got, y = [], {k: [] for k in runners}, []
+    for i, (_, ws, labels, _) in enumerate(sessions):
+        for w in ws:
+            want.append(engine.process(w, 0.0).probabilities)
+            w32 = w.astype(np.float32)
+            for k, run in runners.items():
+                if k == "onnx_reference" and i > 0:
+                    continue
+                p, states[k] = run(w32, states[k])
+                got[k].append(p)
+        y += list(labels)
+    want_a, y_a = np.array(want), np.array(y)
+    out: dict = {"subject": f"S{subject:03d}", "windows": len(want_a), "sessions": len(sessions), "runtimes": {}}
+    for k, ps in got.items():
+        p = np.array(ps)
+        n = len(p)
+        out["runtimes"][k] = {
+            "windows": n,
+            "max_abs_prob_diff": float(np.abs(p - want_a[:n]).max()),
+            "class_mismatches": int((p.argmax(1) != want_a[:n].argmax(1)).sum()),
+        }
+    out["bca_python_pipeline"] = bca(y_a, want_a.argmax(1))
+    out["bca_standalone_onnxruntime"] = bca(y_a, np.array(got["onnxruntime"]).argmax(1))
+    return out
+
+
+def browsertime_calls(checkpoint: Path, subject: int, data_dir: str | None, web: Path = Path("apps/web")) -> dict:
+    """Replay a bundle in headless Chromium (onnxruntime-web, WASM, 1 thread): p50 per window."""
+    import shutil
+    import socket
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    from export.apps import make_bundle, serve
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver):
+        raise RuntimeError("chromium/chromedriver not installed (apt-get install chromium chromium-driver)")
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle, page = Path(tmp) / "bundle", Path(tmp) / "web"
+        make_bundle(checkpoint, subject, bundle, data_dir)
+        shutil.copytree(web, page, ignore=shutil.ignore_patterns("node_modules", "data"))
+        (page / "node_modules").symlink_to((web / "node_modules").resolve())
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port = sk.getsockname()[1]
+        httpd = serve(page, bundle, port=port)
+        opts = webdriver.ChromeOptions()
+        opts.binary_location = chromium
+        for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+            opts.add_argument(a)
+        d = webdriver.Chrome(service=Service(driver), options=opts)
+        try:
+            d.get(f"http://127.0.0.1:{port}/index.html?speed=0")
+            t = time.monotonic()
+            while time.monotonic() - t < 600:
+                st = d.execute_script("return window.neurofed && window.neurofed.done ? "
+                                      "{error: window.neurofed.error, ms: window.neurofed.ms} : null")
+                if st:
+                    break
+                time.sleep(0.2)
+            else:
+                raise RuntimeError("the page did not finish within 600 s")
+            if st["error"]:
+                raise RuntimeError(f"page error: {st['error']}")
+            ms = np.array(st["ms"])
+            return {"runtime": "onnxruntime-web (WASM, 1 thread), headless Chromium", "windows": len(ms),
+                    "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
+        finally:
+            d.quit()
+            httpd.shutdown()
+
+
+def bench_standalone(
+    checkpoint: Annotated[Path, typer.Option(help="trained .safetensors checkpoint")],
+    subjects: Annotated[str, typer.Option(help="held-out EEGMMIDB subjects, e.g. '13-19'")] = "13-16",
+    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None,
+    reps: Annotated[int, typer.Option(help="timed windows")] = 500,
+    warmup: Annotated[int, typer.Option()] = 50,
+    out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
+    browser: Annotated[bool, typer.Option(help="also time the page in headless Chromium")] = True,
+) -> None:
+    """Standalone graph == Python pipeline on real held-out sessions (ORT, tract, onnx.reference); p50 per window."""
+    from rich.console import Console
+
+    from edge.infer import InferenceEngine
+    from export.onnx_export import export_checkpoint
+    from export.runtime import OnnxModel
+    from export.standalone import StandaloneModel, eegmmidb_session_windows, export_standalone
+    from trainer.checkpoint import read_meta
+    from trainer.cli import parse_subjects
+    from trainer.errors import NeuroFedError
+
+    console = Console()
+    cmeta = read_meta(checkpoint)
+    trained = {n[:4] for n in cmeta.data_hashes}
+    subs = parse_subjects(subjects, data_dir)
+    overlap = [s for s in subs if f"S{s:03d}" in trained]
+    if overlap:
+        raise NeuroFedError(f"subjects {overlap} were used to train {checkpoint}; pick held-out subjects")
+    with tempfile.TemporaryDirectory() as tmp:
+        plain, sa = Path(tmp) / "m.onnx", Path(tmp) / "m.standalone.onnx"
+        with console.status("exporting..."):
+            export_checkpoint(checkpoint, plain, data_dir, verify=False)
+            export_standalone(checkpoint, sa, 160.0)
+        rows = []
+        for i, s in enumerate(subs):
+            with console.status(f"S{s:03d}: engine vs standalone graph..."):
+                rows.append(compare_subject(plain, sa, s, data_dir, reference=(i == 0)))
+            r = rows[-1]
+            console.print(
+                f"S{s:03d}: " + ", ".join(f"{k} |dp| {v['max_abs_prob_diff']:.1e} ({v['class_mismatches']} mism.)"
+                                          for k, v in r["runtimes"].items())
+                + f"; BCA pipeline {100 * r['bca_python_pipeline']:.1f} %, standalone "
+                f"{100 * r['bca_standalone_onnxruntime']:.1f} %"
+            )
+        sm, om = StandaloneModel(sa, threads=1), OnnxModel(plain, threads=1)
+        sessions = eegmmidb_session_windows(subs[0], list(sm.meta.ch_names), list(sm.meta.classes),
+                                            *sm.meta.window, data_dir)
+        ws = [w for _, x, _, _ in sessions for w in x]
+        state = sm.initial_state()
+        for w in ws[:8]:  # a full BN context and a settled EA state
+            _, state = sm.run(w, state)
+        w32 = ws[8].astype(np.float32)
+        feeds = {"window": w32, "state": state}
+        with console.status("timing..."):
+            lat_graph = time_calls(lambda: sm.session.run(None, feeds), reps, warmup)
+            lat_run = time_calls(lambda: sm.run(w32, state), reps, warmup)
+            engine = InferenceEngine(om, om.meta.ch_names, 160.0)
+            for w in ws[:8]:
+                engine.process(w, 0.0)
+            lat_engine = time_calls(lambda: engine.process(ws[8], 0.0), reps, warmup)
+    lat_browser = None
+    if browser:
+        with console.status("browser (onnxruntime-web)..."):
+            lat_browser = browsertime_calls(checkpoint, subs[0], data_dir)
+    bca_p = float(np.mean([r["bca_python_pipeline"] for r in rows]))
+    bca_s = float(np.mean([r["bca_standalone_onnxruntime"] for r in rows]))
+    result = {
+        "checkpoint": {"model": cmeta.model, "bn_mode": cmeta.bn_mode, "strategy": cmeta.strategy,
+                       "trained_on": sorted(trained)},
+        "threads": 1,
+        "load_average_1_5_15": list(os.getloadavg()),
+        "subjects": rows,
+        "max_abs_prob_diff": {k: max(r["runtimes"][k]["max_abs_prob_diff"] for r in rows if k in r["runtimes"])
+                              for k in rows[0]["runtimes"]},
+        "class_mismatches": {k: sum(r["runtimes"][k]["class_mismatches"] for r in rows if k in r["runtimes"])
+                             for k in rows[0]["runtimes"]},
+        "bca_mean": {"python_pipeline": bca_p, "standalone": bca_s, "difference": bca_s - bca_p},
+        "latency_per_window": {"standalone_graph_onnxruntime": lat_graph,
+                               "standalone_run_with_checks": lat_run, "python_engine": lat_engine,
+                               "browser": lat_browser},
+        "targets_met": {"parity_le_1e-4": all(
+            v["max_abs_prob_diff"] <= 1e-4 and v["class_mismatches"] == 0
+            for r in rows for v in r["runtimes"].values()),
+            "bca_difference_0": bca_s == bca_p,
+            "standalone_p50_le_1ms": lat_graph["p50_ms"] <= 1.0},
+    }
+    p = write_result("standalone", result, out_dir)
+    console.print(
+        f"BCA pipeline {100 * bca_p:.2f} % vs standalone {100 * bca_s:.2f} %; p50 per window: graph "
+        f"{lat_graph['p50_ms']:.3f} ms, run() {lat_run['p50_ms']:.3f} ms, Python engine {lat_engine['p50_ms']:.3f} ms "
+        + (f", browser {lat_browser['p50_ms']:.2f} ms" if lat_browser else "")
+        + f" (load {os.getloadavg()[0]:.1f})\nwrote {p}"
+    )
+
+
+def register(bench: typer.Typer) -> None:
+    """Add ``bench standalone``."""
+    bench.command("standalone")(bench_standalone)

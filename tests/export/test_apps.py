@@ -1,0 +1,176 @@
+"""Apps: the Node script (onnxruntime-node) and the browser page (onnxruntime-web in a real headless
+Chromium) give the Python standalone decoder's probabilities on a real recording, and refuse bad input
+clearly. Node, npm packages and Chromium are installed by .ci/run; missing ones FAIL these tests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from export.apps import make_bundle, python_replay, read_recording, serve
+from trainer.errors import NeuroFedError
+
+ROOT = Path(__file__).resolve().parents[2]
+WEB, NODE = ROOT / "apps" / "web", ROOT / "apps" / "node"
+
+# The same checks run in Node and in the page, on a real window of the recording.
+BAD_INPUT_JS = """
+const errs = {};
+const s0 = dec.initialState();
+const n = dec.nSamples;
+const grab = async (key, f) => { try { await f(); errs[key] = null; } catch (e) { errs[key] = `${e.name}: ${e.message}`; } };
+await grab("shape", () => dec.run(new Float32Array(10), s0));
+const other = s0.slice(); other[0] += 1;
+await grab("state", () => dec.run(w, other));
+const nan = w.slice(); nan[3 * n + 5] = NaN;
+await grab("nan", () => dec.run(nan, s0));
+const flat = w.slice(); flat.fill(5, 0, n);
+await grab("flat", () => dec.run(flat, s0));
+const sat = w.slice(); sat.fill(4000, 10 * n, 10 * n + 100);
+await grab("saturated", () => dec.run(sat, s0));
+await grab("rate", () => dec.checkStream({ ch_names: dec.meta.ch_names, rate: 250, unit: dec.sa.unit }));
+"""
+
+
+def _check_bad_input(errs: dict) -> None:
+    assert "window is 10 samples, expected a Float32Array of 21 channels x 640 samples (4 s at 160 Hz" in errs["shape"]
+    assert "state belongs to another model" in errs["state"]
+    assert errs["nan"] == "WindowRejected: non-finite channel FCz"
+    assert errs["flat"] == "WindowRejected: flat channel FC5"
+    assert errs["saturated"] == "WindowRejected: saturated channel Cz"
+    assert "stream rate 250 Hz, but this model was exported for 160 Hz" in errs["rate"]
+
+
+@pytest.fixture(scope="module")
+def bundle(eegnet_bs, tmp_path_factory, data_dir):
+    out = tmp_path_factory.mktemp("bundle")
+    make_bundle(eegnet_bs[0], 3, out, data_dir)
+    return out
+
+
+@pytest.fixture(scope="module")
+def python_probs(bundle):
+    return python_replay(bundle)
+
+
+def test_recording_roundtrip_and_bad_file(bundle, tmp_path):
+    w, doc = read_recording(bundle)
+    assert w.shape == (45, 21, 640) and len(doc["labels"]) == 45 and doc["rate"] == 160.0
+    (tmp_path / "recording.json").write_text((bundle / "recording.json").read_text())
+    (tmp_path / "recording.bin").write_bytes((bundle / "recording.bin").read_bytes()[:-4])
+    with pytest.raises(NeuroFedError, match="recording.bin has .* bytes"):
+        read_recording(tmp_path)
+
+
+def _node() -> str:
+    node = shutil.which("node")
+    assert node, "node is not installed (.ci/run installs nodejs)"
+    assert (NODE / "node_modules" / "onnxruntime-node").is_dir(), "run `npm ci` in apps/node (.ci/run does)"
+    return node
+
+
+def test_node_replay_equals_python(bundle, python_probs, tmp_path):
+    out = tmp_path / "node.json"
+    r = subprocess.run([_node(), str(NODE / "replay.mjs"), "--bundle", str(bundle), "--json", str(out)],
+                       check=False, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = np.array(json.loads(out.read_text())["probs"])
+    assert got.shape == python_probs.shape
+    assert np.abs(got - python_probs).max() <= 1e-4 and (got.argmax(1) == python_probs.argmax(1)).all()
+
+
+def test_node_bad_input(bundle, tmp_path):
+    script = tmp_path / "bad.mjs"
+    script.write_text(
+        f"""import {{ readFileSync }} from "node:fs";
+import * as ort from "{NODE / 'node_modules' / 'onnxruntime-node' / 'dist' / 'index.js'}";
+import {{ StandaloneDecoder, recordingWindows }} from "{WEB / 'neurofed.mjs'}";
+const meta = JSON.parse(readFileSync("{bundle / 'model.json'}", "utf8"));
+const doc = JSON.parse(readFileSync("{bundle / 'recording.json'}", "utf8"));
+const dec = await StandaloneDecoder.create(ort, "{bundle / 'model.onnx'}", meta, ["cpu"]);
+const w = recordingWindows(doc, readFileSync("{bundle / 'recording.bin'}"))[0];
+{BAD_INPUT_JS}
+console.log(JSON.stringify(errs));
+""")
+    r = subprocess.run([_node(), str(script)], check=False, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    _check_bad_input(json.loads(r.stdout.strip().splitlines()[-1]))
+    # a broken bundle: one error line, exit 2
+    bad = tmp_path / "broken"
+    shutil.copytree(bundle, bad)
+    (bad / "recording.bin").write_bytes(bytes(12))
+    r = subprocess.run([_node(), str(NODE / "replay.mjs"), "--bundle", str(bad)], check=False, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == "error: recording.bin has 12 bytes, expected 4 x 45 x 21 x 640"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver, "chromium/chromedriver are not installed (.ci/run installs them)"
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1000,700"):
+        opts.add_argument(a)
+    d = webdriver.Chrome(service=Service(driver), options=opts)  # explicit driver: nothing is downloaded
+    yield d
+    d.quit()
+
+
+def _wait_done(d, timeout: float = 240.0) -> dict:
+    t = time.monotonic()
+    while time.monotonic() - t < timeout:
+        st = d.execute_script("return window.neurofed ? {done: window.neurofed.done, error: window.neurofed.error} : null")
+        if st and st["done"]:
+            return st
+        time.sleep(0.2)
+    raise AssertionError("the page did not finish")
+
+
+def test_browser_replay_equals_python(bundle, python_probs, browser, tmp_path):
+    assert (WEB / "node_modules" / "onnxruntime-web" / "dist").is_dir(), "run `npm ci` in apps/web (.ci/run does)"
+    port = _free_port()
+    web = tmp_path / "web"  # a private copy of the page: parallel runs never share data/
+    shutil.copytree(WEB, web, ignore=shutil.ignore_patterns("node_modules", "data"))
+    (web / "node_modules").symlink_to(WEB / "node_modules")
+    httpd = serve(web, bundle, port=port)
+    try:
+        browser.get(f"http://127.0.0.1:{port}/index.html?speed=0")
+        st = _wait_done(browser)
+        assert st["error"] is None, st["error"]
+        res = browser.execute_script("return window.neurofed.results")
+        got = np.array([r["probs"] for r in res])
+        assert got.shape == python_probs.shape
+        assert np.abs(got - python_probs).max() <= 1e-4 and (got.argmax(1) == python_probs.argmax(1)).all()
+        text = browser.find_element("id", "s-window").text
+        assert text == "45 / 45"
+        shot = tmp_path / "web.png"
+        assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+        errs = browser.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "(async () => { const dec = window.neurofed.decoder; const w = window.neurofed.windows[0];"
+            + BAD_INPUT_JS + " return errs; })().then(done, (e) => done({fatal: e.message}));"
+        )
+        _check_bad_input(errs)
+        browser.get(f"http://127.0.0.1:{port}/index.html?speed=0&data=nothing")
+        st = _wait_done(browser)
+        assert "nothing/model.json: HTTP 404" in st["error"]
+        assert "error: nothing/model.json: HTTP 404" in browser.find_element("id", "error").text
+    finally:
+        httpd.shutdown()

@@ -1,0 +1,195 @@
+"""Standalone decoder: one graph == the Python pipeline (edge engine) on whole real sessions,
+in onnxruntime, onnx.reference and tract; exact preprocessing matrix; Newton-Schulz EA; bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from edge.infer import InferenceEngine, inv_sqrt
+from export.runtime import OnnxModel
+from export.standalone import (
+    HASH_WORDS,
+    NS_ITERS,
+    StandaloneModel,
+    WindowRejected,
+    eegmmidb_session_windows,
+    export_standalone,
+    newton_schulz_inv_sqrt,
+    preprocess_matrix,
+)
+from trainer.data import PreprocessConfig
+from trainer.data.preprocess import preprocess_epochs
+from trainer.errors import NeuroFedError
+
+HELD_OUT = 3  # the fixture checkpoint trained on S001-S002
+
+
+@pytest.fixture(scope="module")
+def standalone(eegnet_bs, tmp_path_factory):
+    ckpt, plain = eegnet_bs
+    out = tmp_path_factory.mktemp("sa") / "m.standalone.onnx"
+    export_standalone(ckpt, out, rate=160.0)
+    return plain, out
+
+
+@pytest.fixture(scope="module")
+def sessions(standalone, data_dir):
+    m = StandaloneModel(standalone[1])
+    return eegmmidb_session_windows(HELD_OUT, list(m.meta.ch_names), list(m.meta.classes), 0.0, 4.0, data_dir)
+
+
+@pytest.fixture(scope="module")
+def pipeline(standalone, sessions):
+    """The edge engine's probabilities window by window over the subject's three sessions."""
+    om = OnnxModel(standalone[0])
+    eng = InferenceEngine(om, om.meta.ch_names, 160.0)
+    probs = [eng.process(w, 0.0).probabilities for _, ws, _, _ in sessions for w in ws]
+    return np.array(probs)
+
+
+def _replay(run, init, sessions):
+    state, out = init, []
+    for _, ws, _, _ in sessions:
+        for w in ws:
+            p, state = run(w.astype(np.float32), state)
+            out.append(p)
+    return np.array(out)
+
+
+def test_graph_has_no_batchnorm_and_plain_ops(standalone):
+    ops = {n.op_type for n in onnx.load(str(standalone[1])).graph.node}
+    assert "BatchNormalization" not in ops and not ops & {"If", "Loop", "Scan"}
+    assert {"MatMul", "ReduceSum", "Sqrt", "Div"} <= ops
+
+
+def test_onnxruntime_equals_python_pipeline(standalone, sessions, pipeline):
+    m = StandaloneModel(standalone[1])
+    got = _replay(m.run, m.initial_state(), sessions)
+    assert len(got) == 45  # three whole sessions of 15 cues
+    assert np.abs(got - pipeline).max() <= 1e-4
+    assert (got.argmax(1) == pipeline.argmax(1)).all()
+
+
+def test_reference_evaluator_equals_python_pipeline(standalone, sessions, pipeline):
+    from onnx.reference import ReferenceEvaluator
+
+    m = StandaloneModel(standalone[1])
+    ref = ReferenceEvaluator(onnx.load(str(standalone[1])))
+
+    def run(w, s):
+        p, nxt, _ = ref.run(None, {"window": w, "state": s})
+        return p, nxt
+
+    first = sessions[:1]  # one whole session (the interpreter is slow)
+    got = _replay(run, m.initial_state(), first)
+    want = pipeline[: len(got)]
+    assert np.abs(got - want).max() <= 1e-4 and (got.argmax(1) == want.argmax(1)).all()
+
+
+def test_tract_equals_python_pipeline(standalone, sessions, pipeline):
+    import tract  # pinned in the dev extra: a missing tract fails the test, never skips it
+    r = tract.onnx().load(str(standalone[1])).into_model().into_runnable()
+    m = StandaloneModel(standalone[1])
+
+    def run(w, s):
+        p, nxt, _ = (t.to_numpy() for t in r.run([w, s]))
+        return p, nxt
+
+    got = _replay(run, m.initial_state(), sessions)
+    assert np.abs(got - pipeline).max() <= 1e-4 and (got.argmax(1) == pipeline.argmax(1)).all()
+
+
+def test_preprocess_matrix_equals_scipy(sessions):
+    cfg = PreprocessConfig.from_preset("sensorimotor21", resample=80.0)
+    p = preprocess_matrix(cfg, 160.0)
+    x = sessions[0][1]
+    want, _, _ = preprocess_epochs(x, 160.0, list(cfg.channels), cfg)
+    assert p.shape == (640, 320)
+    assert np.abs(x @ p - want).max() <= 1e-10 * np.abs(want).max()
+
+
+def test_newton_schulz_equals_eigh(sessions):
+    cfg = PreprocessConfig.from_preset("sensorimotor21", resample=80.0)
+    y, _, _ = preprocess_epochs(sessions[0][1], 160.0, list(cfg.channels), cfg)
+    cov = np.zeros((21, 21))
+    for i, w in enumerate(y, 1):  # the running covariance after each window, as online EA sees it
+        cov += w @ w.T / w.shape[1]
+        want = inv_sqrt(cov / i)
+        got = newton_schulz_inv_sqrt(torch.from_numpy(cov / i), NS_ITERS).numpy()
+        assert np.abs(got - want).max() <= 1e-9 * np.abs(want).max()
+
+
+def test_bad_input_is_refused_clearly(standalone, sessions):
+    m = StandaloneModel(standalone[1])
+    s0 = m.initial_state()
+    w = sessions[0][1][0].astype(np.float32)
+    with pytest.raises(NeuroFedError, match=r"window shape \(21, 320\), expected \(21, 640\).*160 Hz"):
+        m.run(w[:, :320], s0)
+    other = s0.copy()
+    other[:HASH_WORDS] += 1
+    with pytest.raises(NeuroFedError, match="another model"):
+        m.run(w, other)
+    bad = w.copy()
+    bad[3, 10] = np.nan
+    with pytest.raises(WindowRejected, match="non-finite channel FCz"):
+        m.run(bad, s0)
+    flat = w.copy()
+    flat[0] = 5.0
+    with pytest.raises(WindowRejected, match="flat channel FC5"):
+        m.run(flat, s0)
+    sat = w.copy()
+    sat[10, :100] = 4000.0
+    with pytest.raises(WindowRejected, match="saturated channel Cz"):
+        m.run(sat, s0)
+    # a rejected window leaves the state untouched inside the graph too
+    _, nxt, guard = m.session.run(None, {"window": bad, "state": s0})
+    assert guard[0, 3] == 1 and np.array_equal(nxt, s0)
+    # a foreign state fed to the bare graph gives NaN and is not advanced
+    p, nxt, _ = m.session.run(None, {"window": w, "state": other})
+    assert np.isnan(p).all() and np.array_equal(nxt, other)
+
+
+@pytest.mark.parametrize(("model", "bn_mode"), [("shallow", "batch_specific"), ("deep", "batch_specific"),
+                                                ("eegnet", "standard")])
+def test_other_variants_equal_python_pipeline(model, bn_mode, tmp_path, data_dir, cache_env):
+    """ShallowConvNet, Deep4 (160 Hz: band-pass only) and standard BN (no context in the state)."""
+    from export.onnx_export import export_checkpoint
+    from tests.export.conftest import make_checkpoint
+
+    ckpt = make_checkpoint(tmp_path / "m.safetensors", model, bn_mode, data_dir)
+    export_checkpoint(ckpt, tmp_path / "m.onnx", verify=False)
+    export_standalone(ckpt, tmp_path / "sa.onnx", rate=160.0)
+    om, sm = OnnxModel(tmp_path / "m.onnx"), StandaloneModel(tmp_path / "sa.onnx")
+    assert sm.info.context_windows == (0 if bn_mode == "standard" else 7)
+    eng = InferenceEngine(om, om.meta.ch_names, 160.0)
+    sess = eegmmidb_session_windows(HELD_OUT, list(om.meta.ch_names), list(om.meta.classes), 0.0, 4.0, data_dir)
+    want = np.array([eng.process(w, 0.0).probabilities for w in sess[0][1]])
+    got = _replay(sm.run, sm.initial_state(), sess[:1])
+    assert np.abs(got - want).max() <= 1e-4 and (got.argmax(1) == want.argmax(1)).all()
+
+
+def test_cli_standalone_in_volts_equals_microvolts(standalone, eegnet_bs, sessions, tmp_path):
+    """`neurofed export --standalone --unit V`: the same decoding from samples in volts."""
+    from typer.testing import CliRunner
+
+    from neurofed.cli import app
+
+    out = tmp_path / "v.onnx"
+    r = CliRunner().invoke(app, ["export", str(eegnet_bs[0]), "--standalone", "--unit", "V", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    uv, v = StandaloneModel(standalone[1]), StandaloneModel(out)
+    assert v.info.unit == "V" and v.info.unit_to_uv == 1e6 and v.meta.model_hash == uv.meta.model_hash
+    ws = sessions[0][1][:9]
+    want = _replay(uv.run, uv.initial_state(), [("", ws, None, 160.0)])
+    got = _replay(v.run, v.initial_state(), [("", ws * 1e-6, None, 160.0)])
+    assert np.abs(got - want).max() <= 1e-5
+
+
+def test_plain_runtime_refuses_a_standalone_file(standalone):
+    with pytest.raises(NeuroFedError, match="a standalone model"):
+        OnnxModel(standalone[1])
+    with pytest.raises(NeuroFedError, match="not a standalone export"):
+        StandaloneModel(standalone[0])
