@@ -297,6 +297,32 @@ def test_private_metadata_keeps_participants_and_loss_off_the_retained_result(mo
     assert coord.metrics[0]["participants"] == ["S001", "S002"] and coord.metrics[0]["loss"] == 0.5
 
 
+@pytest.mark.slow
+def test_a_late_joiner_gets_the_current_model_and_learns_the_end_from_the_coordinator_status(
+        subjects4, mosquitto, fed_name, tmp_path):
+    url = mosquitto.url
+    coord = Coordinator(make_cfg(fed_name, tmp_path / "out", rounds=2), url)
+    ct = Bg(coord.run)
+    p = Puppet(url, fed_name, ["S001", "S002"])
+    p.join()
+    t0 = p.next("task")
+    for i, cid in enumerate(t0.selected):
+        p.send(cid, p.update(t0, cid, p.honest(i))[1])
+    t1 = p.next("task", pred=lambda m: m.round == 1)  # round 1 open; its model is the retained one
+    late = EdgeClient(url, fed_name, "S003", lambda spec: subjects4[2], tmp_path / "st", join_timeout=60)
+    lr = Bg(lambda: late.run(max_seconds=120))
+    end = time.monotonic() + 60
+    while "S003" not in coord.registry and time.monotonic() < end:
+        time.sleep(0.05)
+    assert "S003" in coord.registry and late.run_id == coord.run_id and late.global_hash == t1.model_sha256
+    assert p.topics.model not in late.transport.subscriptions  # fetched once, then unsubscribed
+    for i, cid in enumerate(t1.selected):
+        p.send(cid, p.update(t1, cid, p.honest(10 + i))[1])
+    ct.result(60)
+    p.t.close()
+    assert lr.result(60) == 0 and late.finished  # the final result is not sent to clients: status `done` ends it
+
+
 # ------------------------------------------------------------------ resume with fewer clients
 @pytest.mark.slow
 def test_resume_does_not_demand_min_clients_again_and_says_what_it_waits_for(mosquitto, fed_name, tmp_path, caplog):
