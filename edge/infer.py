@@ -150,6 +150,40 @@ class PythonDecoder:
         return min(state.seen - 1, self.batch - 1), state.ea_count
 
 
+class StandaloneStep:
+    """The standalone graph (``neurofed export --standalone``) behind :class:`DecoderStep`: the edge decodes
+    with exactly the graph every app runs (guard, band-pass + resampling, online EA, BN context inside it).
+
+    Parameters
+    ----------
+    model : export.standalone.StandaloneModel
+    stream_sfreq : float
+        The stream's rate; the graph is exported for one device rate (``--rate``) and must match it.
+    """
+
+    def __init__(self, model: Any, stream_sfreq: float) -> None:
+        info = model.info
+        if abs(float(info.rate) - float(stream_sfreq)) > 1e-6:
+            raise NeuroFedError(f"the standalone model was exported for {info.rate:g} Hz but the stream runs at "
+                                f"{stream_sfreq:g} Hz: export it again with --rate {stream_sfreq:g}")
+        if info.unit != "uV":  # the engine hands over microvolts (after its unit conversion)
+            raise NeuroFedError(f"the standalone model takes {info.unit}; export it with --unit uV for edge-client")
+        self.model = model
+        self.offsets = {e["name"]: int(e["offset"]) for e in info.state_layout}
+
+    def init_state(self) -> np.ndarray:
+        return self.model.initial_state()
+
+    def step(self, window: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        probs, nxt = self.model.run(window, state)
+        return np.asarray(probs, np.float64).reshape(-1), nxt
+
+    def describe(self, state: np.ndarray) -> tuple[int, int]:
+        n_ctx, n_ea = int(state[self.offsets["n_context"]]), int(state[self.offsets["ea_count"]])
+        k = self.model.info.context_windows
+        return (min(n_ea - 1, k) if n_ea else max(n_ctx - 1, 0)), n_ea
+
+
 @dataclass
 class Prediction:
     """One decoded window."""

@@ -165,7 +165,8 @@ def log_sink(console) -> Callable[[object], None]:
 
 
 def infer(
-    model: Annotated[Path, typer.Option(help="exported .onnx model (neurofed export)")],
+    model: Annotated[Path, typer.Option(help="exported .onnx model (neurofed export; a --standalone export runs "
+                                              "the very graph apps run)")],
     stream: Annotated[str, typer.Option(help="EEG LSL stream name")],
     source_id: Annotated[
         str | None, typer.Option(help="EEG stream source_id (picks one of several streams with that name)")
@@ -203,13 +204,16 @@ def infer(
     """Decode a live headset: predictions out as an LSL stream (and MQTT if asked)."""
     from rich.console import Console
 
+    from edge.infer import StandaloneStep
     from edge.lsl_io import Inlet, check_marker_stream, check_unique, find_stream
-    from export.runtime import OnnxModel
+    from export.runtime import OnnxModel, load_model
+    from export.standalone import StandaloneModel
 
     console = Console()
     if mode not in ("cue", "sliding"):
         raise typer.BadParameter(f"mode {mode!r}: use cue or sliding")
-    om = OnnxModel(model, threads=threads)
+    standalone = bool(load_model(model)[1].standalone)
+    om = StandaloneModel(model, threads=threads) if standalone else OnnxModel(model, threads=threads)
     eeg = Inlet(find_stream(name=stream, source_id=source_id, timeout=timeout, unique=False))
     ref = None
     if ea_reference is not None:
@@ -217,9 +221,11 @@ def infer(
             ref = np.load(ea_reference, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise NeuroFedError(f"{ea_reference}: cannot read an EA reference .npy ({exc})") from None
+    if standalone and (ea_reference is not None or context is not None):
+        raise typer.BadParameter("--ea-reference/--context are fixed inside a standalone model's graph")
     engine = InferenceEngine(
         om, eeg.meta.ch_names, eeg.meta.sfreq, context=context, ea_reference=ref, ea_min_windows=ea_warmup,
-        stream_units=eeg.meta.units,
+        stream_units=eeg.meta.units, decoder=StandaloneStep(om, eeg.meta.sfreq) if standalone else None,
     )
     mk = None
     if mode == "cue":

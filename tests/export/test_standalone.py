@@ -8,7 +8,7 @@ import onnx
 import pytest
 import torch
 
-from edge.infer import InferenceEngine, inv_sqrt
+from edge.infer import InferenceEngine, StandaloneStep
 from export.runtime import OnnxModel
 from export.standalone import (
     HASH_WORDS,
@@ -21,6 +21,7 @@ from export.standalone import (
     preprocess_matrix,
 )
 from trainer.data import PreprocessConfig
+from trainer.data.preprocess import ea_inv_sqrt as inv_sqrt
 from trainer.data.preprocess import preprocess_epochs
 from trainer.errors import NeuroFedError
 
@@ -193,3 +194,16 @@ def test_plain_runtime_refuses_a_standalone_file(standalone):
         OnnxModel(standalone[1])
     with pytest.raises(NeuroFedError, match="not a standalone export"):
         StandaloneModel(standalone[0])
+
+
+def test_edge_engine_runs_the_standalone_graph(standalone, sessions, pipeline):
+    """edge-client infer with a standalone export: the engine's guard + the graph == the Python decoder."""
+    sm = StandaloneModel(standalone[1])
+    eng = InferenceEngine(sm, sm.meta.ch_names, 160.0, decoder=StandaloneStep(sm, 160.0))
+    got = [eng.process(w, 0.0) for _, ws, _, _ in sessions for w in ws]
+    probs = np.array([g.probabilities for g in got])
+    np.testing.assert_allclose(probs, pipeline, atol=1e-4)
+    assert (probs.argmax(1) == pipeline.argmax(1)).all()
+    assert got[-1].n_context == sm.info.context_windows and got[-1].ea_windows == len(got)
+    with pytest.raises(NeuroFedError, match="export it again with --rate 250"):
+        StandaloneStep(sm, 250.0)
