@@ -109,6 +109,9 @@ def simulate(
     workers: Annotated[int, typer.Option(help="parallel processes over folds/seeds")] = 1,
     threads: Annotated[int | None, typer.Option(help="torch threads per worker (default: cores / workers)")] = None,
     fold_seed: Annotated[int, typer.Option(help="seed of the k-fold subject grouping")] = 0,
+    partition: Annotated[str, typer.Option(help="clients of the training subjects: subject (one each), "
+                                           "dirichlet:BETA[:K] (label skew within subjects, K clients each), "
+                                           "missing-class; held-out subjects stay whole")] = "subject",
     data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder")] = None,
     out: Annotated[Path, typer.Option(help="run directory (re-running resumes it)")] = Path("runs/simulate"),
     **strategy_params: object,
@@ -129,7 +132,7 @@ def simulate(
         raise typer.BadParameter(str(exc), param_hint="--preset") from None
     if pre_set.caveat:
         console.print(f"[yellow]preset {pre_set.name}: {pre_set.caveat}[/yellow]")
-    pick = lambda v, d: d if v is None else v  # noqa: E731
+    pick = lambda v, d: d if v is None else v
     if resample is None:
         resample = pre_set.resample
     pre = preprocess_from_options(pick(channels, pre_set.channels), resample or None, ea, fmin, fmax, tmin, tmax)
@@ -147,8 +150,14 @@ def simulate(
         ct_batch_size=pick(ct_batch_size, pre_set.ct_batch_size), preprocess=pre.to_dict(), test_batch=test_batch,
         eval_every=eval_every, attacks=parse_attacks(attack),
         strategy_overrides={k: v for k, v in strategy_params.items() if v is not None}, data_dir=data_dir,
-        fold_seed=fold_seed,
+        fold_seed=fold_seed, partition=partition,
     )
+    from trainer.experiments.partition import parse_partition
+
+    try:
+        parse_partition(partition)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--partition") from None
     try:
         cfg.strategy()  # validate overrides before any work
     except ValueError as exc:
