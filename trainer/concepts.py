@@ -179,3 +179,39 @@ def load_concepts(classes: Sequence[str], path: Path = RESOURCE) -> ConceptStats
                 emb = z["embeddings"][[known.index(c) for c in classes]]
                 return concept_stats(classes, emb)
     return concept_stats(classes, encode_concepts(classes))
+
+
+def separation(classes: Sequence[str]) -> dict:
+    """How far apart the classes' concept distributions are (committed embeddings).
+
+    Returns the cosine of every pair of class means, the distance between them and each class's
+    total variance (trace of its diagonal covariance): the numbers behind "two motor-imagery classes
+    give the language model little to work with" in docs/methods.md.
+    """
+    s = load_concepts(classes)
+    unit = s.mean / np.linalg.norm(s.mean, axis=1, keepdims=True)
+    pairs = {}
+    for i, a in enumerate(s.classes):
+        for j in range(i + 1, len(s.classes)):
+            b = s.classes[j]
+            pairs[f"{a}|{b}"] = {"cosine": float(unit[i] @ unit[j]),
+                                 "distance": float(np.linalg.norm(s.mean[i] - s.mean[j]))}
+    return {"encoder": "all-MiniLM-L6-v2", "templates": len(TEMPLATES), "pairs": pairs,
+            "total_variance": {c: float(v) for c, v in zip(s.classes, s.var.sum(1))}}
+
+
+def _main(out: Path | None = None) -> None:
+    """Print (and optionally write as JSON) the separation of the known classes' concept distributions."""
+    import json
+
+    result = separation(list(CONCEPTS))
+    text = json.dumps(result, indent=1)
+    if out is not None:
+        out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    import typer
+
+    typer.run(_main)
