@@ -112,6 +112,9 @@ def simulate(
     threads: Annotated[int | None, typer.Option(help="torch threads per worker (default: cores / workers)")] = None,
     fold_seed: Annotated[int, typer.Option(help="seed of the k-fold subject grouping")] = 0,
     folds: Annotated[str | None, typer.Option(help="run only these fold indices, e.g. '0' or '0,2' (pilots)")] = None,
+    partition: Annotated[str, typer.Option(help="clients of the training subjects: subject (one each), "
+                                           "dirichlet:BETA[:K] (label skew within subjects, K clients each), "
+                                           "missing-class; held-out subjects stay whole")] = "subject",
     data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder")] = None,
     out: Annotated[Path, typer.Option(help="run directory (re-running resumes it)")] = Path("runs/simulate"),
     **strategy_params: object,
@@ -151,7 +154,14 @@ def simulate(
         eval_every=eval_every, attacks=parse_attacks(attack), byzantine=byzantine,
         strategy_overrides={k: v for k, v in strategy_params.items() if v is not None}, data_dir=data_dir,
         fold_seed=fold_seed, folds=[int(f) for f in folds.split(",")] if folds else None,
+        partition=partition,
     )
+    from trainer.experiments.partition import parse_partition
+
+    try:
+        parse_partition(partition)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--partition") from None
     try:
         cfg.strategy()  # validate overrides before any work
         if byzantine:

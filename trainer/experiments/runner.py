@@ -103,8 +103,9 @@ def run_federated(
     spec = spec or EvalSpec()
     ids = sorted(clients)
     model = init_model(model_name, clients[ids[0]], strategy.bn_mode, seed)
+    setup_extras = strategy.setup(model)  # e.g. FedBM's frozen classifier (also on resume: it edits the model)
     if server is None:
-        server = ServerState({k: v.clone() for k, v in model.state_dict().items()})
+        server = ServerState({k: v.clone() for k, v in model.state_dict().items()}, extras=setup_extras)
     states = client_states or {}
     for cid in ids:
         if cid not in states:
@@ -140,8 +141,9 @@ def run_federated(
             progress(server.round, rounds, point)
     model.load_state_dict(server.global_state)
     per_round = len(select_clients(ids, fraction, 0, seed))
+    cost = {k: float(v) for k, v in server.extras.items() if (".cost_" in k or ".stat_" in k) and v.numel() == 1}
     return model, {"curve": curve, "participation": participation, "server": server, "client_states": states,
-                   "attackers": sorted(attackers), **strategy.report(len(ids), per_round, rounds)}
+                   "attackers": sorted(attackers), "server_cost": cost, **strategy.report(len(ids), per_round, rounds)}
 
 
 def global_state_of(model: nn.Module) -> dict[str, Tensor]:

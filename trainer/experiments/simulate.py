@@ -17,6 +17,7 @@ import torch
 from trainer.checkpoint import ModelMeta, save_checkpoint
 from trainer.data import PreprocessConfig, load_subjects
 from trainer.errors import NeuroFedError
+from trainer.experiments.partition import class_counts, partition_clients
 from trainer.experiments.protocol import make_folds
 from trainer.experiments.runner import (
     EvalSpec,
@@ -58,6 +59,7 @@ class SimConfig:
     strategy_overrides: dict = field(default_factory=dict)
     data_dir: str | None = None
     fold_seed: int = 0
+    partition: str = "subject"  # subject, dirichlet:BETA[:K], missing-class (trainer.experiments.partition)
 
     def strategy(self):
         return get_strategy(self.algorithm, **self.strategy_overrides)
@@ -87,14 +89,18 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
     else:
         local = LocalConfig(**cfg.local)
         byz = Byzantine.parse(cfg.byzantine, seed) if cfg.byzantine else None
-        model, info = run_federated({sd.subject: sd for sd in train}, cfg.model, strategy, local,
+        clients = partition_clients(train, cfg.partition, seed)
+        counts = class_counts(clients)
+        model, info = run_federated(clients, cfg.model, strategy, local,
                                     cfg.rounds, cfg.fraction, seed, spec, log_round, byzantine=byz)
+        info["client_classes"] = counts
     seconds = time.time() - t0
     result = {
         "fold": fold_idx, "seed": seed, "test_subjects": [sd.subject for sd in test],
         "per_subject": evaluate_subjects(model, spec, seed) if test else {},
         "curve": info["curve"], "participation": info.get("participation", {}), "seconds": seconds,
         **{k: info[k] for k in ("attackers", "privacy") if info.get(k)},
+        "client_classes": info.get("client_classes", {}), "server_cost": info.get("server_cost", {}),
         "data_hashes": {k: v for sd in train + test for k, v in sd.file_hashes.items()},
     }
     if not test:  # deployment mode: save the global model

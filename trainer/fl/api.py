@@ -204,6 +204,12 @@ class Component:
     def build(cls, settings: Mapping[str, Any]) -> Component | None:
         raise NotImplementedError
 
+    # setup (once, by whoever builds the initial global model: the simulation's server / the coordinator)
+    def setup(self, model: nn.Module) -> dict[str, Tensor]:
+        """Edit the freshly built model in place (e.g. FedBM's frozen concept head) before the initial
+        global state is taken; return the initial server extras this component owns."""
+        return {}
+
     # client side
     def local_round(self, model: nn.Module, kept: Mapping[str, Tensor] | None, inputs: RoundInputs) -> LocalHook | None:
         """The hook for one round; ``kept`` is what this component stored on the client last time."""
@@ -315,6 +321,13 @@ class Strategy:
             drop = bn_state_keys(model)
             return {k: v for k, v in global_state.items() if k not in drop}
         return dict(global_state)
+
+    def setup(self, model: nn.Module) -> dict[str, Tensor]:
+        """Every component's :meth:`Component.setup` on the initial model; returns the initial server extras."""
+        out: dict[str, Tensor] = {}
+        for c in self.components:
+            out.update(c.setup(model))
+        return out
 
     # ------------------------------------------------------------------ wire
     def upload_specs(self, model: nn.Module) -> dict[str, TensorSpec]:
