@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.fl.algorithms import base, fedavgm, fedbs, fedprox, moon, safe, scaffold
+from trainer.fl.algorithms import base, fedavgm, fedbs, fedprox, hierarchical, moon, safe, scaffold
 from trainer.fl.api import Algorithm, Component, Param, Strategy
 
 #: every algorithm, in the order of the docs' table
@@ -24,6 +24,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     fedbs.FEDBS,
     safe.SAFE,
     fedavgm.FEDAVGM,
+    hierarchical.FLEEG,
 )}
 
 #: component types in registry order (the order in which loss terms and weight perturbations compose)
