@@ -112,6 +112,7 @@ def simulate(
     workers: Annotated[int, typer.Option(help="parallel processes over folds/seeds")] = 1,
     threads: Annotated[int | None, typer.Option(help="torch threads per worker (default: cores / workers)")] = None,
     fold_seed: Annotated[int, typer.Option(help="seed of the k-fold subject grouping")] = 0,
+    folds: Annotated[str | None, typer.Option(help="run only these fold indices, e.g. '0,1' (a pilot)")] = None,
     data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder")] = None,
     out: Annotated[Path, typer.Option(help="run directory (re-running resumes it)")] = Path("runs/simulate"),
     profiles: Annotated[str | None, typer.Option(
@@ -188,6 +189,7 @@ def simulate(
         strategy_overrides={k: v for k, v in strategy_params.items() if v is not None}, data_dir=data_dir,
         fold_seed=fold_seed, profiles=assignment, profile_channels=profile_channels, only_profile=only_profile,
         noise_seed=noise_seed, local_bn_mode=local_bn_mode,
+        folds=sorted({int(f) for f in folds.split(",")}) if folds else [],
     )
     try:
         cfg.strategy()  # validate overrides before any work

@@ -62,6 +62,8 @@ class SimConfig:
     #: train and evaluate only the subjects of this profile (the device group federated alone); folds unchanged
     only_profile: str | None = None
     noise_seed: int = 0
+    #: run only these fold indices of the protocol (a pilot on a subset of folds); empty = all
+    folds: list[int] = field(default_factory=list)
     #: BN mode of fleeg_eegnet's local module (None: the strategy's bn_mode)
     local_bn_mode: str | None = None
 
@@ -244,6 +246,8 @@ def run_simulation(
     todo, done = [], []
     for seed in cfg.seeds:
         for k, fold in enumerate(folds):
+            if cfg.folds and k not in cfg.folds:
+                continue
             p = out / "jobs" / f"seed{seed}_fold{k:02d}.json"
             if p.exists():
                 done.append(json.loads(p.read_text()))
