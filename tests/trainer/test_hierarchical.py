@@ -161,3 +161,24 @@ def test_hierarchical_strategy_without_profiles_is_refused(mixed):
     subs, _ = mixed
     with pytest.raises(ValueError, match="--profiles"):
         run_federated(subs, "fleeg_eegnet", get_strategy("fleeg"), CFG, 1, 1.0, 0)
+
+
+def test_simulate_with_profiles_reports_per_profile_bca(data_dir, tmp_path, monkeypatch):
+    from trainer.experiments.simulate import SimConfig, run_simulation
+
+    monkeypatch.setenv("NEUROFED_CACHE", str(tmp_path / "cache"))
+    prof = {"1": "unicorn8", "2": "research21", "3": "unicorn8", "4": "research21", "5": "unicorn8", "6": "research21"}
+    base = dict(model="fleeg_eegnet", subjects=[1, 2, 3, 4, 5, 6], protocol="kfold:3", rounds=1, fraction=1.0,
+                local=CFG.to_dict(), preprocess=PreprocessConfig(resample=80.0).to_dict(), eval_every=0,
+                data_dir=str(data_dir), profiles=prof, folds=[0])
+    res = run_simulation(SimConfig(algorithm="fleeg", **base), tmp_path / "a")
+    tested = sorted(res["per_subject"])
+    assert len(tested) == 2 and set(res["per_profile"]) == {prof[str(int(s[1:]))] for s in tested}
+    assert sum(r["n"] for r in res["per_profile"].values()) == 2
+    from trainer.errors import NeuroFedError
+
+    with pytest.raises(NeuroFedError, match="different channels"):
+        run_simulation(SimConfig(algorithm="fedavg", **{**base, "model": "eegnet"}), tmp_path / "b")
+    only = run_simulation(SimConfig(algorithm="fedavg", **{**base, "model": "eegnet", "only_profile": "unicorn8"}),
+                          tmp_path / "c")
+    assert all(prof[str(int(s[1:]))] == "unicorn8" for s in only["per_subject"])
