@@ -168,6 +168,6 @@ def through_profile(rec: Recording, profile, seed: int = 0) -> Recording:
     data = to_device(rec.data.T.astype(np.float64), rec.sfreq, rec.ch_names, prof, rng)
     ratio = prof.sfreq / rec.sfreq
     n = data.shape[1]
-    markers = [(min(int(round(s * ratio)), n - 1), lab) for s, lab in rec.markers]
+    markers = [(min(round(s * ratio), n - 1), lab) for s, lab in rec.markers]
     return Recording(np.ascontiguousarray(data.T.astype(np.float32)), prof.sfreq, list(prof.channels), markers,
                      f"{rec.source} via profile {prof.name}")

@@ -114,7 +114,7 @@ def test_mixed_device_federation_on_real_recordings(mixed):
     subs, groups = mixed
     train = {k: v for k, v in subs.items() if k != "S005"}
     st = get_strategy("fedbs", group_keys="local.")
-    model, info = run_federated(train, "fleeg_eegnet", st, CFG, 2, 1.0, 0, groups=groups)
+    _, info = run_federated(train, "fleeg_eegnet", st, CFG, 2, 1.0, 0, groups=groups)
     ms = info["models"]
     assert set(ms) == {"unicorn8", "research21"}
     assert ms["unicorn8"].local[2].weight.shape[2] == 8 and ms["research21"].local[2].weight.shape[2] == 21
@@ -168,9 +168,9 @@ def test_simulate_with_profiles_reports_per_profile_bca(data_dir, tmp_path, monk
 
     monkeypatch.setenv("NEUROFED_CACHE", str(tmp_path / "cache"))
     prof = {"1": "unicorn8", "2": "research21", "3": "unicorn8", "4": "research21", "5": "unicorn8", "6": "research21"}
-    base = dict(model="fleeg_eegnet", subjects=[1, 2, 3, 4, 5, 6], protocol="kfold:3", rounds=1, fraction=1.0,
-                local=CFG.to_dict(), preprocess=PreprocessConfig(resample=80.0).to_dict(), eval_every=0,
-                data_dir=str(data_dir), profiles=prof, folds=[0])
+    base = {"model": "fleeg_eegnet", "subjects": [1, 2, 3, 4, 5, 6], "protocol": "kfold:3", "rounds": 1,
+            "fraction": 1.0, "local": CFG.to_dict(), "preprocess": PreprocessConfig(resample=80.0).to_dict(),
+            "eval_every": 0, "data_dir": str(data_dir), "profiles": prof, "folds": [0]}
     res = run_simulation(SimConfig(algorithm="fleeg", **base), tmp_path / "a")
     tested = sorted(res["per_subject"])
     assert len(tested) == 2 and set(res["per_profile"]) == {prof[str(int(s[1:]))] for s in tested}

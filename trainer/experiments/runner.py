@@ -185,7 +185,7 @@ def run_federated(
         if progress:
             progress(server.round, rounds, point)
     load_final()
-    first = models[sorted(models)[0]]
+    first = models[min(models)]
     return first, {"curve": curve, "participation": participation, "server": server, "client_states": states,
                    "models": models}
 
