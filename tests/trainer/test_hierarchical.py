@@ -182,3 +182,26 @@ def test_simulate_with_profiles_reports_per_profile_bca(data_dir, tmp_path, monk
     only = run_simulation(SimConfig(algorithm="fedavg", **{**base, "model": "eegnet", "only_profile": "unicorn8"}),
                           tmp_path / "c")
     assert all(prof[str(int(s[1:]))] == "unicorn8" for s in only["per_subject"])
+
+
+def test_deployment_saves_one_checkpoint_per_profile(data_dir, tmp_path, monkeypatch):
+    from trainer.checkpoint import load_checkpoint
+    from trainer.experiments.simulate import SimConfig, run_simulation
+
+    monkeypatch.setenv("NEUROFED_CACHE", str(tmp_path / "cache"))
+    prof = {"1": "unicorn8", "2": "cyton_daisy16", "3": "unicorn8", "4": "cyton_daisy16"}
+    cfg = SimConfig(algorithm="fleeg", model="fleeg_eegnet", subjects=[1, 2, 3, 4], protocol="none", rounds=1,
+                    fraction=1.0, local=CFG.to_dict(), preprocess=PreprocessConfig(resample=80.0).to_dict(),
+                    eval_every=0, data_dir=str(data_dir), profiles=prof, local_bn_mode="batch_specific")
+    res = run_simulation(cfg, tmp_path / "run")
+    assert len(res["checkpoints"]) == 2
+    shared = None
+    for path in res["checkpoints"]:
+        model, meta = load_checkpoint(path)
+        want = "unicorn8" if "unicorn8" in path else "cyton_daisy16"
+        assert meta.extra["profile"] == want and meta.n_channels == {"unicorn8": 8, "cyton_daisy16": 16}[want]
+        assert not model.local[1].track_running_stats  # local_bn_mode survives the checkpoint
+        body = {k: v for k, v in model.state_dict().items() if not k.startswith("local.")}
+        if shared is not None:
+            assert all(torch.equal(v, shared[k]) for k, v in body.items())
+        shared = body

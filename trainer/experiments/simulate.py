@@ -160,7 +160,8 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
             meta = ModelMeta(cfg.model, ref.X.shape[1], len(ref.classes), ref.X.shape[2], ref.sfreq,
                              strategy.bn_mode, list(ref.ch_names), list(ref.classes), pre.to_dict(), cfg.algorithm,
                              cfg.test_batch, result["data_hashes"],
-                             {"seed": seed, "rounds": cfg.rounds, **({"profile": g} if g else {})})
+                             {"seed": seed, "rounds": cfg.rounds, **({"profile": g} if g else {}),
+                              **({"model_kwargs": cfg.model_kwargs()} if cfg.model_kwargs() else {})})
             ckpt = Path(out_path).with_suffix(f".{g}.safetensors" if g else ".safetensors")
             save_checkpoint(ckpt, global_state_of(m), meta)
             result.setdefault("checkpoints", []).append(str(ckpt))
