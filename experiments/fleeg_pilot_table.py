@@ -15,6 +15,7 @@ from scipy import stats
 
 CONDITIONS = {
     "a_hier_fedbs": "(a) hierarchical (FLEEG split, FedBS rule), own montages",
+    "b_hier_fedbs_standardbn": "(b) = (a) with standard BN",
     "c_intersection": "(c) one federation on the channel intersection (C3, C4), FedBS",
     "d_unicorn8_alone": "(d) unicorn8 group federated alone, FedBS",
 }
@@ -51,6 +52,7 @@ def main(root: Path) -> None:
 
     paired("a_hier_fedbs", "d_unicorn8_alone", "unicorn8")
     paired("a_hier_fedbs", "c_intersection", None)
+    paired("a_hier_fedbs", "b_hier_fedbs_standardbn", None)
     for p in profiles:
         paired("a_hier_fedbs", "c_intersection", p)
 

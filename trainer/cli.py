@@ -171,7 +171,12 @@ def simulate(
     if profiles:
         from trainer.data.profiles import parse_assignment
 
-        assignment = {str(k): v for k, v in parse_assignment(profiles, subject_ids, profile_seed).items()}
+        from trainer.errors import NeuroFedError
+
+        try:
+            assignment = {str(k): v for k, v in parse_assignment(profiles, subject_ids, profile_seed).items()}
+        except NeuroFedError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--profiles") from None
         if only_profile and only_profile not in assignment.values():
             raise typer.BadParameter(f"no subject has profile {only_profile!r}", param_hint="--only-profile")
     elif only_profile:

@@ -149,3 +149,23 @@ def test_match_profile_by_channels_and_rate():
     assert match_profile(list(u.channels), 250.0).name == "unicorn8"
     with pytest.raises(ProfileError, match="matches no device profile"):
         match_profile(list(u.channels), 500.0)
+
+
+def test_simulate_profile_options_refuse_bad_combinations(tmp_path, data_dir):
+    from typer.testing import CliRunner
+
+    from neurofed.cli import app
+
+    base = ["simulate", "--subjects", "1-4", "--data-dir", str(data_dir), "--out", str(tmp_path / "x")]
+    cases = [
+        (["--profiles", "unicorn8,research21", "--channels", "sensorimotor21"], "--channels does not combine"),
+        (["--profiles", "unicorn8,nosuch"], "unknown device profile 'nosuch'"),
+        (["--only-profile", "unicorn8"], "--only-profile needs --profiles"),
+        (["--profiles", "unicorn8,research21", "--only-profile", "cyton8"], "no subject has profile"),
+        (["--profiles", "unicorn8", "--profile-channels", "union"], "own or intersection"),
+    ]
+    for extra, msg in cases:
+        res = CliRunner().invoke(app, base + extra)
+        assert res.exit_code == 2, (extra, res.output)
+        out = (res.output + str(res.exception or "")).replace("\n", " ")
+        assert msg.split("'")[0].strip() in out.replace("│", " ").replace("  ", " ") or msg in out, (extra, out)
