@@ -170,7 +170,6 @@ def simulate(
     assignment: dict[str, str] = {}
     if profiles:
         from trainer.data.profiles import parse_assignment
-
         from trainer.errors import NeuroFedError
 
         try:
