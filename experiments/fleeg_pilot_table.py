@@ -26,7 +26,7 @@ def main(root: Path) -> None:
     if not res:
         raise SystemExit(f"no results under {root}")
     profiles = sorted({p for r in res.values() for p in r.get("per_profile", {})})
-    print("| condition | " + " | ".join(profiles) + " | all held-out | CPU s |")
+    print("| condition | " + " | ".join(profiles) + " | all held-out | wall s (loaded machine) |")
     print("|---|" + "---|" * (len(profiles) + 2))
     for k, r in res.items():
         pp = r.get("per_profile", {})
