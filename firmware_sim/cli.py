@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from firmware_sim.player import PlayerConfig, play_many, run_to_end
-from firmware_sim.recording import Recording, load_eegmmidb, load_recording
+from firmware_sim.recording import LSL_UNITS, Recording, load_eegmmidb, load_recording, through_profile
 from trainer.errors import NeuroFedError
 
 app = typer.Typer(name="headset-sim", help="Simulated EEG headsets: replay recordings as LSL EEG + marker streams.",
@@ -54,6 +54,7 @@ def play(
     wait_consumers: Annotated[float, typer.Option(help="Seconds to wait for an inlet on each stream before streaming (0 = don't).")] = 0.0,
     lead_in: Annotated[float, typer.Option(help="Seconds to wait after the inlets attached, before the first sample.")] = 0.0,
     go_file: Annotated[Path | None, typer.Option(help="Then also wait (bounded by --wait-consumers) until this file exists.")] = None,
+    profile: Annotated[str | None, typer.Option(help="Device profile (trainer/data/profiles/NAME.json or a .json path): stream that headset's channels, rate and unit.")] = None,
 ) -> None:
     """Stream until the recordings end (or --duration, or Ctrl-C)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -66,13 +67,20 @@ def play(
         recs.append((f.stem, load_recording(f, None, include_rest)))
     if not recs:
         raise NeuroFedError("nothing to play: give recording files, --subject or --subjects")
+    unit = "microvolts"
+    if profile is not None:
+        from trainer.data.profiles import get_profile
+
+        prof = get_profile(profile)
+        recs = [(tag, through_profile(rec, prof, seed + i)) for i, (tag, rec) in enumerate(recs)]
+        unit = LSL_UNITS[prof.unit]
     outages = tuple(_parse_outage(o) for o in outage or [])
     items = []
     for i, (tag, rec) in enumerate(recs):
         stream = name if len(recs) == 1 else f"{name}-{tag}"
         cfg = PlayerConfig(name=stream, chunk_size=chunk_size, speed=speed, loop=loop, clock_offset=clock_offset,
                            jitter=jitter, drop_prob=drop_prob, outages=outages, counter=counter, seed=seed + i,
-                           wait_consumers=wait_consumers, lead_in=lead_in,
+                           wait_consumers=wait_consumers, lead_in=lead_in, unit=unit,
                            go_file=None if go_file is None else str(go_file))
         items.append((rec, cfg))
         print(f"{stream}: {rec.n_channels} ch @ {rec.sfreq:g} Hz, {rec.n_samples / rec.sfreq:.1f} s, "

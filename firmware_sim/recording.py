@@ -130,3 +130,34 @@ def load_eegmmidb(
     paths = subject_files(data_dir, subject, runs)
     recs = [load_recording(p, RUN_EVENT_LABELS[r], include_rest) for p, r in zip(paths, runs)]
     return concatenate(recs, source=f"S{subject:03d} runs {','.join(map(str, runs))}")
+
+
+#: LSL ``unit`` strings of the device profiles' units
+LSL_UNITS: dict[str, str] = {"uV": "microvolts", "mV": "millivolts", "V": "volts", "nV": "nanovolts", "counts": "counts"}
+
+
+def through_profile(rec: Recording, profile, seed: int = 0) -> Recording:
+    """What the headset of a device profile would stream for this recording (issue 19).
+
+    The profile's channels (in its order), its rate (``scipy.signal.resample_poly``), its seeded
+    additive noise and its unit and gain (:func:`trainer.data.profiles.to_device`, the code the
+    trainer's profile loader uses); cue markers keep their times (sample index x new rate / old rate).
+
+    Parameters
+    ----------
+    rec : Recording
+    profile : trainer.data.profiles.DeviceProfile or str
+        A profile or the name of a shipped one.
+    seed : int
+        Seed of the additive noise.
+    """
+    from trainer.data.profiles import get_profile, to_device
+
+    prof = get_profile(profile)
+    rng = np.random.default_rng([seed, 19])
+    data = to_device(rec.data.T.astype(np.float64), rec.sfreq, rec.ch_names, prof, rng)
+    ratio = prof.sfreq / rec.sfreq
+    n = data.shape[1]
+    markers = [(min(round(s * ratio), n - 1), lab) for s, lab in rec.markers]
+    return Recording(np.ascontiguousarray(data.T.astype(np.float32)), prof.sfreq, list(prof.channels), markers,
+                     f"{rec.source} via profile {prof.name}")

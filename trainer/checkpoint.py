@@ -67,10 +67,12 @@ class ModelMeta:
     format_version: int = FORMAT_VERSION
 
     def build(self) -> nn.Module:
-        """A fresh model of this architecture and shape."""
+        """A fresh model of this architecture and shape (``extra["model_kwargs"]``: e.g. fleeg_eegnet's
+        ``local_bn_mode``)."""
         from trainer.models import build_model
 
-        return build_model(self.model, self.n_channels, self.n_classes, self.n_times, self.sfreq, self.bn_mode)
+        return build_model(self.model, self.n_channels, self.n_classes, self.n_times, self.sfreq, self.bn_mode,
+                           **dict(self.extra.get("model_kwargs", {})))
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, torch.Tensor], meta: ModelMeta) -> Path:

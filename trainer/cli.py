@@ -10,28 +10,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from trainer.data.eegmmidb import parse_subjects  # re-exported: CLIs and scripts use it
+
 console = Console()
-
-
-def parse_subjects(spec: str | None, data_dir: str | None) -> list[int]:
-    """``all`` / None -> every subject in the data folder; else ``1,2,5-9``."""
-    from trainer.data import list_subjects
-    from trainer.errors import NeuroFedError
-
-    if spec in (None, "", "all"):
-        return list_subjects(data_dir)
-    out: list[int] = []
-    try:
-        for part in spec.split(","):
-            part = part.strip()
-            if "-" in part:
-                a, b = part.split("-", 1)
-                out += list(range(int(a), int(b) + 1))
-            elif part:
-                out.append(int(part))
-    except ValueError:
-        raise NeuroFedError(f"--subjects {spec!r}: use e.g. 1-6 or 1,2,5") from None
-    return sorted(set(out))
 
 
 def parse_attacks(spec: str | None) -> list[list]:
@@ -66,6 +47,9 @@ def print_results(results: dict) -> None:
     t.add_row("mean ± std", *[f"{100 * results['summary'][m]['mean']:.1f} ± {100 * results['summary'][m]['std_subjects']:.1f}"
                               for m in metrics], style="bold")
     console.print(t)
+    if results.get("per_profile"):
+        console.print("held-out BCA per device profile: " + ", ".join(
+            f"{p} {100 * r['bca']:.1f}% (n={r['n']})" for p, r in results["per_profile"].items()))
 
 
 def _algorithm_help() -> str:
@@ -111,12 +95,28 @@ def simulate(
     workers: Annotated[int, typer.Option(help="parallel processes over folds/seeds")] = 1,
     threads: Annotated[int | None, typer.Option(help="torch threads per worker (default: cores / workers)")] = None,
     fold_seed: Annotated[int, typer.Option(help="seed of the k-fold subject grouping")] = 0,
-    folds: Annotated[str | None, typer.Option(help="run only these fold indices, e.g. '0' or '0,2' (pilots)")] = None,
+    folds: Annotated[str | None, typer.Option(help="run only these fold indices, e.g. '0,1' (a pilot)")] = None,
     partition: Annotated[str, typer.Option(help="clients of the training subjects: subject (one each), "
                                            "dirichlet:BETA[:K] (label skew within subjects, K clients each), "
                                            "missing-class; held-out subjects stay whole")] = "subject",
     data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder")] = None,
     out: Annotated[Path, typer.Option(help="run directory (re-running resumes it)")] = Path("runs/simulate"),
+    profiles: Annotated[str | None, typer.Option(
+        help="device profiles: 'lab64,research21,unicorn8' (seeded balanced split of the subjects) or "
+             "'unicorn8:1-10;research21:11-20' (explicit); names of trainer/data/profiles/*.json or .json paths",
+        rich_help_panel="Device profiles")] = None,
+    profile_seed: Annotated[int, typer.Option(help="seed of the split of subjects over --profiles",
+                                              rich_help_panel="Device profiles")] = 0,
+    profile_channels: Annotated[str, typer.Option(
+        help="own: each client its profile's channels (needs a hierarchical strategy); intersection: the "
+             "channels every profile has", rich_help_panel="Device profiles")] = "own",
+    only_profile: Annotated[str | None, typer.Option(
+        help="train and evaluate only this profile's subjects (same folds)", rich_help_panel="Device profiles")] = None,
+    noise_seed: Annotated[int, typer.Option(help="seed of the profiles' additive noise",
+                                            rich_help_panel="Device profiles")] = 0,
+    local_bn_mode: Annotated[str | None, typer.Option(
+        help="BN of fleeg_eegnet's local module: standard or batch_specific [default: the strategy's]",
+        rich_help_panel="Device profiles")] = None,
     **strategy_params: object,
 ) -> None:
     """Leave-one-subject-out (or k-fold / no held-out) CT or federated training on real EEG.
@@ -138,7 +138,13 @@ def simulate(
     pick = lambda v, d: d if v is None else v
     if resample is None:
         resample = pre_set.resample
-    pre = preprocess_from_options(pick(channels, pre_set.channels), resample or None, ea, fmin, fmax, tmin, tmax)
+    if profiles and channels is not None:
+        raise typer.BadParameter("--channels does not combine with --profiles (each profile has its channels; "
+                                 "use --profile-channels intersection)", param_hint="--channels")
+    pre = preprocess_from_options("all" if profiles else pick(channels, pre_set.channels), resample or None, ea,
+                                  fmin, fmax, tmin, tmax)
+    if profiles and pre.resample is None:
+        raise typer.BadParameter("--profiles needs --resample (the model's rate, where all devices meet)")
     if test_subjects is not None:
         if test_subjects.lower() != "none":
             raise typer.BadParameter("--test-subjects takes only 'none' (use --protocol for held-out subjects)")
@@ -146,15 +152,34 @@ def simulate(
     p = pre_set.local
     local = LocalConfig(pick(lr, p.lr), pick(momentum, p.momentum), pick(weight_decay, p.weight_decay),
                         pick(batch_size, p.batch_size), pick(local_epochs, p.local_epochs))
+    subject_ids = parse_subjects(subjects, data_dir)
+    assignment: dict[str, str] = {}
+    if profiles:
+        from trainer.data.profiles import parse_assignment
+        from trainer.errors import NeuroFedError
+
+        try:
+            assignment = {str(k): v for k, v in parse_assignment(profiles, subject_ids, profile_seed).items()}
+        except NeuroFedError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--profiles") from None
+        if only_profile and only_profile not in assignment.values():
+            raise typer.BadParameter(f"no subject has profile {only_profile!r}", param_hint="--only-profile")
+    elif only_profile:
+        raise typer.BadParameter("--only-profile needs --profiles", param_hint="--only-profile")
+    if profile_channels not in ("own", "intersection"):
+        raise typer.BadParameter("use own or intersection", param_hint="--profile-channels")
+    if local_bn_mode not in (None, "standard", "batch_specific"):
+        raise typer.BadParameter("use standard or batch_specific", param_hint="--local-bn-mode")
     cfg = SimConfig(
-        algorithm=algorithm, model=model, subjects=parse_subjects(subjects, data_dir), protocol=protocol,
+        algorithm=algorithm, model=model, subjects=subject_ids, protocol=protocol,
         rounds=pick(rounds, pre_set.rounds), fraction=pick(fraction, pre_set.fraction),
         seeds=[int(s) for s in seeds.split(",")], local=local.to_dict(),
         ct_batch_size=pick(ct_batch_size, pre_set.ct_batch_size), preprocess=pre.to_dict(), test_batch=test_batch,
         eval_every=eval_every, attacks=parse_attacks(attack), byzantine=byzantine,
         strategy_overrides={k: v for k, v in strategy_params.items() if v is not None}, data_dir=data_dir,
-        fold_seed=fold_seed, folds=[int(f) for f in folds.split(",")] if folds else None,
-        partition=partition,
+        fold_seed=fold_seed, profiles=assignment, profile_channels=profile_channels, only_profile=only_profile,
+        noise_seed=noise_seed, local_bn_mode=local_bn_mode,
+        folds=sorted({int(f) for f in folds.split(",")}) if folds else [], partition=partition,
     )
     from trainer.experiments.partition import parse_partition
 

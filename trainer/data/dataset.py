@@ -89,19 +89,32 @@ def load_recordings(
     classes : sequence of str, optional
         Class order (default: sorted class names found).
     """
+    return load_raws([(str(p), read_raw(p)) for p in paths], label_maps, cfg, subject, classes,
+                     {Path(p).name: sha256_file(p) for p in paths})
+
+
+def load_raws(
+    raws: Sequence[tuple[str, object]],
+    label_maps: Sequence[Mapping[str, str]] | Mapping[str, str],
+    cfg: PreprocessConfig,
+    subject: str,
+    classes: Sequence[str] | None = None,
+    hashes: Mapping[str, str] | None = None,
+) -> SubjectData:
+    """Like :func:`load_recordings`, from ``(source name, mne.io.Raw)`` pairs already in memory
+    (e.g. a recording presented through a device profile, :mod:`trainer.data.profiles`)."""
     if isinstance(label_maps, Mapping):
-        label_maps = [label_maps] * len(paths)
-    if len(label_maps) != len(paths):
+        label_maps = [label_maps] * len(raws)
+    if len(label_maps) != len(raws):
         raise ValueError("one label map per file is needed")
-    xs, labels, sfreqs, chs, hashes = [], [], [], [], {}
-    for p, lm in zip(paths, label_maps):
-        raw = read_raw(p)
+    xs, labels, sfreqs, chs = [], [], [], []
+    paths = [src for src, _ in raws]
+    for (p, raw), lm in zip(raws, label_maps):
         x, lab = epochs_from_raw(raw, lm, cfg.tmin, cfg.tmax, source=str(p))
         xs.append(x)
         labels += lab
         sfreqs.append(float(raw.info["sfreq"]))
         chs.append(list(raw.ch_names))
-        hashes[Path(p).name] = sha256_file(p)
     check_consistent([str(p) for p in paths], sfreqs, chs)
     # reorder every file's channels to the first file's order
     order = chs[0]
@@ -110,7 +123,7 @@ def load_recordings(
     unknown = sorted(set(labels) - set(cls))
     if unknown:
         raise DataError(f"subject {subject}: labels {unknown} are not among classes {cls}")
-    return _finish(subject, xs, labels, sfreqs[0], order, cls, cfg, hashes)
+    return _finish(subject, xs, labels, sfreqs[0], order, cls, cfg, dict(hashes or {}))
 
 
 def load_eegmmidb_subject(

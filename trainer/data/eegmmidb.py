@@ -18,7 +18,7 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
-from trainer.errors import DataError, DownloadUnavailable
+from trainer.errors import DataError, DownloadUnavailable, NeuroFedError
 
 #: Left vs right fist imagery runs; T1/T2 meaning depends on the run.
 LR_IMAGERY_RUNS: tuple[int, ...] = (4, 8, 12)
@@ -218,3 +218,21 @@ def check_files(data_dir: str | os.PathLike | None = None, task: str = "left_rig
                 on_file(p)
         out[int(m.group(1))] = {"files": files, "ok": not any(f["problems"] for f in files.values())}
     return out
+
+
+def parse_subjects(spec: str | None, data_dir: str | None) -> list[int]:
+    """``all`` / None -> every subject in the data folder; else ``1,2,5-9``."""
+    if spec in (None, "", "all"):
+        return list_subjects(data_dir)
+    out: list[int] = []
+    try:
+        for part in spec.split(","):
+            part = part.strip()
+            if "-" in part:
+                a, b = part.split("-", 1)
+                out += list(range(int(a), int(b) + 1))
+            elif part:
+                out.append(int(part))
+    except ValueError:
+        raise NeuroFedError(f"--subjects {spec!r}: use e.g. 1-6 or 1,2,5") from None
+    return sorted(set(out))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from trainer.data.dataset import SubjectData
 from trainer.evaluate import attacked_predict, bca, predict
+from trainer.fl.api import group_key, is_grouped
 from trainer.fl.byzantine import Byzantine
 from trainer.fl.client import ClientState, client_update, init_client_state
 from trainer.fl.local import LocalConfig, train_local
@@ -34,10 +35,42 @@ def client_seed(seed: int, round_idx: int, client_id: str) -> int:
     return int(np.random.SeedSequence([seed, round_idx, zlib.crc32(client_id.encode())]).generate_state(1)[0])
 
 
-def init_model(model_name: str, ref: SubjectData, bn_mode: str, seed: int) -> nn.Module:
+def init_model(model_name: str, ref: SubjectData, bn_mode: str, seed: int, **model_kwargs: object) -> nn.Module:
     """The initial global model: architecture for ``ref``'s shape, weights drawn from ``seed``."""
     torch.manual_seed(seed)
-    return build_model(model_name, ref.X.shape[1], len(ref.classes), ref.X.shape[2], ref.sfreq, bn_mode)
+    return build_model(model_name, ref.X.shape[1], len(ref.classes), ref.X.shape[2], ref.sfreq, bn_mode,
+                       **model_kwargs)
+
+
+def init_group_models(
+    clients: Mapping[str, SubjectData], groups: Mapping[str, str], model_name: str, bn_mode: str, seed: int,
+    **model_kwargs: object,
+) -> dict[str, nn.Module]:
+    """One model per client group (device profile) and the server's initial state.
+
+    Every group's model is drawn from ``seed`` (architecture from its first client's data shape).
+    """
+    models: dict[str, nn.Module] = {}
+    for cid in sorted(clients):
+        g = groups[cid]
+        if g not in models:
+            models[g] = init_model(model_name, clients[cid], bn_mode, seed, **model_kwargs)
+    return models
+
+
+def init_server_state(models: Mapping[str, nn.Module], prefixes: Sequence[str]) -> dict[str, Tensor]:
+    """The server's initial global state: the first group's shared entries + every group's own module."""
+    names = sorted(models)
+    if not prefixes:
+        return {k: v.clone() for k, v in models[names[0]].state_dict().items()}
+    state = {k: v.clone() for k, v in models[names[0]].state_dict().items() if not is_grouped(k, prefixes)}
+    for g in names:
+        own = {k: v for k, v in models[g].state_dict().items() if is_grouped(k, prefixes)}
+        if not own:
+            raise ValueError(f"the model has no keys under {list(prefixes)} to aggregate per group "
+                             "(use --model fleeg_eegnet)")
+        state.update({group_key(g, k): v.clone() for k, v in own.items()})
+    return state
 
 
 @dataclass
@@ -62,8 +95,11 @@ def evaluate_subjects(model: nn.Module, spec: EvalSpec, seed: int = 0) -> dict[s
     return out
 
 
-def _mean_bca(model: nn.Module, spec: EvalSpec) -> float:
-    return float(np.mean([bca(sd.y, predict(model, sd.X, spec.test_batch)) for sd in spec.test]))
+def _mean_bca(model: nn.Module | Mapping[str, nn.Module], spec: EvalSpec,
+              groups: Mapping[str, str] | None = None) -> float:
+    """Mean held-out BCA; with ``groups``, each subject is decoded by its group's model."""
+    pick = (lambda sd: model[groups[sd.subject]]) if groups else (lambda sd: model)  # type: ignore[index]
+    return float(np.mean([bca(sd.y, predict(pick(sd), sd.X, spec.test_batch)) for sd in spec.test]))
 
 
 def run_centralised(
@@ -93,38 +129,57 @@ def run_federated(
     fraction: float, seed: int, spec: EvalSpec | None = None, progress: ProgressFn | None = None,
     server: ServerState | None = None, client_states: dict[str, ClientState] | None = None,
     byzantine: Byzantine | None = None,
+    groups: Mapping[str, str] | None = None, model_kwargs: Mapping[str, object] | None = None,
 ) -> tuple[nn.Module, dict]:
     """Federated training in process (one client per subject).
 
     Returns the final global model (aggregated BN included) and ``{"curve": [...], "participation": {...}}``.
     ``server``/``client_states`` resume an interrupted run; ``byzantine`` makes a seeded fraction of the
     clients attack (robustness experiments, :mod:`trainer.fl.byzantine`).
+
+    ``groups`` (client id -> device profile, also every held-out subject's) is required by a
+    hierarchical strategy (``strategy.group_prefixes``): each group gets its own architecture (its
+    channel count), its clients receive the shared entries plus their group's module only, and
+    ``info["models"]`` holds the final model of every group (the returned model is the first group's).
     """
     spec = spec or EvalSpec()
     ids = sorted(clients)
-    model = init_model(model_name, clients[ids[0]], strategy.bn_mode, seed)
-    setup_extras = strategy.setup(model)  # e.g. FedBM's frozen classifier (also on resume: it edits the model)
+    prefixes = strategy.group_prefixes
+    if prefixes and not groups:
+        raise ValueError(f"strategy {strategy.name} aggregates {list(prefixes)} per client group: give each "
+                         "client a device profile (--profiles)")
+    groups = dict(groups) if prefixes else {cid: "" for cid in ids}
+    models = init_group_models(clients, groups, model_name, strategy.bn_mode, seed, **(model_kwargs or {}))
+    setup_extras: dict[str, Tensor] = {}
+    for g in sorted(models):  # e.g. FedBM's frozen classifier (also on resume: it edits the models)
+        setup_extras = strategy.setup(models[g]) or setup_extras
     if server is None:
-        server = ServerState({k: v.clone() for k, v in model.state_dict().items()}, extras=setup_extras)
+        server = ServerState(init_server_state(models, prefixes), extras=setup_extras)
     states = client_states or {}
     for cid in ids:
         if cid not in states:
-            states[cid] = init_client_state(server.global_state, model, strategy)
-    worker = copy.deepcopy(model)
+            states[cid] = init_client_state(server.global_state, models[groups[cid]], strategy, groups[cid])
+    workers = {g: copy.deepcopy(m) for g, m in models.items()}
     participation = {cid: 0 for cid in ids}
     attackers = set(byzantine.attackers(ids)) if byzantine is not None else set()
     curve = []
+
+    def load_final() -> None:
+        for g, m in models.items():
+            m.load_state_dict(strategy.client_view(server.global_state, g))
+
+    eval_groups = groups if prefixes else None
     while server.round < rounds:
         r = server.round
         chosen = select_clients(ids, fraction, r, seed)
-        down = downlink(server.global_state, strategy, model)
+        downs = {g: downlink(server.global_state, strategy, models[g], g) for g in sorted({groups[c] for c in chosen})}
         extras = server_extras_for_clients(server, strategy)
         updates = []
         for cid in chosen:
-            sd = clients[cid]
+            sd, g = clients[cid], groups[cid]
             y = byzantine.labels(sd.y, len(sd.classes)) if cid in attackers else sd.y
             upd, states[cid] = client_update(
-                worker, down, states[cid], sd.X, y, strategy, cfg, client_seed(seed, r, cid), extras
+                workers[g], downs[g], states[cid], sd.X, y, strategy, cfg, client_seed(seed, r, cid), extras, g
             )
             if cid in attackers:
                 upd = byzantine.poison(upd, server.global_state)
@@ -134,16 +189,18 @@ def run_federated(
         point: dict = {"round": server.round, "loss": float(np.mean([u.metrics["loss"] for _, u in updates])),
                        "participants": len(chosen)}
         if spec.test and spec.every and (server.round % spec.every == 0 or server.round == rounds):
-            model.load_state_dict(server.global_state)
-            point["bca"] = _mean_bca(model, spec)
+            load_final()
+            point["bca"] = _mean_bca(models if prefixes else models[""], spec, eval_groups)
         curve.append(point)
         if progress:
             progress(server.round, rounds, point)
-    model.load_state_dict(server.global_state)
+    load_final()
+    first = models[min(models)]
     per_round = len(select_clients(ids, fraction, 0, seed))
     cost = {k: float(v) for k, v in server.extras.items() if (".cost_" in k or ".stat_" in k) and v.numel() == 1}
-    return model, {"curve": curve, "participation": participation, "server": server, "client_states": states,
-                   "attackers": sorted(attackers), "server_cost": cost, **strategy.report(len(ids), per_round, rounds)}
+    return first, {"curve": curve, "participation": participation, "server": server, "client_states": states,
+                   "models": models, "attackers": sorted(attackers), "server_cost": cost,
+                   **strategy.report(len(ids), per_round, rounds)}
 
 
 def global_state_of(model: nn.Module) -> dict[str, Tensor]:

@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -55,14 +55,53 @@ class SimConfig:
     eval_every: int = 10
     attacks: list[list] = field(default_factory=list)  # [["pgd", 0.03], ...]
     byzantine: str | None = None  # e.g. "0.2:scale:10" (trainer.fl.byzantine)
-    folds: list[int] | None = None  # run only these fold indices (pilots); None = every fold
     strategy_overrides: dict = field(default_factory=dict)
     data_dir: str | None = None
     fold_seed: int = 0
     partition: str = "subject"  # subject, dirichlet:BETA[:K], missing-class (trainer.experiments.partition)
+    #: device profiles (issue 19): subject (as str) -> profile name; empty = every subject on the lab cap
+    profiles: dict = field(default_factory=dict)
+    #: "own" (each client its profile's channels) or "intersection" (every client the channels all profiles share)
+    profile_channels: str = "own"
+    #: train and evaluate only the subjects of this profile (the device group federated alone); folds unchanged
+    only_profile: str | None = None
+    noise_seed: int = 0
+    #: run only these fold indices of the protocol (a pilot on a subset of folds); empty = all
+    folds: list[int] = field(default_factory=list)
+    #: BN mode of fleeg_eegnet's local module (None: the strategy's bn_mode)
+    local_bn_mode: str | None = None
 
     def strategy(self):
         return get_strategy(self.algorithm, **self.strategy_overrides)
+
+    def model_kwargs(self) -> dict:
+        return {"local_bn_mode": self.local_bn_mode} if self.local_bn_mode else {}
+
+    def profile_of(self, subject: int) -> str:
+        return self.profiles[str(subject)]
+
+
+def load_fold_subjects(cfg: SimConfig, subjects: list[int], pre: PreprocessConfig) -> list:
+    """Subjects as loaded for ``cfg``: the plain loader, or each through its device profile."""
+    if not cfg.profiles:
+        return load_subjects(subjects, pre, cfg.data_dir)
+    from trainer.data.profiles import channel_intersection, get_profile, load_profile_subject
+
+    chans = None
+    if cfg.profile_channels == "intersection":
+        chans = channel_intersection([get_profile(n) for n in sorted(set(cfg.profiles.values()))])
+    elif cfg.profile_channels != "own":
+        raise NeuroFedError(f"profile_channels must be own or intersection, got {cfg.profile_channels!r}")
+    pre = replace(pre, channels=chans)
+    return [load_profile_subject(s, cfg.profile_of(s), pre, cfg.data_dir, cfg.noise_seed) for s in subjects]
+
+
+def per_profile_summary(cfg: SimConfig, per_subject: dict[str, dict[str, float]]) -> dict[str, dict]:
+    """Mean held-out BCA (and n) per device profile."""
+    out: dict[str, dict] = {}
+    for s, row in per_subject.items():
+        out.setdefault(cfg.profiles[str(int(s[1:]))], []).append(row["bca"])
+    return {p: {"bca": float(np.mean(v)), "n": len(v)} for p, v in sorted(out.items())}
 
 
 def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out_path: str, threads: int) -> dict:
@@ -71,9 +110,22 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
     cfg = SimConfig(**cfg_dict)
     pre = PreprocessConfig.from_dict(cfg.preprocess)
     train_ids = [s for s in cfg.subjects if s not in test_subjects]
-    train = load_subjects(train_ids, pre, cfg.data_dir)
-    test = load_subjects(test_subjects, pre, cfg.data_dir)
+    if cfg.only_profile:
+        train_ids = [s for s in train_ids if cfg.profile_of(s) == cfg.only_profile]
+        test_subjects = [s for s in test_subjects if cfg.profile_of(s) == cfg.only_profile]
+    train = load_fold_subjects(cfg, train_ids, pre)
+    test = load_fold_subjects(cfg, test_subjects, pre)
     strategy = cfg.strategy()
+    groups = {sd.subject: cfg.profile_of(int(sd.subject[1:])) for sd in train + test} if cfg.profiles else None
+    if (groups and cfg.profile_channels == "own" and not strategy.group_prefixes
+            and len({cfg.profile_of(s) for s in train_ids + list(test_subjects)}) > 1):
+        raise NeuroFedError("clients of different device profiles have different channels: use a hierarchical "
+                            "strategy (--group-keys local. --model fleeg_eegnet), --profile-channels intersection, "
+                            "or --only-profile")
+    if strategy.group_prefixes and groups:
+        untrained = sorted({groups[sd.subject] for sd in test} - {groups[sd.subject] for sd in train})
+        if untrained:
+            raise NeuroFedError(f"fold {fold_idx}: no training client has profile(s) {untrained} of a held-out subject")
     spec = EvalSpec(test=test, test_batch=cfg.test_batch, every=cfg.eval_every,
                     attacks=[(a, float(e)) for a, e in cfg.attacks])
     t0 = time.time()
@@ -89,28 +141,43 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
     else:
         local = LocalConfig(**cfg.local)
         byz = Byzantine.parse(cfg.byzantine, seed) if cfg.byzantine else None
+        if groups and cfg.partition != "subject":
+            raise NeuroFedError("--partition with --profiles is not supported yet (clients are split within subjects)")
         clients = partition_clients(train, cfg.partition, seed)
         counts = class_counts(clients)
         model, info = run_federated(clients, cfg.model, strategy, local,
-                                    cfg.rounds, cfg.fraction, seed, spec, log_round, byzantine=byz)
+                                    cfg.rounds, cfg.fraction, seed, spec, log_round, byzantine=byz, groups=groups,
+                                    model_kwargs=cfg.model_kwargs())
         info["client_classes"] = counts
     seconds = time.time() - t0
+    if strategy.group_prefixes and test:  # each held-out subject decoded by its profile's model
+        per_subject = {}
+        for g, m in info["models"].items():
+            sub = replace(spec, test=[sd for sd in test if groups[sd.subject] == g])
+            per_subject.update(evaluate_subjects(m, sub, seed) if sub.test else {})
+    else:
+        per_subject = evaluate_subjects(model, spec, seed) if test else {}
     result = {
         "fold": fold_idx, "seed": seed, "test_subjects": [sd.subject for sd in test],
-        "per_subject": evaluate_subjects(model, spec, seed) if test else {},
+        "per_subject": per_subject,
         "curve": info["curve"], "participation": info.get("participation", {}), "seconds": seconds,
         **{k: info[k] for k in ("attackers", "privacy") if info.get(k)},
         "client_classes": info.get("client_classes", {}), "server_cost": info.get("server_cost", {}),
         "data_hashes": {k: v for sd in train + test for k, v in sd.file_hashes.items()},
     }
-    if not test:  # deployment mode: save the global model
-        ref = train[0]
-        meta = ModelMeta(cfg.model, ref.X.shape[1], len(ref.classes), ref.X.shape[2], ref.sfreq, strategy.bn_mode,
-                         list(ref.ch_names), list(ref.classes), pre.to_dict(), cfg.algorithm, cfg.test_batch,
-                         result["data_hashes"], {"seed": seed, "rounds": cfg.rounds})
-        ckpt = Path(out_path).with_suffix(".safetensors")
-        save_checkpoint(ckpt, global_state_of(model), meta)
-        result["checkpoint"] = str(ckpt)
+    if not test:  # deployment mode: save the global model (one per device profile under a hierarchical strategy)
+        per_group = info.get("models", {}) if strategy.group_prefixes else {"": model}
+        for g, m in sorted(per_group.items()):
+            ref = next(sd for sd in train if not g or groups[sd.subject] == g)
+            meta = ModelMeta(cfg.model, ref.X.shape[1], len(ref.classes), ref.X.shape[2], ref.sfreq,
+                             strategy.bn_mode, list(ref.ch_names), list(ref.classes), pre.to_dict(), cfg.algorithm,
+                             cfg.test_batch, result["data_hashes"],
+                             {"seed": seed, "rounds": cfg.rounds, **({"profile": g} if g else {}),
+                              **({"model_kwargs": cfg.model_kwargs()} if cfg.model_kwargs() else {})})
+            ckpt = Path(out_path).with_suffix(f".{g}.safetensors" if g else ".safetensors")
+            save_checkpoint(ckpt, global_state_of(m), meta)
+            result.setdefault("checkpoints", []).append(str(ckpt))
+        result["checkpoint"] = result["checkpoints"][0]
     tmp = out_path + ".tmp"
     Path(tmp).write_text(json.dumps(result))
     os.replace(tmp, out_path)
@@ -154,12 +221,14 @@ def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
     hashes = {}
     for j in jobs:
         hashes.update(j["data_hashes"])
+    extra = {"per_profile": per_profile_summary(cfg, per_subject)} if cfg.profiles and per_subject else {}
     return {
+        **extra,
         "algorithm": cfg.algorithm, "model": cfg.model, "config": asdict(cfg),
         "strategy": cfg.strategy().to_dict(), "summary": summary, "per_subject": per_subject,
         "per_seed": {str(k): v for k, v in per_seed.items()}, "curve": curve,
         "seconds": float(sum(j["seconds"] for j in jobs)), "data_hashes": hashes,
-        "checkpoints": [j["checkpoint"] for j in jobs if "checkpoint" in j],
+        "checkpoints": [c for j in jobs for c in j.get("checkpoints", [j["checkpoint"]] if "checkpoint" in j else [])],
         "torch": torch.__version__,
         **({"privacy": jobs[0]["privacy"]} if jobs and "privacy" in jobs[0] else {}),
     }
@@ -194,7 +263,7 @@ def run_simulation(
     todo, done = [], []
     for seed in cfg.seeds:
         for k, fold in enumerate(folds):
-            if cfg.folds is not None and k not in cfg.folds:
+            if cfg.folds and k not in cfg.folds:
                 continue
             p = out / "jobs" / f"seed{seed}_fold{k:02d}.json"
             if p.exists():

@@ -53,6 +53,36 @@ def param_specs(model: nn.Module, prefix: str) -> dict[str, TensorSpec]:
     return {f"{prefix}.{n}": TensorSpec(tuple(p.shape), p.dtype) for n, p in model.named_parameters()}
 
 
+#: server-side name of a client group's entry: ``@<group>/<state-dict key>``
+GROUP_MARK = "@"
+
+
+def group_key(group: str, key: str) -> str:
+    """Where the server keeps ``key`` of ``group``'s module (``@unicorn8/local.0.1.weight``)."""
+    return f"{GROUP_MARK}{group}/{key}"
+
+
+def is_grouped(key: str, prefixes: Sequence[str]) -> bool:
+    """Whether a client state-dict key is aggregated per group."""
+    return any(key.startswith(p) for p in prefixes)
+
+
+def group_view(global_state: Mapping[str, Tensor], group: str) -> dict[str, Tensor]:
+    """One group's view of the server state: the shared entries plus that group's own, un-prefixed.
+
+    Nothing of another group's module is in it.
+    """
+    mark = group_key(group, "")
+    out = {k: v for k, v in global_state.items() if not k.startswith(GROUP_MARK)}
+    out.update({k[len(mark):]: v for k, v in global_state.items() if k.startswith(mark)})
+    return out
+
+
+def groups_of(global_state: Mapping[str, Tensor]) -> list[str]:
+    """The groups whose modules the server holds, sorted."""
+    return sorted({k[1:].split("/", 1)[0] for k in global_state if k.startswith(GROUP_MARK)})
+
+
 def strip(prefix: str, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Entries of ``tensors`` under ``<prefix>.``, with the prefix removed."""
     p = prefix + "."
@@ -219,6 +249,10 @@ class Component:
         """Extra tensors a client uploads with its state (validated by the coordinator)."""
         return {}
 
+    def grouped_keys(self) -> tuple[str, ...]:
+        """State-dict key prefixes aggregated only among the clients of one group (device profile)."""
+        return ()
+
     # server side
     def downlink_extras(self, server_extras: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """Server-side tensors this component sends to the clients."""
@@ -315,8 +349,26 @@ class Strategy:
     def bn_sync(self) -> str:
         return self.settings["bn_sync"]
 
-    def downlink(self, global_state: Mapping[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
-        """What the server sends: everything, minus BN entries under the local-BN rule (FedBN/FedBS)."""
+    @property
+    def group_prefixes(self) -> tuple[str, ...]:
+        """Key prefixes aggregated per client group (empty: one federation-wide average)."""
+        return tuple(dict.fromkeys(p for c in self.components for p in c.grouped_keys()))
+
+    def client_view(self, global_state: Mapping[str, Tensor], group: str = "") -> dict[str, Tensor]:
+        """The full model state of a client of ``group``: the shared entries and its group's module."""
+        if not self.group_prefixes:
+            return dict(global_state)
+        view = group_view(global_state, group)
+        if not any(is_grouped(k, self.group_prefixes) for k in view):
+            raise ValueError(f"the server holds no module for client group {group!r} "
+                             f"(groups: {', '.join(groups_of(global_state)) or 'none'})")
+        return view
+
+    def downlink(self, global_state: Mapping[str, Tensor], model: nn.Module, group: str = "") -> dict[str, Tensor]:
+        """What the server sends to a client of ``group``: its view (:meth:`client_view`), minus BN
+        entries under the local-BN rule (FedBN/FedBS). ``model`` is that group's architecture."""
+        if self.group_prefixes:
+            global_state = self.client_view(global_state, group)
         if self.local_bn and self.bn_sync == "local":
             drop = bn_state_keys(model)
             return {k: v for k, v in global_state.items() if k not in drop}

@@ -68,19 +68,24 @@ class ClientUpdate:
         Strategy extras (named by :meth:`Strategy.upload_specs`, e.g. ``scaffold_dc.<param>``).
     metrics : dict
         ``loss``, ``steps``.
+    group : str
+        The client's group (device profile) under a hierarchical strategy; ``""`` otherwise.
     """
 
     state: dict[str, Tensor]
     n_samples: int
     extras: dict[str, Tensor] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    group: str = ""
 
 
-def init_client_state(global_state: Mapping[str, Tensor], model: nn.Module, strategy: Strategy) -> ClientState:
-    """A new client's state: its BN starts from the initial global model (all clients start alike)."""
+def init_client_state(global_state: Mapping[str, Tensor], model: nn.Module, strategy: Strategy,
+                      group: str = "") -> ClientState:
+    """A new client's state: its BN starts from the initial global model (all clients of a group start alike)."""
     st = ClientState()
     if strategy.local_bn:
-        st.bn = {k: global_state[k].clone() for k in bn_state_keys(model)}
+        view = strategy.client_view(global_state, group)
+        st.bn = {k: view[k].clone() for k in bn_state_keys(model)}
     return st
 
 
@@ -94,6 +99,7 @@ def client_update(
     cfg: LocalConfig,
     seed: int,
     server_extras: Mapping[str, Tensor] | None = None,
+    group: str = "",
 ) -> tuple[ClientUpdate, ClientState]:
     """Run one round on a client.
 
@@ -111,6 +117,8 @@ def client_update(
         Algorithm, optimiser settings, and the seed for shuffling and dropout this round.
     server_extras : dict, optional
         Strategy tensors sent down (:meth:`Strategy.downlink_extras`, e.g. SCAFFOLD's ``c``).
+    group : str
+        The client's group (device profile) under a hierarchical strategy; stamped on the update.
 
     Returns
     -------
@@ -143,4 +151,4 @@ def client_update(
         extras.update(up)
         if kept is not None:
             new.parts[key] = kept
-    return ClientUpdate(state, len(X), extras, metrics), new
+    return ClientUpdate(state, len(X), extras, metrics, group), new

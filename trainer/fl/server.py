@@ -15,7 +15,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from trainer.fl.aggregate import WeightedSum
-from trainer.fl.api import Strategy
+from trainer.fl.api import GROUP_MARK, Strategy, group_key, is_grouped
 from trainer.fl.client import ClientUpdate
 
 __all__ = ["RoundAggregator", "ServerState", "WeightedSum", "downlink", "select_clients",
@@ -37,9 +37,9 @@ def select_clients(client_ids: Sequence[str], fraction: float, round_idx: int, s
     return sorted(ids[i] for i in rng.choice(len(ids), size=k, replace=False))
 
 
-def downlink(global_state: Mapping[str, Tensor], strategy: Strategy, model: nn.Module) -> dict[str, Tensor]:
-    """What the server sends to clients (the strategy's BN rule decides)."""
-    return strategy.downlink(global_state, model)
+def downlink(global_state: Mapping[str, Tensor], strategy: Strategy, model: nn.Module, group: str = "") -> dict[str, Tensor]:
+    """What the server sends to the clients of ``group`` (the strategy's BN and grouping rules decide)."""
+    return strategy.downlink(global_state, model, group)
 
 
 @dataclass
@@ -81,7 +81,11 @@ class RoundAggregator:
     """Aggregates one round in O(model) memory: :meth:`add` each accepted update once, then :meth:`result`.
 
     The global state is the trial-weighted mean of the clients' state dicts (every entry, BN
-    included; what is *sent* is the strategy's downlink rule); each component with a server rule
+    included; what is *sent* is the strategy's downlink rule). Under a hierarchical strategy
+    (``strategy.group_prefixes``, e.g. ``local.``) the entries under those prefixes are averaged
+    only over the updates of the same group (``update.group``, the device profile; trial-count
+    weights within the group) and kept as ``@<group>/<key>``; a group with no update this round
+    keeps its module. Each component with a server rule
     (SCAFFOLD's control variate, server momentum ...) accumulates its extras alongside and edits
     the result.
 
@@ -98,18 +102,34 @@ class RoundAggregator:
         self.server = server
         self.states = strategy.state_aggregator(server.global_state, server.round, n_clients_total)
         self.parts = strategy.server_rounds(server.extras, n_clients_total)
+        self.prefixes = strategy.group_prefixes
+        self.groups: dict[str, WeightedSum] = {}
 
     @property
     def count(self) -> int:
         return self.states.count
 
     def add(self, update: ClientUpdate) -> None:
-        self.states.add(update.state, float(update.n_samples))
+        if self.prefixes:
+            if not update.group:
+                raise ValueError("an update without a client group under a hierarchical strategy")
+            own = {k: v for k, v in update.state.items() if is_grouped(k, self.prefixes)}
+            shared = {k: v for k, v in update.state.items() if k not in own}
+            self.groups.setdefault(update.group, WeightedSum()).add(own, float(update.n_samples))
+            self.states.add(shared, float(update.n_samples))
+        else:
+            self.states.add(update.state, float(update.n_samples))
         for p in self.parts:
             p.add(update.extras, update.n_samples)
 
     def result(self) -> ServerState:
         new_global = self.states.result()
+        if self.prefixes:
+            for g in sorted(self.groups):
+                new_global.update({group_key(g, k): v for k, v in self.groups[g].result().items()})
+            for k, v in self.server.global_state.items():  # groups absent this round keep their module
+                if k.startswith(GROUP_MARK) and k not in new_global:
+                    new_global[k] = v
         extras = dict(self.server.extras)
         for p in self.parts:
             new_global, extras = p.finish(self.server.global_state, new_global, extras, self.states.count)

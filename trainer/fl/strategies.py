@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.fl.algorithms import base, dp, fedavgm, fedbm, fedbs, fedprox, moon, robust, safe, scaffold
+from trainer.fl.algorithms import base, dp, fedavgm, fedbm, fedbs, fedprox, hierarchical, moon, robust, safe, scaffold
 from trainer.fl.api import Algorithm, Component, Param, Strategy
 
 #: every algorithm, in the order of the docs' table
@@ -27,6 +27,7 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     robust.FEDMEDIAN,
     dp.DPFEDAVG,
     fedbm.FEDBM,
+    hierarchical.FLEEG,
 )}
 
 #: component types in registry order (the order in which loss terms and weight perturbations compose)

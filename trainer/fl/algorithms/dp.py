@@ -69,12 +69,14 @@ class DPStates(StateAggregator):
         self.sum: dict[str, Tensor] = {}
         self.ints: dict[str, Tensor] = {}
         self.norms: list[float] = []
+        self.keys: list[str] = []
 
     @property
     def count(self) -> int:  # type: ignore[override]
         return len(self.norms)
 
     def add(self, state: Mapping[str, Tensor], weight: float) -> None:
+        self.keys = self.keys or list(state)
         delta = {k: v.double() - self.old[k].double() for k, v in state.items() if torch.is_floating_point(v)}
         norm = math.sqrt(sum(float((d ** 2).sum()) for d in delta.values()))
         scale = min(1.0, self.clip / norm) if norm > 0 else 1.0
@@ -93,7 +95,7 @@ class DPStates(StateAggregator):
         for k in sorted(self.sum):
             noisy = self.sum[k] + sd * torch.randn(self.sum[k].shape, generator=self.gen, dtype=torch.float64)
             out[k] = (self.old[k].double() + noisy / len(self.norms)).to(self.old[k].dtype)
-        return {k: out[k] for k in self.old}
+        return {k: out[k] for k in self.keys}
 
 
 class ClientDP(Component):

@@ -40,9 +40,9 @@ RULES = ("mean", "median", "trimmed_mean", "krum", "multi_krum")
 
 
 def update_norms(states: list[Mapping[str, Tensor]], old: Mapping[str, Tensor]) -> list[float]:
-    """L2 norm of each ``state - old`` over floating entries (float64)."""
-    keys = [k for k, v in old.items() if torch.is_floating_point(v)]
-    return [math.sqrt(sum(float(((s[k].double() - old[k].double()) ** 2).sum()) for k in keys)) for s in states]
+    """L2 norm of each ``state - old`` over the state's floating entries (float64)."""
+    return [math.sqrt(sum(float(((v.double() - old[k].double()) ** 2).sum()) for k, v in s.items()
+                          if torch.is_floating_point(v))) for s in states]
 
 
 def clip_to(state: Mapping[str, Tensor], old: Mapping[str, Tensor], scale: float) -> dict[str, Tensor]:
@@ -110,7 +110,7 @@ class RobustStates(StateAggregator):
     def _krum(self, states: list[Mapping[str, Tensor]]) -> list[int]:
         n = len(states)
         f = min(self.krum_f, max(0, (n - 3) // 2))
-        keys = [k for k, v in self.old.items() if torch.is_floating_point(v)]
+        keys = [k for k, v in states[0].items() if torch.is_floating_point(v)]
         flat = torch.stack([torch.cat([(s[k].double() - self.old[k].double()).flatten() for k in keys]) for s in states])
         d2 = torch.cdist(flat, flat) ** 2
         m = max(n - f - 2, 1)
