@@ -178,6 +178,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     from trainer import report as trainer_report
 
     app.command("report")(trainer_report.report)
+    from trainer.experiments import classical as trainer_classical
+
+    app.command("classical")(trainer_classical.classical)
     trainer_bench.register(bench)
 
 
