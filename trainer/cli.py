@@ -35,14 +35,16 @@ def parse_subjects(spec: str | None, data_dir: str | None) -> list[int]:
 
 
 def parse_attacks(spec: str | None) -> list[list]:
-    """``pgd:0.03,fgsm:0.01`` -> [["pgd", 0.03], ["fgsm", 0.01]]."""
+    """``pgd:0.03,fgsm:0.01`` -> [["pgd", 0.03], ["fgsm", 0.01]] (names: :data:`trainer.attacks.ATTACKS`)."""
+    from trainer.attacks import ATTACKS
+
     if not spec:
         return []
     out = []
     for part in spec.split(","):
         name, _, eps = part.partition(":")
-        if name not in ("fgsm", "pgd") or not eps:
-            raise typer.BadParameter(f"attack {part!r}: use fgsm:EPS or pgd:EPS")
+        if name not in ATTACKS or not eps:
+            raise typer.BadParameter(f"attack {part!r}: use NAME:EPS with NAME one of {', '.join(ATTACKS)}")
         out.append([name, float(eps)])
     return out
 

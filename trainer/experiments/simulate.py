@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainer.attacks import attack_budgets
 from trainer.checkpoint import ModelMeta, save_checkpoint
 from trainer.data import PreprocessConfig, load_subjects
 from trainer.errors import NeuroFedError
@@ -149,6 +150,7 @@ def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
         "per_seed": {str(k): v for k, v in per_seed.items()}, "curve": curve,
         "seconds": float(sum(j["seconds"] for j in jobs)), "data_hashes": hashes,
         "checkpoints": [j["checkpoint"] for j in jobs if "checkpoint" in j],
+        "attack_budgets": attack_budgets([a for a, _ in cfg.attacks]),
         "torch": torch.__version__,
     }
 
