@@ -8,7 +8,7 @@ S30=1-19,24-33,42
 S46=1-19,24-50
 for m in csp-lda riemann; do
   OMP_NUM_THREADS=1 neurofed classical --method $m --subjects $S30 --protocol kfold:5 --seeds 0,1,2 \
-    --out experiments/results/classical/${m}_30
+    --out experiments/results/classical/s30/$m
   OMP_NUM_THREADS=1 neurofed classical --method $m --subjects $S46 --protocol kfold:5 --seeds 0,1,2 \
-    --out experiments/results/classical/${m}_46
+    --out experiments/results/classical/s46/$m
 done
