@@ -70,6 +70,34 @@ def print_results(results: dict) -> None:
     console.print(t)
 
 
+def build_sim_config(opts: dict):
+    """The :class:`~trainer.experiments.simulate.SimConfig` of ``neurofed simulate``'s option values
+    (by parameter name; ``neurofed grid`` parses spec lines into the same values), validated."""
+    from trainer.experiments.simulate import SimConfig
+    from trainer.fl.local import LocalConfig
+
+    o = opts
+    pre = preprocess_from_options(o["channels"], o["resample"], o["ea"], o["fmin"], o["fmax"], o["tmin"], o["tmax"])
+    protocol = o["protocol"]
+    if o["test_subjects"] is not None:
+        if o["test_subjects"].lower() != "none":
+            raise typer.BadParameter("--test-subjects takes only 'none' (use --protocol for held-out subjects)")
+        protocol = "none"
+    overrides = {k: o[k] for k in ("bn_mode", "bn_sync", "sam_rho", "fat_eps", "awp_gamma", "prox_mu", "moon_mu",
+                                   "local_bn")}
+    cfg = SimConfig(
+        algorithm=o["algorithm"], model=o["model"], subjects=parse_subjects(o["subjects"], o["data_dir"]),
+        protocol=protocol, rounds=o["rounds"], fraction=o["fraction"], seeds=[int(s) for s in o["seeds"].split(",")],
+        local=LocalConfig(o["lr"], o["momentum"], o["weight_decay"], o["batch_size"], o["local_epochs"]).to_dict(),
+        ct_batch_size=o["ct_batch_size"], preprocess=pre.to_dict(), test_batch=o["test_batch"],
+        eval_every=o["eval_every"], attacks=parse_attacks(o["attack"]),
+        strategy_overrides={k: v for k, v in overrides.items() if v is not None}, data_dir=o["data_dir"],
+        fold_seed=o["fold_seed"],
+    )
+    cfg.strategy()  # validate overrides before any work
+    return cfg
+
+
 def simulate(
     algorithm: Annotated[str, typer.Option(help="ct, fedavg, fedprox, scaffold, moon, fedbn, fedbs, safe")] = "fedbs",
     model: Annotated[str, typer.Option(help="eegnet, shallow, deep")] = "eegnet",
@@ -110,27 +138,12 @@ def simulate(
     out: Annotated[Path, typer.Option(help="run directory (re-running resumes it)")] = Path("runs/simulate"),
 ) -> None:
     """Leave-one-subject-out (or k-fold / no held-out) CT or federated training on real EEG."""
-    from trainer.experiments.simulate import SimConfig, run_simulation
-    from trainer.fl.local import LocalConfig
+    from trainer.experiments.simulate import run_simulation
 
-    pre = preprocess_from_options(channels, resample, ea, fmin, fmax, tmin, tmax)
-    if test_subjects is not None:
-        if test_subjects.lower() != "none":
-            raise typer.BadParameter("--test-subjects takes only 'none' (use --protocol for held-out subjects)")
-        protocol = "none"
-    overrides = {"bn_mode": bn_mode, "bn_sync": bn_sync, "sam_rho": sam_rho, "fat_eps": fat_eps,
-                 "awp_gamma": awp_gamma, "prox_mu": prox_mu, "moon_mu": moon_mu, "local_bn": local_bn}
-    cfg = SimConfig(
-        algorithm=algorithm, model=model, subjects=parse_subjects(subjects, data_dir), protocol=protocol,
-        rounds=rounds, fraction=fraction, seeds=[int(s) for s in seeds.split(",")],
-        local=LocalConfig(lr, momentum, weight_decay, batch_size, local_epochs).to_dict(), ct_batch_size=ct_batch_size,
-        preprocess=pre.to_dict(), test_batch=test_batch, eval_every=eval_every, attacks=parse_attacks(attack),
-        strategy_overrides={k: v for k, v in overrides.items() if v is not None}, data_dir=data_dir, fold_seed=fold_seed,
-    )
-    cfg.strategy()  # validate overrides before any work
+    cfg = build_sim_config(locals())
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console) as prog:
-        task = prog.add_task(f"{algorithm} {protocol}", total=None)
+        task = prog.add_task(f"{algorithm} {cfg.protocol}", total=None)
 
         def on_done(job: dict, n: int, total: int) -> None:
             prog.update(task, completed=n, total=total)
@@ -183,6 +196,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     from trainer.experiments import classical as trainer_classical
 
     app.command("classical")(trainer_classical.classical)
+    from trainer.experiments import grid as trainer_grid
+
+    app.command("grid")(trainer_grid.grid)
     trainer_bench.register(bench)
 
 

@@ -8,10 +8,10 @@ import torch
 
 pytest.importorskip("art")
 
-from trainer.art_attacks import ScaledBatch, art_fgsm, art_pgd  # noqa: E402
-from trainer.attacks import ATTACKS, channel_budget, fgsm, pgd  # noqa: E402
-from trainer.evaluate import attacked_predict  # noqa: E402
-from trainer.models import build_model  # noqa: E402
+from trainer.art_attacks import ScaledBatch, art_fgsm, art_pgd
+from trainer.attacks import ATTACKS, channel_budget, fgsm, pgd
+from trainer.evaluate import attacked_predict
+from trainer.models import build_model
 
 
 def _small(bn_mode: str = "batch_specific"):

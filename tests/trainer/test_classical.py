@@ -10,7 +10,13 @@ from typer.testing import CliRunner
 
 from trainer.data import PreprocessConfig
 from trainer.errors import NeuroFedError
-from trainer.experiments.classical import METHOD_EA, METHODS, ClassicalConfig, recentred_covariances, run_classical
+from trainer.experiments.classical import (
+    METHOD_EA,
+    METHODS,
+    ClassicalConfig,
+    recentred_covariances,
+    run_classical,
+)
 from trainer.experiments.protocol import make_folds
 
 SUBJECTS = [1, 2, 3, 4]
