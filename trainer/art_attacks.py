@@ -36,7 +36,7 @@ LIBRARY_BUDGETS: dict[str, dict] = {
     "autoattack": {"suite": "APGD-CE (100 iterations, 1 restart); APGD-DLR if > 2 classes; Square",
                    "apgd_iter": 100, "square_queries": 1000},
     "square": {"queries": 1000, "restarts": 1, "p_init": 0.8},
-    "hsj": {"max_iter": 10, "max_eval": 200, "init_eval": 50,
+    "hsj": {"max_iter": 5, "max_eval": 100, "init_eval": 20,
             "note": "HopSkipJump (L-inf), hard-label; queries per trial <= max_iter x (max_eval + binary search); "
                     "started from another trial of the batch with a different prediction; "
                     "a result outside the eps ball counts as a failed attack (the clean trial is kept)"},
