@@ -21,7 +21,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 
 from trainer.data.config import PreprocessConfig
 from trainer.data.dataset import SubjectData
-from trainer.data.preprocess import euclidean_alignment, preprocess_epochs
+from trainer.data.preprocess import euclidean_alignment, n_times_for, preprocess_epochs
 from trainer.errors import DataError
 
 
@@ -29,6 +29,11 @@ def _prepare(X: np.ndarray, sfreq: float, ch_names: Sequence[str], pre: Preproce
     X = np.asarray(X, dtype=np.float64) * scale
     if X.ndim != 3 or X.shape[1] != len(ch_names):
         raise DataError(f"X must be (trials, {len(ch_names)} channels, times) matching ch_names, got {X.shape}")
+    n = n_times_for(sfreq, pre)
+    if X.shape[2] < n:
+        raise DataError(f"X has {X.shape[2]} samples per trial; the model needs {pre.tmax - pre.tmin:g} s = {n} "
+                        f"at {sfreq:g} Hz (e.g. a MOABB paradigm with tmax={pre.tmax - pre.tmin:g})")
+    X = X[..., :n]  # MOABB's epochs include the end sample
     x, _, _ = preprocess_epochs(X, sfreq, ch_names, pre)
     if pre.ea:
         x = euclidean_alignment(x)

@@ -72,3 +72,25 @@ def test_federated_fit_with_groups_and_sklearn_clone(subjects4):
     pred = clf.predict(subjects4[3].X)
     assert set(pred) <= {"left", "right"} and len(pred) == len(subjects4[3].y)
     assert clf.predict_proba(subjects4[3].X[:8]).sum(1) == pytest.approx(np.ones(8), abs=1e-5)
+
+
+def test_checkpoint_classifier_predicts_like_the_model(subjects4, tmp_path):
+    from trainer.checkpoint import ModelMeta, save_checkpoint
+    from trainer.data import SENSORIMOTOR_21
+    from trainer.data.preprocess import euclidean_alignment, preprocess_epochs
+    from trainer.errors import DataError
+    from trainer.evaluate import predict
+    from trainer.models import build_model
+    from trainer.sklearn_api import NeuroFedCheckpointClassifier
+
+    sd = subjects4[0]
+    pre = PreprocessConfig.from_preset("sensorimotor21", resample=None)
+    model = build_model("eegnet", 21, 2, sd.X.shape[2], 80.0, "batch_specific")
+    meta = ModelMeta("eegnet", 21, 2, sd.X.shape[2], 80.0, "batch_specific", list(SENSORIMOTOR_21),
+                     ["left", "right"], pre.to_dict())
+    ckpt = save_checkpoint(tmp_path / "m.safetensors", model.state_dict(), meta)
+    clf = NeuroFedCheckpointClassifier(str(ckpt), 80.0, list(SENSORIMOTOR_21)).fit(sd.X, np.array(["l", "r"])[sd.y])
+    x = euclidean_alignment(preprocess_epochs(sd.X, 80.0, SENSORIMOTOR_21, pre)[0]).astype(np.float32)
+    np.testing.assert_array_equal(clf.predict(sd.X), np.array(["l", "r"])[predict(model, x, 8)])
+    with pytest.raises(DataError, match="samples per trial"):
+        clf.predict(sd.X[..., :100])
