@@ -64,3 +64,15 @@ def test_library_attacks_stay_in_the_channel_budget(attack, monkeypatch):
     assert torch.all((xa - x).abs() <= channel_budget(x, 0.1) * (1 + 1e-4) + 1e-6)
     pred = attacked_predict(model, x.numpy(), y.numpy(), attack, 0.1, batch_size=8)
     assert pred.shape == (8,)
+
+
+def test_budgets_of_library_attacks_go_into_results():
+    from trainer.art_attacks import LIBRARY_BUDGETS
+    from trainer.attacks import attack_budgets
+    from trainer.experiments.simulate import SimConfig, summarise
+
+    assert attack_budgets(["fgsm", "pgd"]) == {}
+    cfg = SimConfig(algorithm="fedavg", subjects=[1, 2], attacks=[["pgd", 0.03], ["square", 0.05]])
+    job = {"fold": 0, "seed": 0, "per_subject": {"S001": {"bca": 0.6, "square@0.05": 0.5}}, "curve": [],
+           "seconds": 1.0, "data_hashes": {}}
+    assert summarise(cfg, [job])["attack_budgets"] == {"square": LIBRARY_BUDGETS["square"]}
