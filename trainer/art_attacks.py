@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -54,7 +55,7 @@ class ScaledBatch(nn.Module):
         The clean test batch.
     """
 
-    def __init__(self, model: nn.Module, x: Tensor) -> None:
+    def __init__(self, model: nn.Module | Callable[[Tensor], Tensor], x: Tensor) -> None:
         super().__init__()
         self.model = model
         self.x = x.detach()
@@ -165,10 +166,13 @@ def autoattack(model: nn.Module, x: Tensor, y: Tensor, eps: float, seed: int = 0
 
 def square(model: nn.Module, x: Tensor, y: Tensor, eps: float, seed: int = 0) -> Tensor:
     """ART's Square attack (score-based black box, L-inf), budget ``LIBRARY_BUDGETS['square']``."""
+    return _square(*_setup(model, x, seed)[:2], x, y, eps)
+
+
+def _square(wrapper: ScaledBatch, clf, x: Tensor, y: Tensor, eps: float) -> Tensor:
     from art.attacks.evasion import SquareAttack
 
     b = LIBRARY_BUDGETS["square"]
-    wrapper, clf, _ = _setup(model, x, seed)
     atk = SquareAttack(clf, norm=np.inf, eps=eps, max_iter=b["queries"], p_init=_p_init(wrapper, b["p_init"]),
                        nb_restarts=b["restarts"], batch_size=len(x), verbose=False)
     return wrapper.to_x(atk.generate(wrapper.to_z(x), y=y.numpy()))
@@ -181,10 +185,13 @@ def hsj(model: nn.Module, x: Tensor, y: Tensor, eps: float, seed: int = 0) -> Te
     Each trial starts from another trial of its batch that the model labels differently (clean noise
     otherwise); a result farther than ``eps`` (in std units) from the trial is discarded.
     """
+    return _hsj(*_setup(model, x, seed)[:2], x, eps, seed)
+
+
+def _hsj(wrapper: ScaledBatch, clf, x: Tensor, eps: float, seed: int) -> Tensor:
     from art.attacks.evasion import HopSkipJump
 
     b = LIBRARY_BUDGETS["hsj"]
-    wrapper, clf, _ = _setup(model, x, seed)
     z = wrapper.to_z(x)
     pred = clf.predict(z, batch_size=len(x)).argmax(1)
     rng = np.random.default_rng(seed)
@@ -198,6 +205,28 @@ def hsj(model: nn.Module, x: Tensor, y: Tensor, eps: float, seed: int = 0) -> Te
     far = np.abs(z_adv - z).reshape(len(z), -1).max(1) > eps * (1 + 1e-6)
     z_adv[far] = z[far]
     return wrapper.to_x(z_adv)
+
+
+def blackbox_on_scores(attack: str, score_fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray, y: np.ndarray,
+                       eps: float, seed: int = 0) -> np.ndarray:
+    """A black-box library attack (``square`` or ``hsj``) on any class-score function of trials.
+
+    For models outside torch (the classical references): ``score_fn`` maps trials (m, c, t) to class
+    scores (m, k); the same std scaling, input box and budgets as for the torch models apply.
+    """
+    if attack not in ("square", "hsj"):
+        raise ValueError(f"black-box attack {attack!r}: use square or hsj")
+    from art.estimators.classification import BlackBoxClassifierNeuralNetwork
+
+    np.random.seed(seed % 2**32)
+    xt = torch.as_tensor(np.asarray(x, dtype=np.float32))
+    wrapper = ScaledBatch(lambda xb: torch.as_tensor(score_fn(xb.detach().numpy())), xt)
+    n_classes = int(np.asarray(score_fn(xt.numpy()[:1])).shape[1])
+    clf = BlackBoxClassifierNeuralNetwork(lambda z: wrapper(torch.as_tensor(z)).numpy(), wrapper.image_shape,
+                                          n_classes, clip_values=(-BOX, BOX))
+    yt = torch.as_tensor(np.asarray(y))
+    out = _square(wrapper, clf, xt, yt, eps) if attack == "square" else _hsj(wrapper, clf, xt, eps, seed)
+    return out.numpy()
 
 
 #: Library attacks (name -> function(model, x, y, eps, seed) -> adversarial batch).

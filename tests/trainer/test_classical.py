@@ -60,3 +60,25 @@ def test_report_shows_classical_rows_next_to_deep_runs(data_dir, tmp_path):
 def test_bad_method_is_one_clear_error():
     with pytest.raises(NeuroFedError, match="--method"):
         ClassicalConfig(method="svm")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_black_box_attack_on_classical_stays_in_budget(method, subjects4, monkeypatch):
+    from trainer import art_attacks
+    from trainer.art_attacks import blackbox_on_scores
+    from trainer.attacks import channel_budget
+    from trainer.experiments.classical import build_pipeline, scorer
+
+    monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "square", {"queries": 30, "restarts": 1, "p_init": 0.8})
+    train, sd = subjects4[:3], subjects4[3]
+    from trainer.experiments.classical import _features
+
+    pipe = build_pipeline(method).fit(np.concatenate(_features(method, train)), np.concatenate([s.y for s in train]))
+    score = scorer(method, pipe, sd)
+    xb, yb = sd.X[:8], sd.y[:8]
+    xa = blackbox_on_scores("square", score, xb, yb, 0.1, seed=0)
+    import torch
+
+    assert np.all(np.abs(xa - xb) <= channel_budget(torch.as_tensor(xb), 0.1).numpy() * (1 + 1e-4) + 1e-6)
+    clean_loss = -np.log(score(xb)[np.arange(8), yb]).mean()
+    assert -np.log(score(xa)[np.arange(8), yb]).mean() >= clean_loss - 1e-9  # Square only accepts improvements

@@ -15,6 +15,10 @@ Methods
     covariances to the identity (``pyriemann.transfer.TLCenter``, each subject from its own unlabelled
     trials, as EA does) -> tangent space -> logistic regression.
 
+Attacks: black-box only (``square``, ``hsj`` through ART, on the class scores; same std scaling, budgets and
+test batches of 8 as for the deep models), on the method's input (EA'd trials for csp-lda, unaligned trials
+for riemann with the subject's clean re-centring kept).
+
 Both are unsupervised-aligned per subject and trained centrally on the training subjects (a centralised
 reference, like CT). They are deterministic except for the logistic regression's ``random_state`` (= seed).
 """
@@ -68,6 +72,8 @@ class ClassicalConfig:
     n_components: int = 6
     C: float = 1.0
     data_dir: str | None = None
+    attacks: list[list] = field(default_factory=list)  # black-box only: [["square", 0.05], ["hsj", 0.05]]
+    test_batch: int = 8
     strategy_overrides: dict = field(default_factory=dict)  # none: kept so reports treat the run as plain
 
     def __post_init__(self) -> None:
@@ -75,6 +81,9 @@ class ClassicalConfig:
             raise NeuroFedError(f"--method {self.method!r}: use one of {', '.join(METHODS)}")
         if not self.seeds:
             raise NeuroFedError("--seeds: give at least one seed")
+        if bad := [a for a, _ in self.attacks if a not in ("square", "hsj")]:
+            raise NeuroFedError(f"--attack {', '.join(bad)}: the classical pipelines take black-box attacks only "
+                                "(square, hsj)")
 
 
 def build_pipeline(method: str, seed: int = 0, n_components: int = 6, C: float = 1.0):
@@ -105,22 +114,41 @@ def build_pipeline(method: str, seed: int = 0, n_components: int = 6, C: float =
     raise NeuroFedError(f"unknown classical method {method!r}: use one of {', '.join(METHODS)}")
 
 
-def recentred_covariances(subjects: list[SubjectData]) -> list[np.ndarray]:
-    """Per subject: OAS covariances re-centred so the subject's Riemannian mean is the identity.
-
-    Each subject is re-centred from its own trials without labels (``pyriemann.transfer.TLCenter``),
-    the covariance-domain counterpart of per-subject Euclidean alignment.
-    """
+def _oas(x: np.ndarray) -> np.ndarray:
     from pyriemann.estimation import Covariances
+
+    return Covariances(estimator="oas").fit_transform(np.asarray(x, dtype=np.float64))
+
+
+def subject_centre(sd: SubjectData):
+    """The transformer re-centring ``sd``'s covariances so their Riemannian mean is the identity.
+
+    Fitted on the subject's own trials without labels (``pyriemann.transfer.TLCenter``), the
+    covariance-domain counterpart of per-subject Euclidean alignment.
+    """
     from pyriemann.transfer import TLCenter, encode_domains
 
-    out = []
-    for sd in subjects:
-        covs = Covariances(estimator="oas").fit_transform(sd.X.astype(np.float64))
-        dummy = np.zeros(len(covs), dtype=int)  # labels are not used by the centring
-        _, y_enc = encode_domains(covs, dummy, np.array([sd.subject] * len(covs)))
-        out.append(TLCenter(target_domain=sd.subject, metric="riemann").fit_transform(covs, y_enc))
-    return out
+    covs = _oas(sd.X)
+    dummy = np.zeros(len(covs), dtype=int)  # labels are not used by the centring
+    _, y_enc = encode_domains(covs, dummy, np.array([sd.subject] * len(covs)))
+    return TLCenter(target_domain=sd.subject, metric="riemann").fit(covs, y_enc).centers_[sd.subject]
+
+
+def recentred_covariances(subjects: list[SubjectData]) -> list[np.ndarray]:
+    """Per subject: OAS covariances re-centred by :func:`subject_centre`."""
+    return [subject_centre(sd).transform(_oas(sd.X)) for sd in subjects]
+
+
+def scorer(method: str, pipe, sd: SubjectData):
+    """Class scores of ``sd``-like trials (the method's input: EA'd for csp-lda, unaligned for riemann).
+
+    For riemann the re-centring stays the one fitted on ``sd``'s clean trials (an attacker perturbs
+    trials, not the device's alignment reference).
+    """
+    if method == "riemann":
+        centre = subject_centre(sd)
+        return lambda x: pipe.predict_proba(centre.transform(_oas(x)))
+    return lambda x: pipe.predict_proba(np.asarray(x, dtype=np.float64))
 
 
 def _features(method: str, subjects: list[SubjectData]) -> list[np.ndarray]:
@@ -138,7 +166,18 @@ def fit_predict_fold(cfg: ClassicalConfig, train: list[SubjectData], test: list[
     pipe = build_pipeline(cfg.method, seed, cfg.n_components, cfg.C)
     with use_log_level("warning"):  # MNE's CSP logs its rank estimate on every fit
         pipe.fit(np.concatenate(Xtr), np.concatenate([sd.y for sd in train]))
-    return {sd.subject: {"bca": bca(sd.y, pipe.predict(x))} for sd, x in zip(test, _features(cfg.method, test))}
+    out = {sd.subject: {"bca": bca(sd.y, pipe.predict(x))} for sd, x in zip(test, _features(cfg.method, test))}
+    for attack, eps in cfg.attacks:
+        from trainer.art_attacks import blackbox_on_scores
+
+        for sd in test:
+            score = scorer(cfg.method, pipe, sd)
+            pred = []
+            for b, i in enumerate(range(0, sd.n_trials, cfg.test_batch)):
+                xb, yb = sd.X[i : i + cfg.test_batch], sd.y[i : i + cfg.test_batch]
+                pred.append(score(blackbox_on_scores(attack, score, xb, yb, eps, seed + b)).argmax(1))
+            out[sd.subject][f"{attack}@{eps:g}"] = bca(sd.y, np.concatenate(pred))
+    return out
 
 
 def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
@@ -150,6 +189,7 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
     import mne
     import sklearn
 
+    from trainer.attacks import attack_budgets
     from trainer.experiments.simulate import aggregate_seeds
 
     out = Path(out_dir)
@@ -185,7 +225,7 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
         "summary": summary, "per_subject": per_subject, "per_seed": {str(k): v for k, v in per_seed.items()},
         "curve": [], "seconds": float(sum(j["seconds"] for j in jobs)),
         "data_hashes": {k: v for sd in data.values() for k, v in sd.file_hashes.items()},
-        "checkpoints": [], "versions": {"mne": mne.__version__, "sklearn": sklearn.__version__,
+        "checkpoints": [], "attack_budgets": attack_budgets([a for a, _ in cfg.attacks]), "versions": {"mne": mne.__version__, "sklearn": sklearn.__version__,
                                         "pyriemann": _pyriemann_version()},
     }
     tmp = out / "results.json.tmp"
@@ -209,6 +249,8 @@ def classical(
     seeds: Annotated[str, typer.Option(help="comma list of seeds (random_state of the classifier)")] = "0",
     fold_seed: Annotated[int, typer.Option(help="seed of the k-fold subject grouping")] = 0,
     n_components: Annotated[int, typer.Option(help="CSP components (csp-lda)")] = 6,
+    attack: Annotated[str | None, typer.Option(help="black-box attacks, e.g. 'square:0.05,hsj:0.05' (eps x std)")]
+    = None,
     channels: Annotated[str, typer.Option(help="all, sensorimotor21, or a comma list")] = "sensorimotor21",
     resample: Annotated[float | None, typer.Option(help="Hz; omit to keep 160 Hz")] = 80.0,
     fmin: Annotated[float, typer.Option()] = 8.0,
@@ -222,7 +264,7 @@ def classical(
     """Classical reference (EA + CSP + LDA, or Riemannian tangent space) on NeuroFed's folds and epochs."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trainer.cli import console, parse_subjects, preprocess_from_options, print_results
+    from trainer.cli import console, parse_attacks, parse_subjects, preprocess_from_options, print_results
 
     if method not in METHODS:
         raise typer.BadParameter(f"--method {method!r}: use one of {', '.join(METHODS)}")
@@ -233,7 +275,7 @@ def classical(
     pre = preprocess_from_options(channels, resample, METHOD_EA[method], fmin, fmax, tmin, tmax)
     cfg = ClassicalConfig(method=method, subjects=parse_subjects(subjects, data_dir), protocol=protocol,
                           seeds=seed_list, preprocess=pre.to_dict(), fold_seed=fold_seed,
-                          n_components=n_components, data_dir=data_dir)
+                          n_components=n_components, data_dir=data_dir, attacks=parse_attacks(attack))
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
                   TimeElapsedColumn(), console=console) as prog:
         task = prog.add_task(f"{method} {protocol}", total=None)
