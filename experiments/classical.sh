@@ -12,3 +12,7 @@ for m in csp-lda riemann; do
   OMP_NUM_THREADS=1 neurofed classical --method $m --subjects $S46 --protocol kfold:5 --seeds 0,1,2 \
     --out experiments/results/classical/s46/$m
 done
+# Under ART's Square attack (black box, 1000 queries per test batch of 8, eps 0.05 x channel std), seed 0;
+# minutes per fold, resumable (finished folds are kept):
+# OMP_NUM_THREADS=1 neurofed classical --method csp-lda --subjects $S30 --protocol kfold:5 --seeds 0 \
+#   --attack square:0.05 --out experiments/results/classical/s30_attacked/csp-lda

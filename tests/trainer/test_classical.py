@@ -82,3 +82,19 @@ def test_black_box_attack_on_classical_stays_in_budget(method, subjects4, monkey
     assert np.all(np.abs(xa - xb) <= channel_budget(torch.as_tensor(xb), 0.1).numpy() * (1 + 1e-4) + 1e-6)
     clean_loss = -np.log(score(xb)[np.arange(8), yb]).mean()
     assert -np.log(score(xa)[np.arange(8), yb]).mean() >= clean_loss - 1e-9  # Square only accepts improvements
+
+
+def test_rerun_resumes_finished_folds(data_dir, tmp_path):
+    pre = PreprocessConfig.from_preset("sensorimotor21", resample=80.0, ea=True)
+    cfg = ClassicalConfig(method="csp-lda", subjects=SUBJECTS, protocol="kfold:2", seeds=[0],
+                          preprocess=pre.to_dict(), data_dir=str(data_dir))
+    first = run_classical(cfg, tmp_path / "r")
+    job = tmp_path / "r" / "jobs" / "seed0_fold00.json"
+    marked = json.loads(job.read_text())
+    marked["per_subject"] = {s: {"bca": 0.0} for s in marked["per_subject"]}  # a finished job is not recomputed
+    job.write_text(json.dumps(marked))
+    again = run_classical(cfg, tmp_path / "r")
+    assert all(again["per_subject"][s]["bca"] == 0.0 for s in marked["per_subject"])
+    assert again["per_subject"] != first["per_subject"]
+    with pytest.raises(NeuroFedError, match="different configuration"):
+        run_classical(ClassicalConfig(**{**cfg.__dict__, "n_components": 4}), tmp_path / "r")

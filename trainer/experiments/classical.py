@@ -184,6 +184,8 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
                   on_done: Callable[[dict, int, int], None] | None = None) -> dict:
     """Every (seed, fold) of ``cfg``; writes ``config.json``, ``jobs/*.json`` and ``results.json`` in ``out_dir``.
 
+    Re-running with the same configuration (seeds may be added) skips the (seed, fold) jobs already written.
+
     Returns the results (the schema of :func:`trainer.experiments.simulate.summarise`).
     """
     import mne
@@ -192,9 +194,14 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
     from trainer.attacks import attack_budgets
     from trainer.experiments.simulate import aggregate_seeds
 
+    from trainer.experiments.simulate import same_run
+
     out = Path(out_dir)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1, sort_keys=True))
+    cfg_path = out / "config.json"
+    if cfg_path.exists() and not same_run(json.loads(cfg_path.read_text()), asdict(cfg)):
+        raise NeuroFedError(f"{out} holds a run with a different configuration; use another --out or delete it")
+    cfg_path.write_text(json.dumps(asdict(cfg), indent=1, sort_keys=True))
     pre = PreprocessConfig.from_dict(cfg.preprocess)
     data = {int(sd.subject[1:]): sd for sd in load_subjects(cfg.subjects, pre, cfg.data_dir)}
     folds = make_folds(cfg.subjects, cfg.protocol, cfg.fold_seed)
@@ -203,13 +210,19 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
     jobs, total = [], len(folds) * len(cfg.seeds)
     for seed in cfg.seeds:
         for k, fold in enumerate(folds):
+            path = out / "jobs" / f"seed{seed}_fold{k:02d}.json"
+            if path.exists():  # finished earlier (resume: attacked runs take minutes per fold)
+                jobs.append(json.loads(path.read_text()))
+                continue
             t0 = time.time()
             train = [data[s] for s in cfg.subjects if s not in fold]
             test = [data[s] for s in fold]
             job = {"fold": k, "seed": seed, "test_subjects": [sd.subject for sd in test],
                    "per_subject": fit_predict_fold(cfg, train, test, seed), "curve": [], "participation": {},
                    "seconds": time.time() - t0}
-            (out / "jobs" / f"seed{seed}_fold{k:02d}.json").write_text(json.dumps(job))
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(job))
+            os.replace(tmp, path)
             jobs.append(job)
             if on_done:
                 on_done(job, len(jobs), total)
