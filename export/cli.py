@@ -156,8 +156,10 @@ def evaluate_cmd(
     from export.metadata import read_onnx_meta
     from trainer.errors import NeuroFedError
 
-    if attack is not None and attack not in ("fgsm", "pgd"):
-        raise typer.BadParameter(f"attack {attack!r}: use fgsm or pgd")
+    from trainer.attacks import ATTACKS
+
+    if attack is not None and attack not in ATTACKS:
+        raise typer.BadParameter(f"attack {attack!r}: use one of {', '.join(ATTACKS)}")
     if not model.is_file():
         raise NeuroFedError(f"{model}: ONNX model file not found")
     from trainer.cli import parse_subjects

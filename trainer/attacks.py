@@ -7,9 +7,13 @@ The budget ``eps`` is a multiple of each trial's per-channel standard deviation 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from trainer.errors import NeuroFedError
 
 
 def channel_budget(x: Tensor, eps: float) -> Tensor:
@@ -24,8 +28,11 @@ def _input_grad(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return g
 
 
-def fgsm(model: nn.Module, x: Tensor, y: Tensor, eps: float) -> Tensor:
-    """One-step FGSM: ``x + eps*std * sign(grad_x L)``. Model mode (train/eval) is left as it is."""
+def fgsm(model: nn.Module, x: Tensor, y: Tensor, eps: float, seed: int = 0) -> Tensor:
+    """One-step FGSM: ``x + eps*std * sign(grad_x L)``. Model mode (train/eval) is left as it is.
+
+    ``seed`` is unused (FGSM is deterministic); it keeps every attack's signature the same.
+    """
     if eps == 0:
         return x.detach()
     budget = channel_budget(x, eps)
@@ -52,4 +59,37 @@ def pgd(
     return x_adv.detach()
 
 
-ATTACKS = {"fgsm": fgsm, "pgd": pgd}
+class AttackUnavailable(NeuroFedError):
+    """A library attack was asked for but its library is not installed."""
+
+
+def _library_attack(name: str) -> Callable[..., Tensor]:
+    """A library attack, importing the Adversarial Robustness Toolbox only when it runs."""
+
+    def run(model: nn.Module, x: Tensor, y: Tensor, eps: float, seed: int = 0) -> Tensor:
+        try:
+            from trainer.art_attacks import LIBRARY_ATTACKS
+        except ImportError as exc:
+            raise AttackUnavailable(f"attack {name!r} needs the Adversarial Robustness Toolbox: "
+                                    "pip install 'neurofed[attacks]'") from exc
+        return LIBRARY_ATTACKS[name](model, x, y, eps, seed)
+
+    run.__name__ = name
+    return run
+
+
+#: Every attack by name (``--attack NAME:EPS``): function(model, x, y, eps, seed) -> adversarial batch.
+#: fgsm/pgd are NeuroFed's own white-box attacks; autoattack, square (score-based) and hsj (hard-label
+#: HopSkipJump) run through ART (:mod:`trainer.art_attacks`, budgets in its ``LIBRARY_BUDGETS``).
+LIBRARY_ATTACK_NAMES = ("autoattack", "square", "hsj")
+ATTACKS: dict[str, Callable[..., Tensor]] = {"fgsm": fgsm, "pgd": pgd,
+                                             **{n: _library_attack(n) for n in LIBRARY_ATTACK_NAMES}}
+
+
+def attack_budgets(names: list[str]) -> dict[str, dict]:
+    """Budgets of the library attacks among ``names`` (stated in results)."""
+    if not any(n in LIBRARY_ATTACK_NAMES for n in names):
+        return {}
+    from trainer.art_attacks import LIBRARY_BUDGETS
+
+    return {n: LIBRARY_BUDGETS[n] for n in names if n in LIBRARY_BUDGETS}

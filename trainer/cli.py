@@ -16,14 +16,16 @@ console = Console()
 
 
 def parse_attacks(spec: str | None) -> list[list]:
-    """``pgd:0.03,fgsm:0.01`` -> [["pgd", 0.03], ["fgsm", 0.01]]."""
+    """``pgd:0.03,fgsm:0.01`` -> [["pgd", 0.03], ["fgsm", 0.01]] (names: :data:`trainer.attacks.ATTACKS`)."""
+    from trainer.attacks import ATTACKS
+
     if not spec:
         return []
     out = []
     for part in spec.split(","):
         name, _, eps = part.partition(":")
-        if name not in ("fgsm", "pgd") or not eps:
-            raise typer.BadParameter(f"attack {part!r}: use fgsm:EPS or pgd:EPS")
+        if name not in ATTACKS or not eps:
+            raise typer.BadParameter(f"attack {part!r}: use NAME:EPS with NAME one of {', '.join(ATTACKS)}")
         out.append([name, float(eps)])
     return out
 
@@ -62,6 +64,91 @@ def _preset_help() -> str:
     from trainer.presets import PRESETS
 
     return " | ".join(f"{p.name}: {p.summary}" + (f" (NOTE: {p.caveat})" if p.caveat else "") for p in PRESETS.values())
+
+
+def build_sim_config(opts: dict):
+    """The :class:`~trainer.experiments.simulate.SimConfig` of ``neurofed simulate``'s option values (by
+    parameter name, strategy parameters included; ``neurofed grid`` parses spec lines into the same values),
+    validated. Unset training options take the preset's values (``--preset``, default ``published``)."""
+    from trainer.errors import NeuroFedError
+    from trainer.experiments.partition import parse_partition
+    from trainer.experiments.simulate import SimConfig
+    from trainer.fl.local import LocalConfig
+    from trainer.fl.strategies import PARAMS
+    from trainer.presets import get_preset
+
+    o = opts
+    try:
+        pre_set = get_preset(o["preset"])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--preset") from None
+    if pre_set.caveat:
+        console.print(f"[yellow]preset {pre_set.name}: {pre_set.caveat}[/yellow]")
+
+    def pick(v, d):
+        return d if v is None else v
+
+    resample = pick(o["resample"], pre_set.resample)
+    profiles, channels = o["profiles"], o["channels"]
+    if profiles and channels is not None:
+        raise typer.BadParameter("--channels does not combine with --profiles (each profile has its channels; "
+                                 "use --profile-channels intersection)", param_hint="--channels")
+    pre = preprocess_from_options("all" if profiles else pick(channels, pre_set.channels), resample or None, o["ea"],
+                                  o["fmin"], o["fmax"], o["tmin"], o["tmax"])
+    if profiles and pre.resample is None:
+        raise typer.BadParameter("--profiles needs --resample (the model's rate, where all devices meet)")
+    protocol = o["protocol"]
+    if o["test_subjects"] is not None:
+        if o["test_subjects"].lower() != "none":
+            raise typer.BadParameter("--test-subjects takes only 'none' (use --protocol for held-out subjects)")
+        protocol = "none"
+    p = pre_set.local
+    local = LocalConfig(pick(o["lr"], p.lr), pick(o["momentum"], p.momentum), pick(o["weight_decay"], p.weight_decay),
+                        pick(o["batch_size"], p.batch_size), pick(o["local_epochs"], p.local_epochs))
+    subject_ids = parse_subjects(o["subjects"], o["data_dir"])
+    assignment: dict[str, str] = {}
+    only_profile = o["only_profile"]
+    if profiles:
+        from trainer.data.profiles import parse_assignment
+
+        try:
+            assignment = {str(k): v for k, v in parse_assignment(profiles, subject_ids, o["profile_seed"]).items()}
+        except NeuroFedError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--profiles") from None
+        if only_profile and only_profile not in assignment.values():
+            raise typer.BadParameter(f"no subject has profile {only_profile!r}", param_hint="--only-profile")
+    elif only_profile:
+        raise typer.BadParameter("--only-profile needs --profiles", param_hint="--only-profile")
+    if o["profile_channels"] not in ("own", "intersection"):
+        raise typer.BadParameter("use own or intersection", param_hint="--profile-channels")
+    if o["local_bn_mode"] not in (None, "standard", "batch_specific"):
+        raise typer.BadParameter("use standard or batch_specific", param_hint="--local-bn-mode")
+    try:
+        parse_partition(o["partition"])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--partition") from None
+    folds = o["folds"]
+    cfg = SimConfig(
+        algorithm=o["algorithm"], model=o["model"], subjects=subject_ids, protocol=protocol,
+        rounds=pick(o["rounds"], pre_set.rounds), fraction=pick(o["fraction"], pre_set.fraction),
+        seeds=[int(s) for s in o["seeds"].split(",")], local=local.to_dict(),
+        ct_batch_size=pick(o["ct_batch_size"], pre_set.ct_batch_size), preprocess=pre.to_dict(),
+        test_batch=o["test_batch"], eval_every=o["eval_every"], attacks=parse_attacks(o["attack"]),
+        byzantine=o["byzantine"], strategy_overrides={k: o[k] for k in PARAMS if o.get(k) is not None},
+        data_dir=o["data_dir"], fold_seed=o["fold_seed"], profiles=assignment,
+        profile_channels=o["profile_channels"], only_profile=only_profile, noise_seed=o["noise_seed"],
+        local_bn_mode=o["local_bn_mode"], folds=sorted({int(f) for f in folds.split(",")}) if folds else [],
+        partition=o["partition"],
+    )
+    try:
+        cfg.strategy()  # validate overrides before any work
+        if o["byzantine"]:
+            from trainer.fl.byzantine import Byzantine
+
+            Byzantine.parse(o["byzantine"])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return cfg
 
 
 def simulate(
@@ -125,79 +212,13 @@ def simulate(
     the preset. Strategy parameters (generated from the algorithm registry) override the algorithm's
     own settings for ablations and compositions, e.g. --algorithm fedbs --sam-rho 0.
     """
-    from trainer.experiments.simulate import SimConfig, run_simulation
-    from trainer.fl.local import LocalConfig
-    from trainer.presets import get_preset
+    from trainer.experiments.simulate import run_simulation
 
-    try:
-        pre_set = get_preset(preset)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--preset") from None
-    if pre_set.caveat:
-        console.print(f"[yellow]preset {pre_set.name}: {pre_set.caveat}[/yellow]")
-    pick = lambda v, d: d if v is None else v
-    if resample is None:
-        resample = pre_set.resample
-    if profiles and channels is not None:
-        raise typer.BadParameter("--channels does not combine with --profiles (each profile has its channels; "
-                                 "use --profile-channels intersection)", param_hint="--channels")
-    pre = preprocess_from_options("all" if profiles else pick(channels, pre_set.channels), resample or None, ea,
-                                  fmin, fmax, tmin, tmax)
-    if profiles and pre.resample is None:
-        raise typer.BadParameter("--profiles needs --resample (the model's rate, where all devices meet)")
-    if test_subjects is not None:
-        if test_subjects.lower() != "none":
-            raise typer.BadParameter("--test-subjects takes only 'none' (use --protocol for held-out subjects)")
-        protocol = "none"
-    p = pre_set.local
-    local = LocalConfig(pick(lr, p.lr), pick(momentum, p.momentum), pick(weight_decay, p.weight_decay),
-                        pick(batch_size, p.batch_size), pick(local_epochs, p.local_epochs))
-    subject_ids = parse_subjects(subjects, data_dir)
-    assignment: dict[str, str] = {}
-    if profiles:
-        from trainer.data.profiles import parse_assignment
-        from trainer.errors import NeuroFedError
-
-        try:
-            assignment = {str(k): v for k, v in parse_assignment(profiles, subject_ids, profile_seed).items()}
-        except NeuroFedError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--profiles") from None
-        if only_profile and only_profile not in assignment.values():
-            raise typer.BadParameter(f"no subject has profile {only_profile!r}", param_hint="--only-profile")
-    elif only_profile:
-        raise typer.BadParameter("--only-profile needs --profiles", param_hint="--only-profile")
-    if profile_channels not in ("own", "intersection"):
-        raise typer.BadParameter("use own or intersection", param_hint="--profile-channels")
-    if local_bn_mode not in (None, "standard", "batch_specific"):
-        raise typer.BadParameter("use standard or batch_specific", param_hint="--local-bn-mode")
-    cfg = SimConfig(
-        algorithm=algorithm, model=model, subjects=subject_ids, protocol=protocol,
-        rounds=pick(rounds, pre_set.rounds), fraction=pick(fraction, pre_set.fraction),
-        seeds=[int(s) for s in seeds.split(",")], local=local.to_dict(),
-        ct_batch_size=pick(ct_batch_size, pre_set.ct_batch_size), preprocess=pre.to_dict(), test_batch=test_batch,
-        eval_every=eval_every, attacks=parse_attacks(attack), byzantine=byzantine,
-        strategy_overrides={k: v for k, v in strategy_params.items() if v is not None}, data_dir=data_dir,
-        fold_seed=fold_seed, profiles=assignment, profile_channels=profile_channels, only_profile=only_profile,
-        noise_seed=noise_seed, local_bn_mode=local_bn_mode,
-        folds=sorted({int(f) for f in folds.split(",")}) if folds else [], partition=partition,
-    )
-    from trainer.experiments.partition import parse_partition
-
-    try:
-        parse_partition(partition)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--partition") from None
-    try:
-        cfg.strategy()  # validate overrides before any work
-        if byzantine:
-            from trainer.fl.byzantine import Byzantine
-
-            Byzantine.parse(byzantine)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    opts = {k: v for k, v in locals().items() if k != "strategy_params"}
+    cfg = build_sim_config({**opts, **strategy_params})
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console) as prog:
-        task = prog.add_task(f"{algorithm} {protocol}", total=None)
+        task = prog.add_task(f"{algorithm} {cfg.protocol}", total=None)
 
         def on_done(job: dict, n: int, total: int) -> None:
             prog.update(task, completed=n, total=total)
@@ -225,6 +246,8 @@ def with_strategy_options(func):
 
     from trainer.fl.strategies import PARAMS
 
+    if getattr(func, "_strategy_options", False):  # already given its options (idempotent)
+        return func
     sig = inspect.signature(func)
     hints = typing.get_type_hints(func, include_extras=True)  # keep typer's Annotated options
     fixed = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()
@@ -237,6 +260,7 @@ def with_strategy_options(func):
         extra.append(inspect.Parameter(prm.name, inspect.Parameter.KEYWORD_ONLY, default=None,
                                        annotation=Annotated[prm.type | None, opt]))
     func.__signature__ = sig.replace(parameters=[*fixed, *extra])
+    func._strategy_options = True
     return func
 
 
@@ -316,6 +340,12 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     from trainer import report as trainer_report
 
     app.command("report")(trainer_report.report)
+    from trainer.experiments import classical as trainer_classical
+
+    app.command("classical")(trainer_classical.classical)
+    from trainer.experiments import grid as trainer_grid
+
+    app.command("grid")(trainer_grid.grid)
     trainer_bench.register(bench)
 
 

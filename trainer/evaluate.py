@@ -37,14 +37,17 @@ def logits(model: nn.Module, X: np.ndarray, batch_size: int = 8) -> np.ndarray:
 def attacked_predict(
     model: nn.Module, X: np.ndarray, y: np.ndarray, attack: str, eps: float, batch_size: int = 8, seed: int = 0,
 ) -> np.ndarray:
-    """Predictions on adversarial examples built batch by batch (white-box, eval mode)."""
+    """Predictions on adversarial examples built batch by batch (eval mode; any attack of ``ATTACKS``).
+
+    Each test batch of ``batch_size`` is attacked as a whole (batch-specific BN: the deployment setting).
+    """
     fn = ATTACKS[attack]
     model.eval()
     preds = []
     for b, i in enumerate(range(0, len(X), batch_size)):
         xb = torch.as_tensor(X[i : i + batch_size])
         yb = torch.as_tensor(y[i : i + batch_size])
-        xa = fn(model, xb, yb, eps) if attack == "fgsm" else fn(model, xb, yb, eps, seed=seed + b)
+        xa = fn(model, xb, yb, eps, seed=seed + b)
         with torch.no_grad():
             preds.append(model(xa).argmax(1).numpy())
     return np.concatenate(preds)

@@ -3,6 +3,11 @@
 MOABB retries failed downloads for tens of seconds. When none of the usual dataset hosts
 answers, the load runs in a child process with a 4 s budget (enough for files already on
 disk) and a :class:`~trainer.errors.DownloadUnavailable` names the problem otherwise.
+
+Offline with local EEGMMIDB files: :func:`eegmmidb_as_mne_data` lays them out as MNE's download folder
+(symlinks), and with ``MNE_DATA`` pointing there and ``MOABB_DOWNLOAD_PROVIDER=upstream`` MOABB's own
+``PhysionetMI`` reads them (it would otherwise retry a mirror for minutes); the runs absent from disk
+are dropped from its run list, and such subjects load in this process without the offline budget.
 """
 
 from __future__ import annotations
@@ -28,16 +33,72 @@ def _online() -> bool:
     return any(network_reachable(h, timeout=1.0) for h in _HOSTS)
 
 
-def _load_raw_epochs(dataset: str, subject: int, tmin: float, tmax: float) -> tuple[np.ndarray, list[str], float, list[str]]:
+#: Where MNE's EEGBCI fetcher (and MOABB's PhysionetMI) keeps EEGMMIDB files under ``MNE_DATA``.
+EEGBCI_LAYOUT = ("MNE-eegbci-data", "files", "eegmmidb", "1.0.0")
+
+
+def eegmmidb_as_mne_data(data_dir: str | Path, target: str | Path, subjects: list[int] | None = None) -> Path:
+    """Symlink local EEGMMIDB recordings into MNE's download layout under ``target`` (the ``MNE_DATA`` to use).
+
+    ``target/MNE-eegbci-data/files/eegmmidb/1.0.0/SNNN/SNNNRkk.edf`` -> ``data_dir/.../SNNN/SNNNRkk.edf``.
+
+    Returns
+    -------
+    Path
+        ``target`` (set ``MNE_DATA`` to it and ``MOABB_DOWNLOAD_PROVIDER=upstream`` before using MOABB).
+    """
+    from trainer.data.eegmmidb import _subjects_root
+
+    root = _subjects_root(Path(data_dir))
+    if root is None:
+        raise DataError(f"{data_dir}: no EEGMMIDB subject folders (SNNN/SNNNRkk.edf)")
+    dest = Path(target).joinpath(*EEGBCI_LAYOUT)
+    for sdir in sorted(root.glob("S[0-9][0-9][0-9]")):
+        if subjects is not None and int(sdir.name[1:]) not in subjects:
+            continue
+        (dest / sdir.name).mkdir(parents=True, exist_ok=True)
+        for f in sorted(sdir.glob(f"{sdir.name}R[0-9][0-9].edf")):
+            link = dest / sdir.name / f.name
+            if not link.exists():
+                link.symlink_to(f.resolve())
+    return Path(target)
+
+
+def _eegbci_runs_on_disk(subject: int) -> set[int] | None:
+    """Runs of ``subject`` in MNE's download layout under the configured ``MNE_DATA`` (None: no folder)."""
+    import mne
+
+    base = mne.get_config("MNE_DATA") or mne.get_config("MNE_DATASETS_EEGBCI_PATH")
+    if not base:
+        return None
+    sdir = Path(base).joinpath(*EEGBCI_LAYOUT, f"S{subject:03d}")
+    if not sdir.is_dir():
+        return None
+    return {int(f.stem[-2:]) for f in sdir.glob(f"S{subject:03d}R[0-9][0-9].edf")}
+
+
+def make_dataset(dataset: str, subject: int | None = None):
+    """A MOABB dataset object; ``PhysionetMI`` (imagery) keeps only the runs of ``subject`` found on disk."""
     try:
         import moabb.datasets as mds
     except ImportError:
         raise DataError("MOABB datasets need the optional dependency: pip install 'neurofed[moabb]'") from None
     if not hasattr(mds, dataset):
         raise DataError(f"unknown MOABB dataset {dataset!r}")
-    ds = getattr(mds, dataset)()
+    if dataset != "PhysionetMI":
+        return getattr(mds, dataset)()
+    ds = mds.PhysionetMI(imagined=True, executed=False)
+    runs = _eegbci_runs_on_disk(subject) if subject is not None else None
+    if runs:  # drop runs absent from disk (the shared data holds only the left/right imagery runs 4/8/12)
+        ds.hand_runs = [r for r in ds.hand_runs if r in runs]
+        ds.feet_runs = [r for r in ds.feet_runs if r in runs]
+    return ds
+
+
+def _load_raw_epochs(dataset: str, subject: int, tmin: float, tmax: float) -> tuple[np.ndarray, list[str], float, list[str]]:
+    ds = make_dataset(dataset, subject)
     data = ds.get_data([subject])[subject]
-    label_map = {k: k for k in ds.event_id}
+    label_map = {k: k for k in ds.event_id if k != "rest"}  # imagery classes only (PhysionetMI marks rest too)
     xs, labels, sfreq, chs = [], [], None, None
     for session in data.values():
         for raw in session.values():
@@ -53,7 +114,7 @@ def load_moabb_subject(dataset: str, subject: int, cfg: PreprocessConfig | None 
     """One subject of a MOABB dataset (e.g. ``BNCI2014_001``), epochs relative to the dataset's cue
     interval start, preprocessed like EEGMMIDB (band-pass, resampling, channels, EA)."""
     cfg = cfg or PreprocessConfig()
-    if _online():
+    if (dataset == "PhysionetMI" and _eegbci_runs_on_disk(subject)) or _online():
         x, labels, sfreq, chs = _load_raw_epochs(dataset, subject, cfg.tmin, cfg.tmax)
     else:
         with tempfile.TemporaryDirectory() as tmp:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainer.attacks import attack_budgets
 from trainer.checkpoint import ModelMeta, save_checkpoint
 from trainer.data import PreprocessConfig, load_subjects
 from trainer.errors import NeuroFedError
@@ -229,6 +230,7 @@ def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
         "per_seed": {str(k): v for k, v in per_seed.items()}, "curve": curve,
         "seconds": float(sum(j["seconds"] for j in jobs)), "data_hashes": hashes,
         "checkpoints": [c for j in jobs for c in j.get("checkpoints", [j["checkpoint"]] if "checkpoint" in j else [])],
+        "attack_budgets": attack_budgets([a for a, _ in cfg.attacks]),
         "torch": torch.__version__,
         **({"privacy": jobs[0]["privacy"]} if jobs and "privacy" in jobs[0] else {}),
     }
@@ -246,11 +248,16 @@ def same_run(old: dict, new: dict) -> bool:
     return set(a.pop("seeds", [])) <= set(b.pop("seeds", [])) and a == b
 
 
-def run_simulation(
-    cfg: SimConfig, out_dir: str | os.PathLike, workers: int = 1,
-    on_done: Callable[[dict, int, int], None] | None = None, threads: int | None = None,
-) -> dict:
-    """Run every (fold, seed) job not already finished in ``out_dir`` (resume), then write results.json."""
+def plan_jobs(cfg: SimConfig, out_dir: str | os.PathLike) -> tuple[list[tuple[int, list[int], int, str]], list[dict]]:
+    """Prepare ``out_dir`` for ``cfg`` and split its (seed, fold) jobs into to-do and finished (resume).
+
+    A job is finished when its ``jobs/seed{S}_fold{K}.json`` exists (written atomically by :func:`_job`).
+
+    Returns
+    -------
+    todo : list of (fold index, test subjects, seed, job JSON path)
+    done : list of finished job results
+    """
     out = Path(out_dir)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
@@ -270,6 +277,25 @@ def run_simulation(
                 done.append(json.loads(p.read_text()))
             else:
                 todo.append((k, fold, seed, str(p)))
+    return todo, done
+
+
+def write_results(cfg: SimConfig, out_dir: str | os.PathLike, done: list[dict]) -> dict:
+    """Summarise finished jobs into ``out_dir/results.json`` (atomically) and return the results."""
+    out = Path(out_dir)
+    results = summarise(cfg, sorted(done, key=lambda j: (j["seed"], j["fold"])))
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=1))
+    os.replace(tmp, out / "results.json")
+    return results
+
+
+def run_simulation(
+    cfg: SimConfig, out_dir: str | os.PathLike, workers: int = 1,
+    on_done: Callable[[dict, int, int], None] | None = None, threads: int | None = None,
+) -> dict:
+    """Run every (fold, seed) job not already finished in ``out_dir`` (resume), then write results.json."""
+    todo, done = plan_jobs(cfg, out_dir)
     total = len(todo) + len(done)
     if todo:
         # one torch thread per worker by default: extra threads only spin when cores are shared
@@ -286,8 +312,4 @@ def run_simulation(
                     done.append(f.result())
                     if on_done:
                         on_done(done[-1], len(done), total)
-    results = summarise(cfg, sorted(done, key=lambda j: (j["seed"], j["fold"])))
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=1))
-    os.replace(tmp, out / "results.json")
-    return results
+    return write_results(cfg, out_dir, done)

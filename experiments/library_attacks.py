@@ -1,0 +1,49 @@
+"""Library attacks (issue 21 item 1) on published-protocol models: fold 0 (seed 0) of the 30-subject table.
+
+Trains FedAvg and SAFE exactly as experiments/table.txt (subject 5-fold, fold seed 0, 50 rounds, lr 0.05, ...),
+fold 0 only, and evaluates its 6 held-out subjects under NeuroFed's FGSM/PGD and ART's AutoAttack, Square and
+HopSkipJump (budgets in trainer/art_attacks.py LIBRARY_BUDGETS, copied into the JSON).
+
+Run: NEUROFED_DATA=... nice -n 10 python experiments/library_attacks.py fedavg   (and: ... safe)
+Writes experiments/results/library_attacks/<run>.json; benign/FGSM/PGD per subject are checked against the
+published job experiments/results/table/<run>/jobs/seed0_fold00.json (same training, same numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from trainer.experiments.grid import parse_spec
+from trainer.experiments.protocol import make_folds
+from trainer.experiments.simulate import _job
+
+SUBJECTS_30 = [*range(1, 20), *range(24, 34), 42]
+ATTACKS = [["fgsm", 0.03], ["pgd", 0.03], ["autoattack", 0.03], ["square", 0.05], ["hsj", 0.05]]
+
+
+def main(name: str) -> None:
+    torch.set_num_threads(1)
+    out = Path("experiments/results/library_attacks")
+    (run,) = parse_spec(Path("experiments/table.txt"), out, only=[name])
+    cfg = run.cfg
+    cfg.subjects = SUBJECTS_30  # table.txt says --subjects all: the 30 subjects the shared data held then
+    cfg.attacks = ATTACKS
+    fold = make_folds(cfg.subjects, cfg.protocol, cfg.fold_seed)[0]
+    res = _job(asdict(cfg), 0, fold, 0, str(out / f"{name}.job.json"), 1)
+    pub = json.loads(Path(f"experiments/results/table/{name}/jobs/seed0_fold00.json").read_text())
+    from trainer.attacks import attack_budgets
+
+    res["published_fold0"] = pub["per_subject"]
+    res["attack_budgets"] = attack_budgets([a for a, _ in ATTACKS])
+    res["attacks"] = ATTACKS
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1))
+    (out / f"{name}.job.json").unlink()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

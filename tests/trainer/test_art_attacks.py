@@ -1,0 +1,78 @@
+"""The ART wrapper reproduces NeuroFed's own attacks; library attacks stay in budget on batch-specific BN."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("art")
+
+from trainer.art_attacks import ScaledBatch, art_fgsm, art_pgd
+from trainer.attacks import ATTACKS, channel_budget, fgsm, pgd
+from trainer.evaluate import attacked_predict
+from trainer.models import build_model
+
+
+def _small(bn_mode: str = "batch_specific"):
+    torch.manual_seed(0)
+    model = build_model("eegnet", 4, 2, 80, 80.0, bn_mode).eval()
+    rng = np.random.default_rng(0)
+    x = torch.as_tensor(rng.standard_normal((8, 4, 80)).astype(np.float32)) * torch.tensor([1.0, 5.0, 0.2, 1.0])[:, None]
+    return model, x, torch.as_tensor(rng.integers(0, 2, 8))
+
+
+@pytest.mark.parametrize("bn_mode", ["standard", "batch_specific"])
+def test_library_fgsm_equals_neurofed_fgsm(bn_mode):
+    model, x, y = _small(bn_mode)
+    ours, lib = fgsm(model, x, y, 0.05), art_fgsm(model, x, y, 0.05)
+    torch.testing.assert_close(lib, ours, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        assert torch.equal(model(lib).argmax(1), model(ours).argmax(1))
+
+
+def test_library_pgd_equals_neurofed_pgd_without_random_start():
+    model, x, y = _small()
+    ours = pgd(model, x, y, 0.05, steps=10, random_start=False)
+    lib = art_pgd(model, x, y, 0.05, steps=10, random_start=False)
+    torch.testing.assert_close(lib, ours, atol=1e-4, rtol=1e-4)
+
+
+def test_wrapper_puts_queried_subsets_in_their_batch_places():
+    model, x, _ = _small()
+    w = ScaledBatch(model, x)
+    z = torch.as_tensor(w.to_z(x))
+    assert z.shape == (8, 1, 16, 20)
+    with torch.no_grad():
+        full = model(x)
+        torch.testing.assert_close(w(z), full, atol=1e-5, rtol=1e-5)
+        # a subset in another order, and one trial queried twice: each row scored inside the clean batch
+        sub = z[[5, 2, 2]]
+        torch.testing.assert_close(w(sub), full[[5, 2, 2]], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attack", ["square", "hsj", "autoattack"])
+def test_library_attacks_stay_in_the_channel_budget(attack, monkeypatch):
+    from trainer import art_attacks
+
+    monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "square", {"queries": 20, "restarts": 1, "p_init": 0.8})
+    monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "hsj", {"max_iter": 2, "max_eval": 20, "init_eval": 10})
+    monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "autoattack", {"apgd_iter": 5, "square_queries": 10})
+    model, x, y = _small()
+    xa = ATTACKS[attack](model, x, y, 0.1, seed=0)
+    assert xa.shape == x.shape
+    assert torch.all((xa - x).abs() <= channel_budget(x, 0.1) * (1 + 1e-4) + 1e-6)
+    pred = attacked_predict(model, x.numpy(), y.numpy(), attack, 0.1, batch_size=8)
+    assert pred.shape == (8,)
+
+
+def test_budgets_of_library_attacks_go_into_results():
+    from trainer.art_attacks import LIBRARY_BUDGETS
+    from trainer.attacks import attack_budgets
+    from trainer.experiments.simulate import SimConfig, summarise
+
+    assert attack_budgets(["fgsm", "pgd"]) == {}
+    cfg = SimConfig(algorithm="fedavg", subjects=[1, 2], attacks=[["pgd", 0.03], ["square", 0.05]])
+    job = {"fold": 0, "seed": 0, "per_subject": {"S001": {"bca": 0.6, "square@0.05": 0.5}}, "curve": [],
+           "seconds": 1.0, "data_hashes": {}}
+    assert summarise(cfg, [job])["attack_budgets"] == {"square": LIBRARY_BUDGETS["square"]}
