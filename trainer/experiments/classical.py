@@ -192,9 +192,7 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
     import sklearn
 
     from trainer.attacks import attack_budgets
-    from trainer.experiments.simulate import aggregate_seeds
-
-    from trainer.experiments.simulate import same_run
+    from trainer.experiments.simulate import aggregate_seeds, same_run
 
     out = Path(out_dir)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
