@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from trainer.atomic import save_safetensors
 from trainer.checkpoint import ModelMeta, save_checkpoint
 from trainer.errors import NeuroFedError
 from trainer.fl.server import ServerState
@@ -39,18 +39,7 @@ def save_server_checkpoint(out_dir: str | os.PathLike, server: ServerState, info
     out.mkdir(parents=True, exist_ok=True)
     path = out / CHECKPOINT_NAME
     meta = json.dumps({"round": server.round, **info})
-    tensors = {k: v.detach().contiguous().cpu() for k, v in server.to_tensors().items()}
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{CHECKPOINT_NAME}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={META_KEY: meta})
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return save_safetensors(path, server.to_tensors(), {META_KEY: meta})
 
 
 def load_server_checkpoint(out_dir: str | os.PathLike) -> tuple[ServerState, dict[str, Any]] | None:

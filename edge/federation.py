@@ -9,8 +9,6 @@ broker outage) is answered from the cached update instead of training twice.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import threading
 import time
 from collections import deque
@@ -21,7 +19,7 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 
 from broker.protocol import (
@@ -44,6 +42,7 @@ from broker.protocol import (
 )
 from broker.transport import AuthError, Incoming, MqttTransport, TransportError, connect_with_backoff
 from edge import logger
+from trainer.atomic import save_safetensors
 from trainer.data.dataset import SubjectData
 from trainer.errors import NeuroFedError
 from trainer.experiments.runner import client_seed
@@ -79,15 +78,7 @@ class EdgeState:
             flat.update({f"upd.{k}": v for k, v in pack({"state": self.update.state, "extra": self.update.extras}).items()})
             meta.update(n_samples=self.update.n_samples, metrics=self.update.metrics)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file({k: v.detach().cpu().clone().contiguous() for k, v in flat.items()}, tmp,
-                      metadata={"neurofed_edge": json.dumps(meta)})
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        save_safetensors(path, {k: v.clone() for k, v in flat.items()}, {"neurofed_edge": json.dumps(meta)})
 
     @classmethod
     def load(cls, path: Path) -> EdgeState:

@@ -24,6 +24,7 @@ from torch import nn
 
 from export.metadata import INPUT_NAME, OUTPUT_NAME, OnnxModelMeta, build_meta, embed_meta
 from export.runtime import make_session
+from trainer.atomic import atomic_write_bytes
 from trainer.errors import NeuroFedError
 
 logger = logging.getLogger("neurofed.export")
@@ -240,9 +241,7 @@ def export_model(
         data = proto.SerializeToString()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, out)
+    atomic_write_bytes(out, data)
     return meta, report
 
 

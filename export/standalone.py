@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from trainer.atomic import atomic_write_bytes
 from trainer.data.config import PreprocessConfig
 from trainer.data.preprocess import n_times_for, preprocess_epochs
 from trainer.errors import DataError, NeuroFedError
@@ -399,9 +400,7 @@ def export_standalone(
     embed_meta(proto, meta)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_bytes(proto.SerializeToString())
-    os.replace(tmp, out)
+    atomic_write_bytes(out, proto.SerializeToString())
     return meta, dec
 
 
