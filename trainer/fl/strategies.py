@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.fl.algorithms import base, dp, fedavgm, fedbm, fedbs, fedprox, hierarchical, moon, robust, safe, scaffold
+from trainer.fl.algorithms import base, dp, fal, fedavgm, fedbm, fedbs, fedprox, hierarchical, moon, robust, safe, scaffold
 from trainer.fl.api import Algorithm, Component, Param, Strategy
 
 #: every algorithm, in the order of the docs' table
@@ -24,6 +24,8 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     fedbs.FEDBS,
     safe.SAFE,
     fedavgm.FEDAVGM,
+    fal.FAL,
+    fal.CT_AT,
     robust.FEDMEDIAN,
     dp.DPFEDAVG,
     fedbm.FEDBM,
