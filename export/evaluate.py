@@ -66,16 +66,12 @@ def attack_batches(
 ) -> np.ndarray:
     """Adversarial trials built on the torch twin, batch by batch (same batches as the forward pass)."""
     from trainer.attacks import ATTACKS
+    from trainer.evaluate import adversarial_batches
 
     if attack not in ATTACKS:
         raise NeuroFedError(f"unknown attack {attack!r}; choose from {sorted(ATTACKS)}")
-    fn = ATTACKS[attack]
-    out = []
-    for b, i in enumerate(range(0, len(X), batch_size)):
-        xb, yb = torch.as_tensor(X[i : i + batch_size]), torch.as_tensor(y[i : i + batch_size])
-        xa = fn(twin, xb, yb, eps) if attack == "fgsm" else fn(twin, xb, yb, eps, seed=seed + b)
-        out.append(xa.numpy())
-    return np.concatenate(out).astype(np.float32)
+    xs = adversarial_batches(twin, X, y, attack, eps, batch_size, seed)
+    return np.concatenate([xa.numpy() for xa in xs]).astype(np.float32)
 
 
 def load_eegmmidb_for(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from sklearn.metrics import balanced_accuracy_score
-from torch import nn
+from torch import Tensor, nn
 
 from trainer.attacks import ATTACKS
 
@@ -34,20 +34,30 @@ def logits(model: nn.Module, X: np.ndarray, batch_size: int = 8) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 
-def attacked_predict(
+def adversarial_batches(
     model: nn.Module, X: np.ndarray, y: np.ndarray, attack: str, eps: float, batch_size: int = 8, seed: int = 0,
-) -> np.ndarray:
-    """Predictions on adversarial examples built batch by batch (eval mode; any attack of ``ATTACKS``).
+) -> list[Tensor]:
+    """Adversarial trials built batch by batch (any attack of ``ATTACKS``; batch ``b`` uses seed ``seed + b``).
 
     Each test batch of ``batch_size`` is attacked as a whole (batch-specific BN: the deployment setting).
+    The model's mode (train/eval) is left as it is.
     """
     fn = ATTACKS[attack]
-    model.eval()
-    preds = []
+    out = []
     for b, i in enumerate(range(0, len(X), batch_size)):
         xb = torch.as_tensor(X[i : i + batch_size])
         yb = torch.as_tensor(y[i : i + batch_size])
-        xa = fn(model, xb, yb, eps, seed=seed + b)
+        out.append(fn(model, xb, yb, eps, seed=seed + b))
+    return out
+
+
+def attacked_predict(
+    model: nn.Module, X: np.ndarray, y: np.ndarray, attack: str, eps: float, batch_size: int = 8, seed: int = 0,
+) -> np.ndarray:
+    """Predictions on :func:`adversarial_batches` (eval mode), each batch decoded as it was attacked."""
+    model.eval()
+    preds = []
+    for xa in adversarial_batches(model, X, y, attack, eps, batch_size, seed):
         with torch.no_grad():
             preds.append(model(xa).argmax(1).numpy())
     return np.concatenate(preds)
