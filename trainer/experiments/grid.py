@@ -97,6 +97,7 @@ def plan(runs: list[GridRun]) -> tuple[list[Task], dict[str, list[dict]]]:
         todo, finished = plan_jobs(r.cfg, r.out)
         done[r.name] = finished
         tasks += [Task(r.name, k, fold, seed, p) for k, fold, seed, p in todo]
+    tasks.sort(key=lambda t: t.seed)  # seed-major (stable): a grid stopped early leaves whole seeds, not whole runs
     return tasks, done
 
 
