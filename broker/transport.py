@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
 import ssl
 import threading
 import time
@@ -26,6 +27,8 @@ from broker import logger
 from trainer.errors import NeuroFedError
 
 Protocol = Literal["auto", "5", "3.1.1"]
+#: What a client that tried a broker once (no ``--wait-for-broker``) adds to "cannot reach broker".
+NO_BROKER_HINT = "; is it running? (--wait-for-broker SECONDS waits for it)"
 
 
 class TransportError(NeuroFedError, ConnectionError):
@@ -65,6 +68,18 @@ class BrokerURL:
     def redacted(self) -> str:
         who = f"{self.username}:***@" if self.username else ""
         return f"{'mqtts' if self.tls else 'mqtt'}://{who}{self.host}:{self.port}"
+
+    def probe(self, timeout: float = 3.0) -> None:
+        """Raise :class:`TransportError` at once if nothing accepts a TCP connection at host:port.
+
+        A cheap check a command runs before its heavy imports (torch), so a dead broker is reported in
+        about a second rather than after the start-up cost; the MQTT handshake itself is :meth:`MqttTransport.connect`'s.
+        """
+        try:
+            with socket.create_connection((self.host, self.port), timeout=timeout):
+                pass
+        except OSError as exc:
+            raise TransportError(f"cannot reach broker {self.redacted()}: {exc}") from None
 
 
 @dataclass

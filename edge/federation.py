@@ -40,7 +40,14 @@ from broker.protocol import (
     state_sha256,
     unpack,
 )
-from broker.transport import AuthError, Incoming, MqttTransport, TransportError, connect_with_backoff
+from broker.transport import (
+    NO_BROKER_HINT,
+    AuthError,
+    Incoming,
+    MqttTransport,
+    TransportError,
+    connect_with_backoff,
+)
 from edge import logger
 from trainer.atomic import save_safetensors
 from trainer.data.dataset import SubjectData
@@ -348,7 +355,7 @@ class EdgeClient:
         except AuthError:
             raise
         except TransportError as exc:
-            hint = "" if self.wait_for_broker else "; is it running? (--wait-for-broker SECONDS waits for it)"
+            hint = "" if self.wait_for_broker else NO_BROKER_HINT
             raise TransportError(f"{exc}{hint}") from None
 
     def run(self, stop: threading.Event | None = None, max_seconds: float | None = None) -> int:

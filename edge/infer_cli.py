@@ -24,15 +24,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import typer
 
 from edge.buffer import RingBuffer
-from edge.infer import InferenceEngine, Prediction, Rejection
 from edge.windowing import CueWindower, SlidingWindower
 from trainer.errors import NeuroFedError
+
+if TYPE_CHECKING:  # edge.infer imports torch and mne: imported when a command runs, not to build the CLI
+    from edge.infer import InferenceEngine
 
 #: Seconds of EEG the decoder's ring buffer holds beyond one window (cues may announce late).
 BUFFER_SECONDS = 10.0
@@ -73,6 +75,8 @@ def run_loop(
     (local LSL time just before the sinks publish it). Returns counts and the latency ``t_emit - t_arrival``
     of the predictions (ms); Ctrl-C ends the loop and still returns them.
     """
+    from edge.infer import Prediction
+
     if clock is None:
         from edge.lsl_io import local_clock as clock
 
@@ -123,6 +127,8 @@ def run_loop(
 
 
 def lsl_sink(outlet) -> Callable[[object], None]:
+    from edge.infer import Prediction
+
     def push(res: object) -> None:
         if isinstance(res, Prediction):
             outlet.push_sample([float(res.index), *res.probabilities, res.t_end], res.t_emit)
@@ -131,6 +137,8 @@ def lsl_sink(outlet) -> Callable[[object], None]:
 
 
 def mqtt_sink(transport, topic: str) -> Callable[[object], None]:
+    from edge.infer import Prediction, Rejection
+
     def push(res: object) -> None:
         if isinstance(res, Prediction):
             body = {
@@ -151,6 +159,8 @@ def mqtt_sink(transport, topic: str) -> Callable[[object], None]:
 
 
 def log_sink(console) -> Callable[[object], None]:
+    from edge.infer import Prediction
+
     def show(res: object) -> None:
         if isinstance(res, Prediction):
             console.print(
@@ -204,7 +214,7 @@ def infer(
     """Decode a live headset: predictions out as an LSL stream (and MQTT if asked)."""
     from rich.console import Console
 
-    from edge.infer import StandaloneStep
+    from edge.infer import InferenceEngine, StandaloneStep
     from edge.lsl_io import Inlet, check_marker_stream, check_unique, find_stream
     from export.runtime import OnnxModel, load_model
     from export.standalone import StandaloneModel

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from broker.protocol import ModelSpec
-from trainer.data.dataset import SubjectData
 from trainer.errors import DataError, NeuroFedError
+
+if TYPE_CHECKING:  # the heavy imports (torch via safetensors, mne) wait until the broker has answered
+    from broker.protocol import ModelSpec
+    from trainer.data.dataset import SubjectData
 
 
 def make_loader(data_dir: Path | None, subject: int | None, store: Path | None):
@@ -51,6 +53,13 @@ def join(
     max_seconds: Annotated[float | None, typer.Option(help="Leave after this many seconds.")] = None,
 ) -> None:
     """Join a federation: train on local trials when selected, upload weights only (never EEG)."""
+    if wait_for_broker <= 0:  # fail in about a second on a dead broker, before importing torch
+        from broker.transport import NO_BROKER_HINT, BrokerURL, TransportError
+
+        try:
+            BrokerURL.parse(broker).probe()
+        except TransportError as exc:
+            raise TransportError(f"{exc}{NO_BROKER_HINT}") from None
     import torch
 
     from edge.federation import EdgeClient
