@@ -11,7 +11,6 @@ from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
-from scipy import signal
 
 from trainer.data.config import PreprocessConfig
 from trainer.data.units import norm_label
@@ -33,6 +32,8 @@ def bandpass(x: np.ndarray, sfreq: float, fmin: float, fmax: float, order: int =
     """
     if fmax >= sfreq / 2:
         raise DataError(f"band-pass upper edge {fmax} Hz is not below Nyquist ({sfreq / 2} Hz)")
+    from scipy import signal  # here, not at import: the edge recorder imports this module and never filters
+
     return signal.sosfiltfilt(butter_sos(order, fmin, fmax, sfreq).copy(), np.asarray(x, dtype=np.float64), axis=-1)
 
 
@@ -42,6 +43,8 @@ def butter_sos(order: int, fmin: float, fmax: float, sfreq: float) -> np.ndarray
 
     Callers get the cached array: pass a copy to anything that may write to it.
     """
+    from scipy import signal
+
     sos = signal.butter(order, [fmin, fmax], btype="bandpass", fs=sfreq, output="sos")
     return sos
 
@@ -52,6 +55,8 @@ def resample(x: np.ndarray, sfreq: float, new_sfreq: float) -> np.ndarray:
         return x
     frac = Fraction(new_sfreq / sfreq).limit_denominator(1000)
     x = np.asarray(x, dtype=np.float64)
+    from scipy import signal
+
     return signal.resample_poly(x, frac.numerator, frac.denominator, axis=-1,
                                 window=resample_fir(frac.numerator, frac.denominator))
 
@@ -64,6 +69,8 @@ def resample_fir(up: int, down: int) -> np.ndarray:
     """
     g = np.gcd(up, down)
     max_rate = max(up, down) // g
+    from scipy import signal
+
     return signal.firwin(2 * 10 * max_rate + 1, 1.0 / max_rate, window=("kaiser", 5.0))
 
 
