@@ -63,7 +63,7 @@ class DemoConfig:
     channels: str = "sensorimotor21"
     resample: float = 80.0
     speed: float = 20.0
-    live_speed: float = 10.0
+    live_speed: float = 20.0
     runs: str = "4,8,12"
     eps: list[float] = field(default_factory=lambda: [0.01, 0.03, 0.05])
     attack: str = "fgsm"
@@ -117,7 +117,7 @@ def demo_cmd(
     local_epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = _LOCAL.local_epochs,
     lr: Annotated[float, typer.Option(help="Client SGD learning rate.")] = _LOCAL.lr,
     speed: Annotated[float, typer.Option(help="Playback speed of the training headsets.")] = 20.0,
-    live_speed: Annotated[float, typer.Option(help="Playback speed of the held-out headsets.")] = 10.0,
+    live_speed: Annotated[float, typer.Option(help="Playback speed of the held-out headsets.")] = 20.0,
     runs: Annotated[str, typer.Option(help="EEGMMIDB runs each headset replays.")] = "4,8,12",
     eps: Annotated[str, typer.Option(help="FGSM budgets for BCA vs epsilon (comma list; '' = skip).")] = "0.01,0.03,0.05",
     broker: Annotated[str | None, typer.Option(help="Use this broker (mqtt://host:port) instead of the embedded one.")] = None,

@@ -210,12 +210,15 @@ def offline(run: Run) -> dict:
             "attack": cfg.attack, "bca_vs_eps": attacks}
 
 
-def check_wire(run: Run, tap, spec) -> dict:
-    """The no-EEG audit (neurofed.wiretap) over everything seen on the broker."""
+def eeg_fingerprint(run: Run, spec) -> tuple:
+    """The training headsets' captured trials (raw and preprocessed) and their fingerprint set.
+
+    Built while ``neurofed export`` runs (the demo process only waits then), so the audit at the end
+    only scans the wire.
+    """
     from edge.store import LocalStore
-    from neurofed.wiretap import EegFingerprint, audit
+    from neurofed.wiretap import EegFingerprint
     from trainer.data.config import PreprocessConfig
-    from trainer.models import build_model
 
     t = time.monotonic()
     pre = PreprocessConfig.from_dict(spec.preprocess)
@@ -224,7 +227,16 @@ def check_wire(run: Run, tap, spec) -> dict:
         st = LocalStore(run.store(s))
         raw, _ = st.raw_trials()
         trials += [raw, st.load_subject_data(pre, classes=list(spec.classes)).X]
-    fp = EegFingerprint(trials)
+    return trials, EegFingerprint(trials), time.monotonic() - t
+
+
+def check_wire(run: Run, tap, spec, fingerprint: tuple | None = None) -> dict:
+    """The no-EEG audit (neurofed.wiretap) over everything seen on the broker."""
+    from neurofed.wiretap import audit
+    from trainer.models import build_model
+
+    t = time.monotonic()
+    trials, fp, build_s = fingerprint or eeg_fingerprint(run, spec)
     model = build_model(spec.model, spec.n_channels, spec.n_classes, spec.n_times, spec.sfreq, spec.bn_mode)
     specs = {k: (tuple(v.shape), str(v.dtype)) for k, v in model.state_dict().items()}
     res = audit(tap, specs, fp).to_dict()
@@ -239,5 +251,6 @@ def check_wire(run: Run, tap, spec) -> dict:
     res["largest_payload_bytes"] = tap.traffic()["largest_payload"]
     res["one_raw_trial_bytes"] = int(trials[0][0].nbytes)
     res["one_preprocessed_trial_bytes"] = int(trials[1][0].nbytes)
+    res["fingerprint_build_s"] = round(build_s, 1)  # overlapped with the export when given
     run.phase("wire_audit", t)
     return res

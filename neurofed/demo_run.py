@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rich.console import Console
@@ -276,7 +277,7 @@ def export(run: Run) -> dict:
 
 def run_demo(cfg: DemoConfig) -> dict:
     """Run every phase; children are stopped on any exit path (Ctrl-C and SIGTERM included)."""
-    from neurofed.demo_eval import HeldOutCurve, check_wire, live, offline
+    from neurofed.demo_eval import HeldOutCurve, check_wire, eeg_fingerprint, live, offline
     from neurofed.run_report import summarise, write_report
     from neurofed.wiretap import Wiretap
 
@@ -293,14 +294,17 @@ def run_demo(cfg: DemoConfig) -> dict:
         run.results["federation"] = federate(run, tap, curve)
         run.results["curve"] = [curve.points[k] for k in sorted(curve.points)]
         run.results["heldout_subjects"] = {"subjects": [f"S{h:03d}" for h in cfg.heldout], "rule": cfg.heldout_rule}
-        run.results["export"] = export(run)
-        run.results["live"] = live(run)
-        run.results["offline"] = offline(run)
-        tap.stop()
         from broker.config import load_config
 
         spec = load_config(run.dir / "federation.toml").model_spec()
-        run.results["wire"] = {"traffic": tap.traffic(), "audit": check_wire(run, tap, spec)}
+        with ThreadPoolExecutor(1) as pool:  # the audit's fingerprints are built while the export runs
+            fingerprint = pool.submit(eeg_fingerprint, run, spec)
+            run.results["export"] = export(run)
+            fingerprint = fingerprint.result()  # before the live phase, whose latencies it must not disturb
+        run.results["live"] = live(run)
+        run.results["offline"] = offline(run)
+        tap.stop()
+        run.results["wire"] = {"traffic": tap.traffic(), "audit": check_wire(run, tap, spec, fingerprint)}
         run.results["timings_s"] = {**run.timings, "total": round(time.monotonic() - run.t0, 1)}
         summarise(run.results)
         write_report(run.dir, run.results)

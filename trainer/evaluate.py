@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.metrics import balanced_accuracy_score
 from torch import Tensor, nn
 
 from trainer.attacks import ATTACKS
@@ -12,6 +11,8 @@ from trainer.attacks import ATTACKS
 
 def bca(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     """Balanced classification accuracy: mean per-class recall (``sklearn.metrics.balanced_accuracy_score``)."""
+    from sklearn.metrics import balanced_accuracy_score  # here: importing sklearn costs a headset host ~1.5 s
+
     return float(balanced_accuracy_score(np.asarray(y_true), np.asarray(y_pred)))
 
 

@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats
 from torch import Tensor
 
 from trainer.fl.aggregate import WeightedSum
@@ -103,7 +102,12 @@ class RobustStates(StateAggregator):
                 out[k] = torch.stack([s[k] for s in states]).amax(0)
                 continue
             stack = np.stack([s[k].double().numpy() for s in states])
-            agg = np.median(stack, axis=0) if self.rule == "median" else stats.trim_mean(stack, self.trim, axis=0)
+            if self.rule == "median":
+                agg = np.median(stack, axis=0)
+            else:
+                from scipy import stats  # here: scipy.stats costs every headset host ~1 s at start-up
+
+                agg = stats.trim_mean(stack, self.trim, axis=0)
             out[k] = torch.as_tensor(agg).to(v.dtype).reshape(v.shape)
         return out
 
