@@ -36,8 +36,10 @@ from trainer.errors import NeuroFedError
 if TYPE_CHECKING:  # edge.infer imports torch and mne: imported when a command runs, not to build the CLI
     from edge.infer import InferenceEngine
 
-#: Seconds of EEG the decoder's ring buffer holds beyond one window (cues may announce late).
-BUFFER_SECONDS = 10.0
+#: Seconds of EEG the decoder's ring buffer holds beyond one window (cues may announce late). 30 s of stream
+#: time is 1.5 s of wall time for a recording replayed at 20x (the demo): a marker delayed by a busy machine
+#: still finds its data (at 10 s, a 0.8 s hiccup under load 15 cost one of 180 cues). 64 ch x 160 Hz: 2.5 MB.
+BUFFER_SECONDS = 30.0
 
 
 def prediction_outlet(name: str, source_id: str, classes: Sequence[str], model_hash: str):

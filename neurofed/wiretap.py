@@ -173,22 +173,38 @@ class EegFingerprint:
             parts.append(_windows(np.swapaxes(x, -1, -2)))  # time-major (LSL chunk order)
         self.keys = np.sort(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
 
-    def hits(self, data: bytes) -> int:
-        """How many 4-float runs of ``data`` (at every byte alignment) are EEG fingerprints."""
-        if len(data) < 16 or not len(self.keys):
-            return 0
-        total = 0
+    @staticmethod
+    def windows(data: bytes) -> np.ndarray:
+        """Hashes of every 4-float run of ``data``, at every byte alignment (what :meth:`hits` looks up)."""
+        parts = []
         for off in range(4):
             n = (len(data) - off) // 4
-            if n < 4:
-                continue
-            u = np.frombuffer(data, np.uint32, n, off)
-            w = np.lib.stride_tricks.sliding_window_view(u, 4)
-            h = _hash(w)
-            idx = np.searchsorted(self.keys, h)
-            idx[idx == len(self.keys)] = 0
-            total += int(np.count_nonzero(self.keys[idx] == h))
-        return total
+            if n >= 4:
+                parts.append(_hash(np.lib.stride_tricks.sliding_window_view(np.frombuffer(data, np.uint32, n, off), 4)))
+        return np.concatenate(parts) if parts else np.empty(0, np.uint64)
+
+    def found(self, h: np.ndarray) -> np.ndarray:
+        """Which of the hashes ``h`` are EEG fingerprints (boolean mask in ``h``'s order).
+
+        The needles are sorted first: numpy's binary search then starts each lookup from the previous
+        one's position, so one call over a whole wire capture walks the 59 M keys nearly linearly
+        instead of paying ~26 cache misses per needle (the demo's audit: ~50 s -> a few seconds).
+        """
+        if not len(self.keys) or not len(h):
+            return np.zeros(len(h), bool)
+        order = np.argsort(h, kind="stable")
+        hs = h[order]
+        idx = np.searchsorted(self.keys, hs)
+        idx[idx == len(self.keys)] = 0
+        out = np.empty(len(h), bool)
+        out[order] = self.keys[idx] == hs
+        return out
+
+    def hits(self, data: bytes) -> int:
+        """How many 4-float runs of ``data`` (at every byte alignment) are EEG fingerprints."""
+        if len(data) < 16:
+            return 0
+        return int(np.count_nonzero(self.found(self.windows(data))))
 
 
 def _body(payload: bytes) -> bytes:
@@ -236,6 +252,7 @@ def audit(tap: Wiretap, model_specs: dict[str, tuple[tuple[int, ...], str]], fp:
     with tap._lock:
         ours, foreign = list(tap.ours), list(tap.foreign)
     prefixes = {"task": ("down.", "extra."), "update": ("state.", "extra."), "model": ("",)}
+    scan: list[tuple[str, int, np.ndarray]] = []  # (topic, message number, hashes of a blob's 4-float runs)
     ref = None  # updates are delta-coded against the global model they trained from (the last one published)
     for s in ours:
         if not s.payload:  # a cleared retained message
@@ -264,13 +281,17 @@ def audit(tap: Wiretap, model_specs: dict[str, tuple[tuple[int, ...], str]], fp:
             n_values += t.numel()
         res.tensor_values_max = max(res.tensor_values_max, n_values)
         for blob in (s.payload, _body(s.payload), tensors_to_bytes(tensors) if tensors else b""):
-            h = fp.hits(blob)
-            if h:
-                res.eeg_hits.append(f"{s.topic}: {h} EEG sample runs")
-                break
+            scan.append((f"{s.topic}", res.messages, fp.windows(blob)))
     for s in foreign:
         res.foreign_scanned += 1
-        h = fp.hits(s.payload)
-        if h:
-            res.eeg_hits.append(f"(foreign) {s.topic}: {h} EEG sample runs")
+        scan.append((f"(foreign) {s.topic}", -res.foreign_scanned, fp.windows(s.payload)))
+    # one lookup over everything (sorted needles; see EegFingerprint.found), then hits per message
+    if scan:
+        owner = np.repeat(np.arange(len(scan)), [len(h) for *_, h in scan])
+        per_blob = np.bincount(owner[fp.found(np.concatenate([h for *_, h in scan]))], minlength=len(scan))
+        per_msg: dict[tuple[str, int], int] = {}  # a message counts once: its first blob with hits (as before)
+        for (topic, n_msg, _), n in zip(scan, per_blob, strict=True):
+            if n and (topic, n_msg) not in per_msg:
+                per_msg[(topic, n_msg)] = int(n)
+        res.eeg_hits += [f"{topic}: {n} EEG sample runs" for (topic, _), n in per_msg.items()]
     return res
