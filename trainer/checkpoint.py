@@ -95,9 +95,12 @@ def read_meta(path: str | os.PathLike) -> ModelMeta:
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[nn.Module, ModelMeta]:
     """Rebuild the model of a checkpoint and load its weights (strict)."""
+    from trainer.models.heads import install_concept_head_for
+
     meta = read_meta(path)
     model = meta.build()
     state = load_file(str(path))
+    install_concept_head_for(model, state)  # a FedBM model: projection + frozen concept classifier
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:

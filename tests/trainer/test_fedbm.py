@@ -208,3 +208,36 @@ def test_committed_embeddings_equal_a_fresh_local_encode():
         committed = z["embeddings"]
     fresh = encode_concepts(list(CONCEPTS))
     np.testing.assert_allclose(fresh, committed, atol=1e-5)
+
+
+def test_concept_head_model_survives_checkpoint_and_onnx_export(tmp_path):
+    """A FedBM model (projection + frozen concept classifier) reloads from its checkpoint and exports to ONNX
+    with the same logits: the head is rebuilt from the state's shapes, not replaced by a linear layer."""
+    from export.onnx_export import VerifyReport, to_onnx, verify_against_torch
+    from trainer.checkpoint import ModelMeta, load_checkpoint, save_checkpoint
+
+    model = _model("batch_specific")
+    install_head(model, concept_extras(load_concepts(["left_fist", "right_fist"]), 17.5))
+    with torch.no_grad():  # a trained-looking projection, not the initial one
+        model.classifier.projection.weight.normal_(0, 0.1)
+    meta = ModelMeta(model="eegnet", n_channels=N_CH, n_classes=2, n_times=N_T, sfreq=SF, bn_mode="batch_specific",
+                     ch_names=[f"C{i}" for i in range(N_CH)], classes=["left_fist", "right_fist"], strategy="fedbm")
+    save_checkpoint(tmp_path / "m.safetensors", model.state_dict(), meta)
+    back, _ = load_checkpoint(tmp_path / "m.safetensors")
+    assert isinstance(back.classifier, ConceptHead)
+    x, _ = _data(8)
+    model.eval(), back.eval()
+    with torch.no_grad():
+        want, got = model(torch.from_numpy(x)), back(torch.from_numpy(x))
+    assert torch.equal(want, got)
+    report = VerifyReport(subjects=[], held_out=True, n_trials=len(x))
+    verify_against_torch(back, to_onnx(back, N_CH, N_T).SerializeToString(), x, report)
+    assert max(report.max_abs_diff.values()) <= 1e-4 and not any(report.class_mismatches.values())  # else it raises
+
+
+def test_a_plain_checkpoint_keeps_its_linear_head():
+    from trainer.models.heads import install_concept_head_for
+
+    model = _model()
+    assert not install_concept_head_for(model, model.state_dict())
+    assert isinstance(model.classifier, torch.nn.Linear)

@@ -52,50 +52,10 @@ from torch import Tensor, nn
 from trainer.concepts import ConceptError, ConceptStats, load_concepts
 from trainer.fl.api import Algorithm, Component, LocalHook, Param, RoundInputs, ServerRound
 from trainer.models.bn import bn_modules
+from trainer.models.heads import ConceptHead
 
 CLS = "fedbm_cls"
 GEN = "fedbm_gen"
-
-
-class ConceptHead(nn.Module):
-    """Projection layer + frozen concept classifier (replaces a model's ``classifier``).
-
-    Parameters
-    ----------
-    in_features : int
-        Size of the EEG feature vector.
-    mean, var : Tensor (C, D)
-        Concept means and diagonal variances.
-    temperature : float
-    """
-
-    def __init__(self, in_features: int, mean: Tensor, var: Tensor, temperature: float) -> None:
-        super().__init__()
-        self.projection = nn.Linear(in_features, mean.shape[1])
-        self.register_buffer("mean", mean.detach().clone().float())
-        self.register_buffer("var", var.detach().clone().float())
-        self.register_buffer("temperature", torch.tensor(float(temperature)))
-
-    @property
-    def n_classes(self) -> int:
-        return int(self.mean.shape[0])
-
-    def embed(self, z: Tensor) -> Tensor:
-        """Unit-norm projected features ``f``."""
-        return F.normalize(self.projection(z), dim=1, eps=1e-8)
-
-    def logits_of(self, f: Tensor) -> Tensor:
-        """``z_j = T mu_j.f + T^2/2 sum_d s2_jd f_d^2``."""
-        t = self.temperature
-        return t * f @ self.mean.T + 0.5 * t * t * (f * f) @ self.var.T
-
-    def penalty(self, f: Tensor, y: Tensor) -> Tensor:
-        """The label-dependent part of the surrogate, ``T^2/2 sum_d s2_yd f_d^2`` (mean over the batch)."""
-        t = self.temperature
-        return (0.5 * t * t * (f * f * self.var[y]).sum(1)).mean()
-
-    def forward(self, z: Tensor) -> Tensor:
-        return self.logits_of(self.embed(z))
 
 
 def surrogate_loss(head: ConceptHead, z: Tensor, y: Tensor) -> Tensor:
