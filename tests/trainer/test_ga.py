@@ -103,3 +103,21 @@ def test_two_rounds_on_real_subjects_learn(subjects4):
     X = np.concatenate([sd.X for sd in subjects4])
     y = np.concatenate([sd.y for sd in subjects4])
     assert mean_loss(model, X, y) < math.log(2)  # the global model fits its clients' trials better than chance
+
+
+def test_simulate_options_refuse_partial_participation_and_the_baseline_grid_parses(tmp_path):
+    from pathlib import Path
+
+    from trainer.errors import NeuroFedError
+    from trainer.experiments.grid import parse_spec
+
+    bad = tmp_path / "bad.txt"
+    bad.write_text("ga --algorithm ga --subjects 1-4 --rounds 2\n")  # the preset's fraction 0.5
+    with pytest.raises(NeuroFedError, match="needs every client in every round"):
+        parse_spec(bad, tmp_path)
+    spec = Path(__file__).resolve().parents[2] / "experiments" / "baselines46.txt"
+    runs = {r.name: r.cfg for r in parse_spec(spec, tmp_path)}
+    assert sorted(runs) == ["ct_at", "fal", "fedfa", "fedprox_mu1", "ga"]
+    assert runs["ga"].fraction == 1.0 and runs["fedfa"].fraction == 0.5
+    assert runs["fedprox_mu1"].strategy_overrides == {"prox_mu": 1.0} and runs["ct_at"].ct_batch_size == 64
+    assert all(c.rounds == 50 and c.seeds == [0, 1, 2] and len(c.subjects) == 46 for c in runs.values())
