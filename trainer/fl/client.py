@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from torch import Tensor, nn
 
-from trainer.fl.algorithms.scaffold import momentum_displacement  # noqa: F401  (public: tests, docs)
 from trainer.evaluate import mean_loss
+from trainer.fl.algorithms.scaffold import momentum_displacement  # noqa: F401  (public: tests, docs)
 from trainer.fl.api import RoundInputs, Strategy
 from trainer.fl.local import LocalConfig, train_local
 from trainer.models.bn import bn_state_keys

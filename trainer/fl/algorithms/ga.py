@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from trainer.fl.api import Algorithm, Component, LocalHook, Param, RoundInputs, Reweighting, TensorSpec
+from trainer.fl.api import Algorithm, Component, LocalHook, Param, Reweighting, RoundInputs, TensorSpec
 
 GAP = "ga.gap"
 WEIGHT = "ga_w"
