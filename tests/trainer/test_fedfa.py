@@ -13,7 +13,7 @@ from trainer.evaluate import mean_loss
 from trainer.experiments.runner import run_federated
 from trainer.fl.algorithms import fedfa
 from trainer.fl.client import ClientUpdate, client_update, init_client_state
-from trainer.fl.local import LocalConfig
+from trainer.fl.local import LocalConfig, train_local
 from trainer.fl.server import ServerState, downlink, server_extras_for_clients, server_update
 from trainer.fl.strategies import get_strategy
 from trainer.models import build_model
@@ -58,6 +58,20 @@ def test_identity_at_eval_and_after_the_round():
     assert torch.equal(plain, ref(x))  # hooks removed: the model is its old self (same dropout draw)
     assert not torch.allclose(aug, plain)  # and in training with p = 1 it did augment
     assert not m._forward_hooks and all(not mod._forward_hooks for mod in m.modules())
+
+
+def test_hooks_come_off_after_training_also_centralised(subjects4):
+    sd = subjects4[0]
+    torch.manual_seed(0)
+    m = build_model("eegnet", sd.X.shape[1], 2, sd.X.shape[2], sd.sfreq, "standard")
+    ref = build_model("eegnet", sd.X.shape[1], 2, sd.X.shape[2], sd.sfreq, "standard")
+    ref.load_state_dict(m.state_dict())
+    cfg = LocalConfig(local_epochs=1)
+    for ep in range(2):  # CT + FedFA: train_local builds the hooks itself and closes them each epoch
+        train_local(m, sd.X, sd.y, get_strategy("ct", fedfa_p=1.0), cfg, ep)
+        train_local(ref, sd.X, sd.y, get_strategy("ct"), cfg, ep)
+        assert all(not mod._forward_hooks for mod in m.modules())
+    assert any(not torch.equal(p, q) for p, q in zip(m.parameters(), ref.parameters()))  # it did augment
 
 
 def test_sharing_weights_and_noise_scale_by_hand():

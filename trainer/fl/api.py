@@ -185,6 +185,10 @@ class LocalHook:
     def correct(self, params: Sequence[nn.Parameter]) -> None:
         return None
 
+    def close(self) -> None:
+        """Undo what the hook installed on the model (FedFA's forward hooks); :func:`trainer.fl.local.train_local`
+        calls it when its loop ends, also on error (so it runs in centralised training too)."""
+
     def finish(self, start: Mapping[str, Tensor], state: Mapping[str, Tensor],
                metrics: Mapping[str, float]) -> tuple[dict[str, Tensor], dict[str, Tensor] | None]:
         """``(upload extras, new client-kept tensors or None to keep the old ones)``."""

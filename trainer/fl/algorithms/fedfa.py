@@ -143,6 +143,8 @@ class _FedFAHook(LocalHook):
             h.remove()
         self.handles = []
 
+    close = remove
+
     def finish(self, start, state, metrics):
         self.remove()
         up = {}
