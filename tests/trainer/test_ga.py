@@ -14,7 +14,7 @@ from trainer.experiments.runner import run_federated
 from trainer.fl.algorithms import ga
 from trainer.fl.client import ClientUpdate, client_update, init_client_state
 from trainer.fl.local import LocalConfig
-from trainer.fl.server import ServerState, downlink, server_extras_for_clients, server_update
+from trainer.fl.server import RoundAggregator, ServerState, downlink, server_extras_for_clients, server_update
 from trainer.fl.strategies import get_strategy
 from trainer.models import build_model
 
@@ -64,6 +64,11 @@ def test_needs_ids_rounds_and_every_client():
     s0 = ServerState({"w": torch.tensor([0.0])})
     with pytest.raises(ValueError, match="total rounds"):
         _round(s0, {"a": (0.0, 1, 0.1)}, st, rounds=0)
+    with pytest.raises(ValueError, match="carries no ga.gap"):
+        server_update(s0, [("a", ClientUpdate({"w": torch.tensor([1.0])}, 1))], st, 1, 10)
+    agg = RoundAggregator(s0, st, 1, 10)
+    with pytest.raises(ValueError, match="by its id"):
+        agg.add(ClientUpdate({"w": torch.tensor([1.0])}, 1, {ga.GAP: torch.tensor([0.1])}))
     with pytest.raises(ValueError, match="needs every client in every round"):
         st.check_participation(0.5)
     st.check_participation(1.0)

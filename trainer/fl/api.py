@@ -9,7 +9,9 @@ control variates, server momentum ...) and says, through optional hooks,
 * which extra tensors travel up (:meth:`Component.upload_specs`, named and shaped, so the wire
   validation asks the strategy instead of hard-coding prefixes) and down
   (:meth:`Component.downlink_extras`),
-* how the server aggregates them (:meth:`Component.server_round`, streaming, O(model) memory).
+* how the server aggregates them (:meth:`Component.server_round`, streaming, O(model) memory), and
+  how much each client's update counts (:meth:`Component.reweighting`: trial counts unless, e.g.,
+  GA keeps per-client weights).
 
 A :class:`Strategy` is the frozen composition: a name, the BN rule (``bn_mode``, ``local_bn``,
 ``bn_sync``) and a flat mapping of parameter settings from which its active components are built.

@@ -92,6 +92,8 @@ class _GaWeights(Reweighting):
             raise ValueError("GA weighs each client by its id: the update has none")
         if client_id in self.gaps:
             raise ValueError(f"GA: a second update from {client_id} in one round")
+        if GAP not in extras:
+            raise ValueError(f"GA: the update of {client_id} carries no {GAP}")
         self.gaps[client_id] = float(extras[GAP].reshape(-1)[0])
         w = self.weights.setdefault(client_id, 1.0 / self.n_total)
         return w if w > 0 else 1e-12  # a client clipped to 0 still trains; its update just does not count
