@@ -80,7 +80,7 @@ class FederationSection(_Frozen):
         from trainer.fl.strategies import get_strategy
 
         try:
-            get_strategy(self.strategy, **self.strategy_overrides)
+            get_strategy(self.strategy, **self.strategy_overrides).check_participation(self.fraction)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"strategy: {exc}") from None
         return self

@@ -284,7 +284,8 @@ class Coordinator:
         self._replied.clear()
         self._update_ref = delta_reference(self.server.global_state)  # updates are delta-coded against it
         rs = RoundState(r, task.task_id, chosen, rules, self.fed.round_deadline_s,
-                        aggregator=RoundAggregator(self.server, self.strategy, max(len(self.registry), 1)),
+                        aggregator=RoundAggregator(self.server, self.strategy, max(len(self.registry), 1),
+                                                   self.fed.rounds),
                         stream=self.fed.aggregation == "streaming")
         rs.bytes_down = len(self._task_payload) + len(self._model_payload or b"")
         self.current = rs

@@ -73,7 +73,7 @@ class RoundState:
         if bodies is not None:
             bodies.add(msg.body_sha256, (self.index, msg.sender))
         if self.stream and self.aggregator is not None:
-            self.aggregator.add(upd)
+            self.aggregator.add(upd, msg.sender)
             upd = ClientUpdate({}, upd.n_samples, {}, upd.metrics)
         self.updates[msg.sender] = upd
         self.arrival[msg.sender] = time.monotonic()
@@ -103,6 +103,6 @@ class RoundState:
         if self.aggregator is None:
             raise ValueError("round has no aggregator")
         if not self.stream:
-            for _, u in self.ordered():
-                self.aggregator.add(u)
+            for cid, u in self.ordered():
+                self.aggregator.add(u, cid)
         return self.aggregator.result()

@@ -141,7 +141,9 @@ def build_sim_config(opts: dict):
         partition=o["partition"],
     )
     try:
-        cfg.strategy()  # validate overrides before any work
+        st = cfg.strategy()  # validate overrides before any work
+        if not st.centralised:
+            st.check_participation(cfg.fraction)  # GA needs every client in every round
         if o["byzantine"]:
             from trainer.fl.byzantine import Byzantine
 

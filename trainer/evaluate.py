@@ -35,6 +35,17 @@ def logits(model: nn.Module, X: np.ndarray, batch_size: int = 8) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 
+def mean_loss(model: nn.Module, X: np.ndarray, y: np.ndarray, batch_size: int = 8) -> float:
+    """Mean cross-entropy over the trials in eval mode (consecutive batches of ``batch_size``); the model's
+    train/eval mode is restored afterwards."""
+    if len(X) == 0:
+        raise ValueError("mean_loss of no trials")
+    was_training = model.training
+    out = torch.as_tensor(logits(model, X, batch_size))
+    model.train(was_training)
+    return float(torch.nn.functional.cross_entropy(out, torch.as_tensor(y, dtype=torch.long), reduction="mean"))
+
+
 def adversarial_batches(
     model: nn.Module, X: np.ndarray, y: np.ndarray, attack: str, eps: float, batch_size: int = 8, seed: int = 0,
 ) -> list[Tensor]:

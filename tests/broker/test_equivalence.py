@@ -23,8 +23,11 @@ def reference_state(subjects, rounds: int, fraction: float, seed: int, strategy:
 
 
 @pytest.mark.slow
-def test_mqtt_federation_matches_in_process(subjects4, mosquitto, fed_name, tmp_path):
-    cfg = write_toml(tmp_path / "federation.toml", fed_name, rounds=3, fraction=0.5, min_clients=4)
+@pytest.mark.parametrize(("strategy", "fraction"), [("fedbs", 0.5), ("ga", 1.0), ("fedfa", 0.5)])
+def test_mqtt_federation_matches_in_process(subjects4, mosquitto, fed_name, tmp_path, strategy, fraction):
+    # GA: per-client weights keyed by the sender's id and the run's rounds; FedFA: statistics up and down
+    cfg = write_toml(tmp_path / "federation.toml", fed_name, rounds=3, fraction=fraction, min_clients=4,
+                     strategy=strategy)
     env = child_env(os.environ.get("NEUROFED_CACHE") and __import__("pathlib").Path(os.environ["NEUROFED_CACHE"]))
     out = tmp_path / "out"
     coord = start_coordinator(mosquitto.url, cfg, out, tmp_path / "coord.log", env)
@@ -37,7 +40,7 @@ def test_mqtt_federation_matches_in_process(subjects4, mosquitto, fed_name, tmp_
     finally:
         kill_all([coord, *edges])
     got = load_file(str(out / "global_model.safetensors"))
-    want = reference_state(subjects4, 3, 0.5, 7, "fedbs")
+    want = reference_state(subjects4, 3, fraction, 7, strategy)
     assert got.keys() == want.keys()
     diff = max(float((got[k].double() - want[k].double()).abs().max()) for k in want)
     assert diff <= 1e-6, f"max abs diff {diff}"

@@ -143,6 +143,7 @@ def run_federated(
     ``info["models"]`` holds the final model of every group (the returned model is the first group's).
     """
     spec = spec or EvalSpec()
+    strategy.check_participation(fraction)
     ids = sorted(clients)
     prefixes = strategy.group_prefixes
     if prefixes and not groups:
@@ -185,7 +186,7 @@ def run_federated(
                 upd = byzantine.poison(upd, server.global_state)
             updates.append((cid, upd))
             participation[cid] += 1
-        server = server_update(server, updates, strategy, len(ids))
+        server = server_update(server, updates, strategy, len(ids), rounds)
         point: dict = {"round": server.round, "loss": float(np.mean([u.metrics["loss"] for _, u in updates])),
                        "participants": len(chosen)}
         if spec.test and spec.every and (server.round % spec.every == 0 or server.round == rounds):

@@ -9,7 +9,9 @@ control variates, server momentum ...) and says, through optional hooks,
 * which extra tensors travel up (:meth:`Component.upload_specs`, named and shaped, so the wire
   validation asks the strategy instead of hard-coding prefixes) and down
   (:meth:`Component.downlink_extras`),
-* how the server aggregates them (:meth:`Component.server_round`, streaming, O(model) memory).
+* how the server aggregates them (:meth:`Component.server_round`, streaming, O(model) memory), and
+  how much each client's update counts (:meth:`Component.reweighting`: trial counts unless, e.g.,
+  GA keeps per-client weights).
 
 A :class:`Strategy` is the frozen composition: a name, the BN rule (``bn_mode``, ``local_bn``,
 ``bn_sync``) and a flat mapping of parameter settings from which its active components are built.
@@ -169,6 +171,9 @@ class LocalHook:
 
     #: the loss needs the model's features (``model.features``/``model.classifier``)
     needs_features: bool = False
+    #: :meth:`finish` needs the eval-mode loss on the client's trials of the downlinked model (``metrics
+    #: ["loss_global"]``, before local training) and of the trained model (``metrics["loss_local"]``) (GA)
+    needs_local_loss: bool = False
 
     def adversarial(self, model: nn.Module, xb: Tensor, yb: Tensor) -> Tensor:
         return xb
@@ -181,6 +186,10 @@ class LocalHook:
 
     def correct(self, params: Sequence[nn.Parameter]) -> None:
         return None
+
+    def close(self) -> None:
+        """Undo what the hook installed on the model (FedFA's forward hooks); :func:`trainer.fl.local.train_local`
+        calls it when its loop ends, also on error (so it runs in centralised training too)."""
 
     def finish(self, start: Mapping[str, Tensor], state: Mapping[str, Tensor],
                metrics: Mapping[str, float]) -> tuple[dict[str, Tensor], dict[str, Tensor] | None]:
@@ -198,6 +207,22 @@ class ServerRound:
                extras: dict[str, Tensor], n_updates: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """Return ``(global state, server extras)`` after this component's rule."""
         return new_global, extras
+
+
+class Reweighting:
+    """One round's rule for how much each client's update counts (default: its trial count).
+
+    The aggregation calls :meth:`weigh` once per accepted update, before adding it (it may also note
+    the update's extras, e.g. GA's generalisation gap), then :meth:`finish` once with the new server
+    extras. At most one component may reweight.
+    """
+
+    def weigh(self, client_id: str, extras: Mapping[str, Tensor], n_samples: int) -> float:
+        return float(n_samples)
+
+    def finish(self, extras: dict[str, Tensor], n_updates: int) -> dict[str, Tensor]:
+        """Return the server extras after this round (e.g. the next round's weights)."""
+        return extras
 
 
 class StateAggregator:
@@ -265,6 +290,14 @@ class Component:
                          n_clients_total: int) -> StateAggregator | None:
         """Replace the weighted mean of the states (robust rules, DP); at most one component may."""
         return None
+
+    def reweighting(self, server_extras: Mapping[str, Tensor], n_clients_total: int, round_idx: int,
+                    rounds_total: int) -> Reweighting | None:
+        """Replace the trial-count weight of each update (GA); at most one component may."""
+        return None
+
+    #: the rule needs every client in every round (GA): partial participation is refused
+    needs_every_client: ClassVar[bool] = False
 
     def report(self, n_clients_total: int, per_round: int, rounds: int) -> dict[str, Any]:
         """Facts about a finished run this component vouches for (e.g. DP's epsilon), for results.json."""
@@ -426,6 +459,27 @@ class Strategy:
             if agg is not None:
                 return agg
         return WeightedSum()
+
+    def reweighting(self, server_extras: Mapping[str, Tensor], n_clients_total: int, round_idx: int,
+                    rounds_total: int) -> Reweighting:
+        """How much each update of this round counts: a component's rule, else its trial count."""
+        for c in self.components:
+            rw = c.reweighting(server_extras, n_clients_total, round_idx, rounds_total)
+            if rw is not None:
+                return rw
+        return Reweighting()
+
+    @property
+    def needs_every_client(self) -> bool:
+        """Whether a component needs every client in every round (GA)."""
+        return any(c.needs_every_client for c in self.components)
+
+    def check_participation(self, fraction: float) -> None:
+        """Raise ``ValueError`` if a component needs every client and ``fraction`` < 1."""
+        if self.needs_every_client and fraction < 1:
+            names = ", ".join(type(c).__name__ for c in self.components if c.needs_every_client)
+            raise ValueError(f"strategy {self.name} ({names}) needs every client in every round: "
+                             f"use fraction 1, got {fraction:g}")
 
     def report(self, n_clients_total: int, per_round: int, rounds: int) -> dict[str, Any]:
         """Every component's facts about a run of ``rounds`` rounds with ``per_round`` of ``n_clients_total``."""

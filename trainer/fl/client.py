@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from torch import Tensor, nn
 
+from trainer.evaluate import mean_loss
 from trainer.fl.algorithms.scaffold import momentum_displacement  # noqa: F401  (public: tests, docs)
 from trainer.fl.api import RoundInputs, Strategy
 from trainer.fl.local import LocalConfig, train_local
@@ -139,7 +140,11 @@ def client_update(
 
     inputs = RoundInputs(down, server_extras or {}, cfg.lr, cfg.momentum)
     hooks = strategy.local_hooks(model, client_state.parts, inputs)
+    local_loss = any(h.needs_local_loss for _, h in hooks)
+    before = mean_loss(model, X, y, cfg.batch_size) if local_loss else 0.0
     metrics = train_local(model, X, y, strategy, cfg, seed, [h for _, h in hooks])
+    if local_loss:  # GA: the downlinked and the trained model on the client's own trials
+        metrics.update(loss_global=before, loss_local=mean_loss(model, X, y, cfg.batch_size))
 
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     new = ClientState(bn=client_state.bn, parts=dict(client_state.parts))

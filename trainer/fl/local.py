@@ -104,26 +104,30 @@ def train_local(
                 loss = loss + term
         return loss
 
-    total, steps = 0.0, 0
-    for _ in range(cfg.local_epochs):
-        for idx in batches(len(X), cfg.batch_size, rng):
-            xb, yb = Xt[idx], yt[idx]
-            for h in hooks:
-                xb = h.adversarial(model, xb, yb)
-            opt.zero_grad(set_to_none=True)
-            loss = loss_on(xb, yb)
-            loss.backward()
-            parts = [d for h in hooks if (d := h.weight_delta(params)) is not None]
-            if parts:
-                deltas: list[Tensor | None] = [None] * len(params)
-                for part in parts:
-                    deltas = [d if q is None else (q if d is None else d + q) for d, q in zip(deltas, part)]
-                with perturbed(params, deltas), frozen_bn_stats(model):
-                    opt.zero_grad(set_to_none=True)
-                    loss_on(xb, yb).backward()
-            for h in hooks:
-                h.correct(params)
-            opt.step()
-            total += float(loss.detach())
-            steps += 1
+    try:
+        total, steps = 0.0, 0
+        for _ in range(cfg.local_epochs):
+            for idx in batches(len(X), cfg.batch_size, rng):
+                xb, yb = Xt[idx], yt[idx]
+                for h in hooks:
+                    xb = h.adversarial(model, xb, yb)
+                opt.zero_grad(set_to_none=True)
+                loss = loss_on(xb, yb)
+                loss.backward()
+                parts = [d for h in hooks if (d := h.weight_delta(params)) is not None]
+                if parts:
+                    deltas: list[Tensor | None] = [None] * len(params)
+                    for part in parts:
+                        deltas = [d if q is None else (q if d is None else d + q) for d, q in zip(deltas, part)]
+                    with perturbed(params, deltas), frozen_bn_stats(model):
+                        opt.zero_grad(set_to_none=True)
+                        loss_on(xb, yb).backward()
+                for h in hooks:
+                    h.correct(params)
+                opt.step()
+                total += float(loss.detach())
+                steps += 1
+    finally:  # e.g. FedFA's forward hooks come off the model, also in centralised training
+        for h in hooks:
+            h.close()
     return {"loss": total / max(steps, 1), "steps": float(steps)}

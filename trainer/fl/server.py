@@ -96,12 +96,18 @@ class RoundAggregator:
     strategy : Strategy
     n_clients_total : int
         Clients known to the federation (SCAFFOLD's ``|S|/N``).
+    rounds_total : int
+        Rounds of the whole run (GA's step decay; 0 = unknown, refused by rules that need it).
+
+    Each update's weight is its trial count unless a component reweights (GA: per-client weights the
+    server keeps, so :meth:`add` then needs the client's id).
     """
 
-    def __init__(self, server: ServerState, strategy: Strategy, n_clients_total: int) -> None:
+    def __init__(self, server: ServerState, strategy: Strategy, n_clients_total: int, rounds_total: int = 0) -> None:
         self.server = server
         self.states = strategy.state_aggregator(server.global_state, server.round, n_clients_total)
         self.parts = strategy.server_rounds(server.extras, n_clients_total)
+        self.weights = strategy.reweighting(server.extras, n_clients_total, server.round, rounds_total)
         self.prefixes = strategy.group_prefixes
         self.groups: dict[str, WeightedSum] = {}
 
@@ -109,16 +115,18 @@ class RoundAggregator:
     def count(self) -> int:
         return self.states.count
 
-    def add(self, update: ClientUpdate) -> None:
+    def add(self, update: ClientUpdate, client_id: str = "") -> None:
+        """Add one accepted update (``client_id``: who sent it; needed by per-client weights)."""
+        w = self.weights.weigh(client_id, update.extras, update.n_samples)
         if self.prefixes:
             if not update.group:
                 raise ValueError("an update without a client group under a hierarchical strategy")
             own = {k: v for k, v in update.state.items() if is_grouped(k, self.prefixes)}
             shared = {k: v for k, v in update.state.items() if k not in own}
-            self.groups.setdefault(update.group, WeightedSum()).add(own, float(update.n_samples))
-            self.states.add(shared, float(update.n_samples))
+            self.groups.setdefault(update.group, WeightedSum()).add(own, w)
+            self.states.add(shared, w)
         else:
-            self.states.add(update.state, float(update.n_samples))
+            self.states.add(update.state, w)
         for p in self.parts:
             p.add(update.extras, update.n_samples)
 
@@ -133,6 +141,7 @@ class RoundAggregator:
         extras = dict(self.server.extras)
         for p in self.parts:
             new_global, extras = p.finish(self.server.global_state, new_global, extras, self.states.count)
+        extras = self.weights.finish(extras, self.states.count)
         return ServerState(new_global, self.server.round + 1, extras)
 
 
@@ -141,11 +150,13 @@ def server_update(
     updates: Sequence[tuple[str, ClientUpdate]],
     strategy: Strategy,
     n_clients_total: int,
+    rounds_total: int = 0,
 ) -> ServerState:
-    """Aggregate one round's updates in client-id order (bit-reproducible; weights = trial counts)."""
+    """Aggregate one round's updates in client-id order (bit-reproducible; weights = trial counts unless the
+    strategy reweights; ``rounds_total``: see :class:`RoundAggregator`)."""
     if not updates:
         raise ValueError("no updates to aggregate")
-    agg = RoundAggregator(server, strategy, n_clients_total)
-    for _, u in sorted(updates, key=lambda t: t[0]):
-        agg.add(u)
+    agg = RoundAggregator(server, strategy, n_clients_total, rounds_total)
+    for cid, u in sorted(updates, key=lambda t: t[0]):
+        agg.add(u, cid)
     return agg.result()

@@ -10,7 +10,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.fl.algorithms import base, dp, fal, fedavgm, fedbm, fedbs, fedprox, hierarchical, moon, robust, safe, scaffold
+from trainer.fl.algorithms import (
+    base,
+    dp,
+    fal,
+    fedavgm,
+    fedbm,
+    fedbs,
+    fedfa,
+    fedprox,
+    ga,
+    hierarchical,
+    moon,
+    robust,
+    safe,
+    scaffold,
+)
 from trainer.fl.api import Algorithm, Component, Param, Strategy
 
 #: every algorithm, in the order of the docs' table
@@ -30,6 +45,8 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     dp.DPFEDAVG,
     fedbm.FEDBM,
     hierarchical.FLEEG,
+    fedfa.FEDFA,  # after MOON: its hooks must not be in MOON's frozen copies
+    ga.GA,
 )}
 
 #: component types in registry order (the order in which loss terms and weight perturbations compose)
@@ -79,6 +96,9 @@ def get_strategy(name: str, **overrides: Any) -> Strategy:
     rules = [type(c).__name__ for c in components if type(c).state_aggregator is not Component.state_aggregator]
     if len(rules) > 1:
         raise ValueError(f"{' and '.join(rules)} both replace the server's aggregation rule; choose one")
+    weights = [type(c).__name__ for c in components if type(c).reweighting is not Component.reweighting]
+    if len(weights) > 1:
+        raise ValueError(f"{' and '.join(weights)} both replace the aggregation weights; choose one")
     return Strategy(name, settings, components, algo.centralised)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from torch import Tensor, nn
 
 from trainer.errors import ModelConfigError
@@ -32,6 +34,10 @@ class EEGNet(nn.Module):
     dropout : float
         Dropout probability (0.5).
     """
+
+    #: where FedFA's feature augmentation acts (:mod:`trainer.fl.algorithms.fedfa`): the end of each conv block,
+    #: after ELU and average pooling, before dropout (a plain class attribute: the state dict is unchanged)
+    FEATURE_BLOCKS: ClassVar[tuple[str, ...]] = ("pool_1.1", "pool_2.1")
 
     def __init__(
         self,

@@ -24,6 +24,8 @@ profile and everything else over all clients. BatchNorm: ``bn_mode`` for the glo
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from torch import Tensor, nn
 
 from trainer.models.bn import BNMode, make_bn
@@ -45,6 +47,9 @@ class FleegEEGNet(nn.Module):
     local_bn_mode : {"standard", "batch_specific"} or None
         BN of the local module (None: ``bn_mode``).
     """
+
+    #: FedFA's augmentation points: EEGNet's (its pooling layers, now in ``body``)
+    FEATURE_BLOCKS: ClassVar[tuple[str, ...]] = ("body.0.1", "body.3.1")
 
     def __init__(
         self, n_channels: int, n_classes: int, n_times: int, sfreq: float,
