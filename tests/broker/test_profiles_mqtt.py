@@ -34,7 +34,7 @@ from edge.federation import EdgeClient
 from edge.join_cli import make_loader, make_montage
 from tests.broker.conftest import DATA_DIR, child_env, kill_all
 from tests.broker.test_hostile import Bg
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint import load_checkpoint, load_profile_models
 from trainer.data.config import PreprocessConfig
 from trainer.data.profiles import get_profile, load_profile_subject
 from trainer.experiments.runner import init_server_state, run_federated
@@ -141,6 +141,9 @@ def test_mixed_profile_mqtt_federation_matches_in_process(mosquitto, fed_name, t
         model, meta = load_checkpoint(out / f"global_model.{p}.safetensors")  # one deployable model per profile
         assert meta.extra["profile"] == p and meta.ch_names == list(get_profile(p).channels)
         assert _diff(model.state_dict(), want_models[p].state_dict()) <= 1e-6
+    split = load_profile_models(out / "global_model.safetensors")  # `neurofed export` splits it the same way
+    assert sorted(split) == ["cyton_daisy16", "unicorn8"]
+    assert all(_diff(m.state_dict(), want_models[p].state_dict()) <= 1e-6 for p, (m, _) in split.items())
 
 
 def _cfg(fed: str, out: Path, profiles: list[str], **kw):
