@@ -5,6 +5,7 @@ device that matches no profile are each refused with one clear line, and nothing
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -274,3 +275,44 @@ def test_profile_config_errors_are_one_line(tmp_path):
         "cyton_daisy16", "unicorn8"]
     spec = cfg.model_spec("unicorn8")
     assert (spec.n_channels, spec.profile, spec.ch_names) == (8, "unicorn8", list(get_profile("unicorn8").channels))
+
+
+@pytest.mark.skipif(shutil.which("mosquitto_passwd") is None, reason="mosquitto not installed")
+def test_broker_acl_lets_a_client_read_only_its_profiles_model(tmp_path, fed_name):
+    """`neurofed broker-config --clients A:unicorn8,B:cyton_daisy16`: on a real Mosquitto, A reads
+    `model/unicorn8` and never `model/cyton_daisy16` (nor can it publish a model)."""
+    import json
+    import tempfile
+
+    from broker.embedded import free_port
+    from broker.secure import BrokerConfigError, SecureBrokerSpec, write_broker_config
+    from tests.broker.conftest import Mosquitto
+
+    cfg_dir = Path(tempfile.mkdtemp(prefix="neurofed-mosq-"))  # mosquitto (as user mosquitto) must traverse it
+    os.chmod(cfg_dir, 0o755)
+    port = free_port()
+    files = write_broker_config(SecureBrokerSpec(fed_name, ["A", "B"], port=port,
+                                                 profiles={"A": "unicorn8", "B": "cyton_daisy16"}), cfg_dir)
+    m = Mosquitto(tmp_path, extra_conf=files.conf.read_text(), port=port).start()
+    creds, t = json.loads(files.credentials.read_text()), Topics(fed_name)
+    url = lambda u: f"mqtt://{u}:{creds[u]}@127.0.0.1:{port}"  # noqa: E731
+    try:
+        with MqttTransport(url("coordinator"), "coordinator") as c:
+            for p in ("unicorn8", "cyton_daisy16"):
+                c.publish(t.profile_model(p), p.encode(), retain=True, wait=5)
+        a = MqttTransport(url("A"), "A").connect()
+        a.publish(t.profile_model("cyton_daisy16"), b"forged", retain=True, wait=5)  # dropped by the ACL
+        for p in ("unicorn8", "cyton_daisy16"):
+            a.subscribe(t.profile_model(p))
+        got, end = {}, time.monotonic() + 2.0
+        while time.monotonic() < end:
+            i = a.get(0.1)
+            if i is not None and i.event == "message":
+                got[i.topic] = i.payload
+        a.close()
+        assert got == {t.profile_model("unicorn8"): b"unicorn8"}
+    finally:
+        m.stop()
+        shutil.rmtree(cfg_dir, ignore_errors=True)
+    with pytest.raises(BrokerConfigError, match="not a client"):
+        SecureBrokerSpec(fed_name, ["A"], profiles={"Z": "unicorn8"})
