@@ -337,7 +337,8 @@ class Coordinator:
         rs = RoundState(r, task.task_id, chosen, rules, self.fed.round_deadline_s,
                         aggregator=RoundAggregator(self.server, self.strategy, max(len(self.registry), 1)),
                         stream=self.fed.aggregation == "streaming")
-        rs.bytes_down = len(self._task_payload) + len(self._model_payload or b"")
+        rs.bytes_down = (len(self._task_payload) + len(self._model_payload or b"")
+                         + sum(map(len, self._profile_payloads.values())))
         self.current = rs
         self._pub(self.topics.task, self._task_payload, retain=True)
         logger.info("[ROUND %d/%d] task %s to %s", r + 1, self.fed.rounds, task.task_id[:8], ", ".join(chosen))

@@ -43,8 +43,8 @@ from broker.protocol import (
 from broker.transport import AuthError, Incoming, MqttTransport, TransportError, connect_with_backoff
 from edge import logger
 from trainer.atomic import save_safetensors
-from trainer.data.profiles import DeviceProfile, ProfileError, match_profile
 from trainer.data.dataset import SubjectData
+from trainer.data.profiles import DeviceProfile, ProfileError, match_profile
 from trainer.errors import NeuroFedError
 from trainer.experiments.runner import client_seed
 from trainer.fl.client import ClientState, ClientUpdate, client_update, init_client_state

@@ -132,7 +132,7 @@ def _hierarchical(checkpoint: Path) -> bool:
     try:
         with safe_open(str(checkpoint), framework="pt") as f:
             return is_hierarchical(f.keys())
-    except Exception as exc:  # noqa: BLE001 - not a safetensors file: load_checkpoint says so clearly
+    except Exception as exc:  # not a safetensors file: load_checkpoint says so clearly
         if isinstance(exc, NeuroFedError):
             raise
         return False

@@ -202,9 +202,10 @@ def test_another_profiles_update_and_an_unknown_profile_are_refused(mosquitto, f
     # `edge-client join` on a device (cyton8: 8 channels at 250 Hz, other positions) no profile of the federation
     # matches: one line naming the problem, exit code 2, and the coordinator hears why
     log = tmp_path / "stranger.log"
-    stranger = subprocess.Popen(edge_cmd(mosquitto.url, fed_name, 9, "cyton8", tmp_path / "st"),
-                                env=child_env(Path(os.environ["NEUROFED_CACHE"])), stdout=open(log, "ab"),
-                                stderr=subprocess.STDOUT)
+    with open(log, "ab") as fh:
+        stranger = subprocess.Popen(edge_cmd(mosquitto.url, fed_name, 9, "cyton8", tmp_path / "st"),
+                                    env=child_env(Path(os.environ["NEUROFED_CACHE"])), stdout=fh,
+                                    stderr=subprocess.STDOUT)
     try:
         stranger.wait(600)
     finally:
@@ -217,8 +218,8 @@ def test_another_profiles_update_and_an_unknown_profile_are_refused(mosquitto, f
     try:
         model_msg, _ = f.wait(lambda tp, m: m.kind == "model" and not m.meta.profile)
         run = model_msg.run_id
-        base = dict(federation=fed_name, sender="X01", run_id=run, n_trials=40, n_times=320, sfreq=80.0,
-                    classes=["left_fist", "right_fist"])
+        base = {"federation": fed_name, "sender": "X01", "run_id": run, "n_trials": 40, "n_times": 320,
+                "sfreq": 80.0, "classes": ["left_fist", "right_fist"]}
         f.send(f.topics.join("X01"), JoinMsg(**base, n_channels=8, profile="cyton8"))
         f.wait(lambda tp, m: bool(f.errors))
         assert f.errors[-1].code == "unknown_profile" and "not in this federation (unicorn8)" in f.errors[-1].message
@@ -295,7 +296,7 @@ def test_broker_acl_lets_a_client_read_only_its_profiles_model(tmp_path, fed_nam
                                                  profiles={"A": "unicorn8", "B": "cyton_daisy16"}), cfg_dir)
     m = Mosquitto(tmp_path, extra_conf=files.conf.read_text(), port=port).start()
     creds, t = json.loads(files.credentials.read_text()), Topics(fed_name)
-    url = lambda u: f"mqtt://{u}:{creds[u]}@127.0.0.1:{port}"  # noqa: E731
+    url = lambda u: f"mqtt://{u}:{creds[u]}@127.0.0.1:{port}"
     try:
         with MqttTransport(url("coordinator"), "coordinator") as c:
             for p in ("unicorn8", "cyton_daisy16"):
