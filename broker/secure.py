@@ -54,12 +54,12 @@ class SecureBrokerSpec:
         t = Topics(self.federation)
         for c in self.clients:
             t.status(c)
+            if c == self.coordinator:
+                raise BrokerConfigError(f"client id {c!r} is reserved for the coordinator")
         for c, p in self.profiles.items():
             if c not in self.clients:
                 raise BrokerConfigError(f"device profile given for {c!r}, which is not a client")
             t.profile_model(p)
-            if c == self.coordinator:
-                raise BrokerConfigError(f"client id {c!r} is reserved for the coordinator")
         if len(set(self.clients)) != len(self.clients):
             raise BrokerConfigError("duplicate client ids")
         if (self.tls_cert is None) != (self.tls_key is None):
