@@ -83,7 +83,7 @@ def join(
     max_seconds: Annotated[float | None, typer.Option(help="Leave after this many seconds.")] = None,
     profile: Annotated[str | None, typer.Option(
         help="With --subject: the device profile (shipped name or .json) the recording is presented through in a "
-        "federation of device profiles [default: lab64, the recording as it is].")] = None,
+        "federation of device profiles (default lab64: the recording as it is).")] = None,
     noise_seed: Annotated[int, typer.Option(help="With --profile: seed of the profile's simulated noise.")] = 0,
 ) -> None:
     """Join a federation: train on local trials when selected, upload weights only (never EEG)."""
