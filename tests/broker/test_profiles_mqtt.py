@@ -134,6 +134,7 @@ def test_mixed_profile_mqtt_federation_matches_in_process(mosquitto, fed_name, t
     assert got.keys() == want_state.keys()
     assert {k.split("/")[0] for k in got if k.startswith(GROUP_MARK)} == {"@unicorn8", "@cyton_daisy16"}
     diff = _diff(got, want_state)
+    print(f"MQTT vs in-process: max abs diff {diff:.3g} over {len(got)} tensors")  # shown by pytest -rP
     assert diff <= 1e-6, f"max abs diff {diff}"
     init = init_server_state(initial_models(load_config(cfg)), ("local.",))
     for p in ("unicorn8", "cyton_daisy16"):  # every profile's module was trained
@@ -145,6 +146,39 @@ def test_mixed_profile_mqtt_federation_matches_in_process(mosquitto, fed_name, t
     split = load_profile_models(out / "global_model.safetensors")  # `neurofed export` splits it the same way
     assert sorted(split) == ["cyton_daisy16", "unicorn8"]
     assert all(_diff(m.state_dict(), want_models[p].state_dict()) <= 1e-6 for p, (m, _) in split.items())
+
+
+@pytest.mark.slow
+def test_mixed_profile_federation_of_real_processes(mosquitto, fed_name, tmp_path):
+    """The same federation as `neurofed coordinator` + four `edge-client join --profile` processes (no shared
+    RNG, no shared memory): the in-process simulation's server state within 1e-6."""
+    os.environ.setdefault("NEUROFED_CACHE", str(tmp_path / "cache"))
+    want_state, _ = reference(MIXED, rounds=2, fraction=0.75)  # also fills the cache the processes read
+    cfg = toml(tmp_path / "federation.toml", fed_name, ["unicorn8", "cyton_daisy16"], 2, 0.75, 4)
+    env, out = child_env(Path(os.environ["NEUROFED_CACHE"])), tmp_path / "out"
+    logs = {s: tmp_path / f"edge{s}.log" for s in MIXED}
+    with open(tmp_path / "coord.log", "ab") as fh:
+        coord = subprocess.Popen([sys.executable, "-c", "from neurofed.cli import main; main()", "coordinator",
+                                  "--broker", mosquitto.url, "--config", str(cfg), "--out", str(out),
+                                  "--keepalive", "5"], stdout=fh, stderr=subprocess.STDOUT, env=env)
+    edges = []
+    for s, p in MIXED.items():
+        with open(logs[s], "ab") as fh:
+            edges.append(subprocess.Popen(edge_cmd(mosquitto.url, fed_name, s, p, tmp_path / "state"), env=env,
+                                          stdout=fh, stderr=subprocess.STDOUT))
+    try:
+        coord.wait(900)
+        for e in edges:
+            e.wait(60)
+    finally:
+        kill_all([coord, *edges])
+    assert coord.returncode == 0, (tmp_path / "coord.log").read_text()[-3000:]
+    assert [e.returncode for e in edges] == [0] * 4, [logs[s].read_text()[-1500:] for s in MIXED]
+    got = load_file(str(out / "global_model.safetensors"))
+    assert got.keys() == want_state.keys()
+    diff = _diff(got, want_state)
+    print(f"MQTT vs in-process: max abs diff {diff:.3g} over {len(got)} tensors")  # shown by pytest -rP
+    assert diff <= 1e-6, f"max abs diff {diff}"
 
 
 def _cfg(fed: str, out: Path, profiles: list[str], **kw):
