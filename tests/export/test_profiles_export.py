@@ -72,6 +72,7 @@ def test_one_verified_onnx_model_per_profile(fleeg_ckpt, data_dir, tmp_path):
         # of a held-out subject recorded through the profile's device
         X = load_profile_subject(3, p, PRE, data_dir, 0).X
         diffs, mism = compare(models[p], path.read_bytes(), X)
+        print(f"{p}: ONNX vs torch on {len(X)} trials of S003, max |dlogit| per batch size {diffs}")  # pytest -rP
         assert max(diffs.values()) <= ATOL and not any(mism.values()), (p, diffs, mism)
     # the two models share the global module and differ in their local one
     h = {p: read_onnx_meta(tmp_path / f"model.{p}.onnx").model_hash for p in PROFILES.values()}
