@@ -49,7 +49,8 @@ def coordinator_cmd(
 def broker_config_cmd(
     out: Annotated[Path, typer.Option(help="Folder for mosquitto.conf, passwd, acl.")] = Path("mosquitto"),
     federation: Annotated[str, typer.Option(help="Federation name (topics neurofed/<name>/...).")] = "neurofed",
-    clients: Annotated[str, typer.Option(help="Comma-separated client ids.")] = "",
+    clients: Annotated[str, typer.Option(help="Comma-separated client ids; in a federation of device profiles "
+                                         "ID:PROFILE (the client may read only its profile's model).")] = "",
     port: Annotated[int, typer.Option(help="Listener port.")] = 1883,
     bind: Annotated[str, typer.Option(help="Listener address.")] = "127.0.0.1",
     password_env: Annotated[str, typer.Option(help="Read '<id>=<password>,...' from this env var (else generated).")] = "",
@@ -63,11 +64,14 @@ def broker_config_cmd(
     from broker import logger
     from broker.secure import SecureBrokerSpec, cleartext_warning, write_broker_config
 
-    ids = [c.strip() for c in clients.split(",") if c.strip()]
+    entries = [c.strip().split(":", 1) for c in clients.split(",") if c.strip()]
+    ids = [e[0].strip() for e in entries]
+    profiles = {e[0].strip(): e[1].strip() for e in entries if len(e) == 2}
     given = {}
     if password_env:
         given = dict(kv.split("=", 1) for kv in os.environ.get(password_env, "").split(",") if "=" in kv)
-    spec = SecureBrokerSpec(federation, ids, port=port, bind=bind, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca)
+    spec = SecureBrokerSpec(federation, ids, port=port, bind=bind, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
+                            profiles=profiles)
     files = write_broker_config(spec, out, given)
     if (warn := cleartext_warning(bind, tls=tls_cert is not None, auth=True)) is not None:
         logger.warning(warn)

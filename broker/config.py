@@ -71,6 +71,9 @@ class FederationSection(_Frozen):
     aggregation: Literal["exact", "streaming"] = Field(
         default="exact", description="exact: server_update over all updates sorted by id (bit-reproducible); "
         "streaming: the same aggregator fed as updates arrive, O(model) memory (same maths, arrival summation order)")
+    profiles: list[str] = Field(
+        default_factory=list, max_length=64, description="device profiles of a hierarchical federation (shipped "
+        "names or profile .json paths; needs a strategy with group keys, e.g. fleeg, and model fleeg_eegnet)")
     private_metadata: bool = Field(
         default=False, description="keep per-client metadata off topics every client can read: the retained "
         "result carries no participant list and no loss (both stay in the coordinator's metrics.json)")
@@ -87,7 +90,7 @@ class FederationSection(_Frozen):
 
 
 class ModelSection(_Frozen):
-    name: Literal["eegnet", "shallow", "deep"] = "eegnet"
+    name: Literal["eegnet", "shallow", "deep", "fleeg_eegnet"] = "eegnet"
     classes: list[str] = Field(default_factory=lambda: ["left_fist", "right_fist"], min_length=2)
     source_sfreq: float = Field(default=160.0, gt=0, description="recording rate, used when preprocess.resample is unset")
     test_batch_size: int = Field(default=8, ge=1)
@@ -124,6 +127,32 @@ class FederationConfig(_Frozen):
         _preprocess_config(v)
         return v
 
+    @model_validator(mode="after")
+    def _profiles(self) -> FederationConfig:
+        fed, grouped = self.federation, bool(self.strategy().group_prefixes)
+        if grouped and not fed.profiles:
+            raise ValueError(f"federation.strategy {fed.strategy!r} aggregates per device profile: list "
+                             "federation.profiles")
+        if fed.profiles and not grouped:
+            raise ValueError("federation.profiles needs a hierarchical strategy (e.g. strategy = \"fleeg\")")
+        if not fed.profiles:
+            return self
+        if self.model.name != "fleeg_eegnet":
+            raise ValueError(f"federation.profiles needs model.name = \"fleeg_eegnet\", got {self.model.name!r}")
+        if len(set(fed.profiles)) != len(fed.profiles):
+            raise ValueError(f"federation.profiles lists a profile twice: {fed.profiles}")
+        pre = self.preprocess_config()
+        if pre.channels is not None:
+            raise ValueError("preprocess.channels: with federation.profiles each device keeps its own channels; "
+                             "remove the channel list")
+        if pre.resample is None:
+            raise ValueError("preprocess.resample: with federation.profiles the devices' rates differ; set the "
+                             "model's rate")
+        names = [p.name for p in self.device_profiles()]
+        if len(set(names)) != len(names):
+            raise ValueError(f"federation.profiles: two entries define the same profile name ({names})")
+        return self
+
     @field_validator("local")
     @classmethod
     def _local(cls, v: dict[str, float | int]) -> dict[str, float | int]:
@@ -149,10 +178,36 @@ class FederationConfig(_Frozen):
 
         return LocalConfig(**self.local)
 
-    def model_spec(self) -> ModelSpec:
-        """Shape of the federation's model, derived from preprocessing."""
+    def device_profiles(self) -> list:
+        """The federation's device profiles (:class:`trainer.data.profiles.DeviceProfile`), sorted by name."""
+        from trainer.data.profiles import ProfileError, get_profile
+
+        try:
+            return sorted((get_profile(p) for p in self.federation.profiles), key=lambda p: p.name)
+        except ProfileError as exc:
+            raise ValueError(f"federation.profiles: {exc}") from None
+
+    def model_spec(self, profile: str | None = None) -> ModelSpec:
+        """Shape of the federation's model, derived from preprocessing.
+
+        In a hierarchical federation (``federation.profiles``) the shape depends on the device:
+        ``profile=None`` gives the federation-wide spec (``n_channels=0``, every profile listed),
+        a profile's name that profile's spec (its channels, ``profile`` and its definition).
+        """
         pre = self.preprocess_config()
         sfreq = float(pre.resample or self.model.source_sfreq)
+        if self.federation.profiles:
+            profs = {p.name: p for p in self.device_profiles()}
+            if profile is not None and profile not in profs:
+                raise ConfigError(f"device profile {profile!r} is not in federation.profiles ({', '.join(profs)})")
+            chans = list(profs[profile].channels) if profile is not None else []
+            return ModelSpec(
+                model=self.model.name, n_channels=len(chans), n_classes=len(self.model.classes),
+                n_times=int(round((pre.tmax - pre.tmin) * sfreq)), sfreq=sfreq, bn_mode=self.strategy().bn_mode,
+                ch_names=chans, classes=list(self.model.classes), preprocess=pre.to_dict(),
+                strategy=self.federation.strategy, profile=profile or "",
+                profiles=[p.to_dict() for n, p in profs.items() if profile is None or n == profile],
+            )
         if pre.channels is None:
             raise ConfigError("[preprocess] channels must be listed (or a preset) so the model shape is known")
         return ModelSpec(

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,8 @@ from broker.rounds import RoundState, SeenIds
 from broker.transport import Incoming, MqttTransport, TransportError
 from broker.validation import Rejected, UpdateRules, check_envelope, check_join, tensor_specs
 from trainer.errors import NeuroFedError
+from trainer.experiments.runner import init_server_state
+from trainer.fl.api import GROUP_MARK
 from trainer.fl.server import RoundAggregator, ServerState, downlink, select_clients, server_extras_for_clients
 from trainer.models import build_model
 
@@ -59,9 +62,20 @@ NO_REPLY_CODES = frozenset({"bad_message", "wrong_kind", "wrong_federation", "sp
 
 def initial_model(cfg: FederationConfig) -> torch.nn.Module:
     """The initial global model, drawn exactly as :func:`trainer.experiments.runner.init_model` draws it."""
-    spec = cfg.model_spec()
-    torch.manual_seed(cfg.federation.seed)
-    return build_model(spec.model, spec.n_channels, spec.n_classes, spec.n_times, spec.sfreq, spec.bn_mode)
+    models = initial_models(cfg)
+    return models[min(models)]
+
+
+def initial_models(cfg: FederationConfig) -> dict[str, torch.nn.Module]:
+    """One initial model per device profile (``{"": model}`` without profiles), each drawn from the seed as
+    :func:`trainer.experiments.runner.init_group_models` draws it (architecture: that profile's channels)."""
+    names = [p.name for p in cfg.device_profiles()] if cfg.federation.profiles else [""]
+    out = {}
+    for name in names:
+        spec = cfg.model_spec(name or None)
+        torch.manual_seed(cfg.federation.seed)
+        out[name] = build_model(spec.model, spec.n_channels, spec.n_classes, spec.n_times, spec.sfreq, spec.bn_mode)
+    return out
 
 
 class Coordinator:
@@ -84,8 +98,12 @@ class Coordinator:
         self.spec = cfg.model_spec()
         self.strategy, self.local = cfg.strategy(), cfg.local_config()
         self.out = Path(out_dir or cfg.output.dir)
-        self.model = initial_model(cfg)
-        self.server = ServerState({k: v.detach().clone() for k, v in self.model.state_dict().items()})
+        # hierarchical federations (issue 19): one architecture per device profile; the server state holds the
+        # shared module once and each profile's own module as `@<profile>/<key>` (trainer.fl.api.group_key)
+        self.models = initial_models(cfg)
+        self.model = self.models[min(self.models)]
+        self.profile_specs = {p: cfg.model_spec(p) for p in self.models if p}
+        self.server = ServerState(init_server_state(self.models, self.strategy.group_prefixes))
         self.registry = Registry()
         self.metrics: list[dict[str, Any]] = []
         self.rejections: Counter[str] = Counter()
@@ -94,12 +112,13 @@ class Coordinator:
         self.run_id = new_id()  # this run; every coordinator message carries it (a resumed run keeps its id)
         self.resume_online: int | None = None
         self._replied: set[tuple[str, int | None]] = set()
-        self._update_ref = b""
+        self._update_refs: dict[str, bytes] = {}  # device profile ("" = none) -> reference of delta-coded updates
         self.current: RoundState | None = None
         self.handled = 0
         self.connects = 0
         self._task_payload: bytes | None = None
         self._model_payload: bytes | None = None
+        self._profile_payloads: dict[str, bytes] = {}  # retained topic -> payload of each profile's model
         self.max_bytes = int(cfg.validation.max_message_mb * (1 << 20))
         self.fingerprint = cfg.model_dump_json()
         if resume:
@@ -140,8 +159,20 @@ class Coordinator:
     def _publish_model(self, final: bool = False) -> None:
         msg = ModelMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=self.server.round, final=final, meta=self.spec,
                        run_id=self.run_id)
-        self._model_payload = encode(msg, self.server.global_state, compress=self.fed.compress)
+        if not self.profile_specs:
+            self._model_payload = encode(msg, self.server.global_state, compress=self.fed.compress)
+            self._pub(self.topics.model, self._model_payload, retain=True)
+            return
+        # hierarchical: `model` announces the run and the profiles with the shared module only; each profile's
+        # model (shared + its own module, nothing of another profile's) is retained on `model/<profile>`
+        shared = {k: v for k, v in self.server.global_state.items() if not k.startswith(GROUP_MARK)}
+        self._model_payload = encode(msg, shared, compress=self.fed.compress)
         self._pub(self.topics.model, self._model_payload, retain=True)
+        for p, spec in self.profile_specs.items():
+            pmsg = msg.model_copy(update={"meta": spec})
+            payload = encode(pmsg, self.strategy.client_view(self.server.global_state, p), compress=self.fed.compress)
+            self._profile_payloads[self.topics.profile_model(p)] = payload
+            self._pub(self.topics.profile_model(p), payload, retain=True)
 
     def _pub(self, topic: str, payload: bytes, retain: bool = False, wait: float | None = 10.0) -> None:
         """Publish; while the broker is away paho queues it (and retained state is re-sent on reconnect)."""
@@ -158,6 +189,8 @@ class Coordinator:
         self._pub(self.topics.status(COORDINATOR_ID), self._status("online"), retain=True, wait=None)
         if self._model_payload is not None:
             self._pub(self.topics.model, self._model_payload, retain=True, wait=None)
+        for topic, payload in self._profile_payloads.items():
+            self._pub(topic, payload, retain=True, wait=None)
         if self._task_payload is not None:
             self._pub(self.topics.task, self._task_payload, retain=True, wait=None)
 
@@ -191,7 +224,10 @@ class Coordinator:
             return
         msg = None
         try:
-            ref = self._update_ref if kind == "update" and self.current is not None else None
+            ref = None
+            if kind == "update" and self.current is not None:
+                info = self.registry.clients.get(cid or "")
+                ref = self._update_refs.get(info.profile if info is not None else "", b"")
             msg, tensors = decode(item.payload, self.max_bytes, reference=ref)
             if kind == "error" and msg.sender == COORDINATOR_ID:
                 return  # our own reply to a client, echoed by an MQTT 3.1.1 broker (v5 subscribes no-local)
@@ -199,11 +235,15 @@ class Coordinator:
             if kind in ("join", "update") and msg.run_id != self.run_id:
                 raise Rejected("wrong_run", f"message for run {msg.run_id[:8] or '-'}, this is run {self.run_id[:8]}")
             if kind == "join":
-                check_join(msg, self.spec)
+                check_join(msg, self.spec, self.profile_specs)
                 new = msg.sender not in self.registry
+                if not new and self.registry.clients[msg.sender].profile != msg.profile:
+                    raise Rejected("profile_changed", f"joined as device profile "
+                                   f"{self.registry.clients[msg.sender].profile!r}, now {msg.profile!r}")
                 self.registry.join(msg)
                 if new:
-                    logger.info("client %s joined (%d trials); %d known", msg.sender, msg.n_trials, len(self.registry))
+                    logger.info("client %s joined (%d trials%s); %d known", msg.sender, msg.n_trials,
+                                f", profile {msg.profile}" if msg.profile else "", len(self.registry))
             elif kind == "status":
                 self.registry.set_online(msg.sender, msg.state != "offline")
                 if self.current is not None and msg.state == "offline":
@@ -263,13 +303,16 @@ class Coordinator:
     def _open_round(self) -> RoundState:
         r = self.server.round
         chosen = select_clients(self.registry.candidates(), self.fed.fraction, r, self.fed.seed)
-        down = downlink(self.server.global_state, self.strategy, self.model)
+        down = downlink(self.server.global_state, self.strategy, self.model) if not self.profile_specs else {}
         extras = server_extras_for_clients(self.server, self.strategy)
+        profiles = {c: p for c, p in self.registry.profiles().items() if c in chosen} if self.profile_specs else {}
+        views = {p: self.strategy.client_view(self.server.global_state, p) for p in self.profile_specs}
         task = TaskMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=r, rounds_total=self.fed.rounds,
                        task_id=new_id(), selected=chosen, deadline_s=self.fed.round_deadline_s, seed=self.fed.seed,
                        strategy=self.fed.strategy, strategy_overrides=dict(self.fed.strategy_overrides),
                        local=self.local.to_dict(), compress=self.fed.compress, run_id=self.run_id,
-                       model_sha256=state_sha256(self.server.global_state))
+                       model_sha256=state_sha256(self.server.global_state), profiles=profiles,
+                       profile_models={p: state_sha256(v) for p, v in views.items()})
         rules = UpdateRules(
             round=r, task_id=task.task_id, base_sha256=state_sha256(down), selected=frozenset(chosen),
             state_specs=tensor_specs(self.server.global_state), extra_specs=self.strategy.upload_specs(self.model),
@@ -278,16 +321,25 @@ class Coordinator:
             norm_bound=self.cfg.validation.norm_bound, norm_action=self.cfg.validation.norm_action,
             max_update_ratio=self.cfg.validation.max_update_ratio,
         )
+        if self.profile_specs:  # each client's update is checked against its own profile's model
+            rules.client_profiles = profiles
+            rules.by_profile = {p: replace(
+                rules, profile=p, base_sha256=state_sha256(downlink(v, self.strategy, self.models[p], p)),
+                state_specs=tensor_specs(v), extra_specs=self.strategy.upload_specs(self.models[p]), global_state=v)
+                for p, v in views.items()}
         # the weights are not in the task: a selected client fetches the retained `model` (the task names its
         # hash) and derives the downlink itself, so only the selected clients download weights this round
         self._task_payload = encode(task, pack({"extra": extras}) if extras else None, compress=self.fed.compress)
         self._replied.clear()
-        self._update_ref = delta_reference(self.server.global_state)  # updates are delta-coded against it
+        # updates are delta-coded against the model their client holds (its profile's view)
+        self._update_refs = {p: delta_reference(v) for p, v in views.items()} or {
+            "": delta_reference(self.server.global_state)}
         rs = RoundState(r, task.task_id, chosen, rules, self.fed.round_deadline_s,
                         aggregator=RoundAggregator(self.server, self.strategy, max(len(self.registry), 1),
                                                    self.fed.rounds),
                         stream=self.fed.aggregation == "streaming")
-        rs.bytes_down = len(self._task_payload) + len(self._model_payload or b"")
+        rs.bytes_down = (len(self._task_payload) + len(self._model_payload or b"")
+                         + sum(map(len, self._profile_payloads.values())))
         self.current = rs
         self._pub(self.topics.task, self._task_payload, retain=True)
         logger.info("[ROUND %d/%d] task %s to %s", r + 1, self.fed.rounds, task.task_id[:8], ", ".join(chosen))
@@ -370,6 +422,9 @@ class Coordinator:
         reconnects after the end that its run finished. The final model is in ``global_model.safetensors``.
         """
         topics = [self.topics.task, self.topics.result] + ([self.topics.model] if model else [])
+        if model:
+            topics += [self.topics.profile_model(p) for p in self.profile_specs]
+            self._profile_payloads = {}
         for t in topics:
             self._pub(t, b"", retain=True)
         self._task_payload = None
@@ -399,8 +454,18 @@ class Coordinator:
             self.pump(lambda: len(self.registry.candidates()) >= need, min(left, log_every), stop)
 
     def save_final(self) -> Path:
+        extra: dict[str, Any] = {"federation": self.fed.name, "rounds": self.server.round, "seed": self.fed.seed,
+                                 "transport": "mqtt"}
+        if self.profile_specs:  # the whole server state: shared module + `@<profile>/` modules (export splits it)
+            extra["device_profiles"] = list(self.spec.profiles)
         path = save_final_model(self.out / "global_model.safetensors", self.server.global_state, self.spec,
-                                self.cfg.model.test_batch_size, {"federation": self.fed.name, "rounds": self.server.round,
-                                                                 "seed": self.fed.seed, "transport": "mqtt"})
+                                self.cfg.model.test_batch_size, extra)
         logger.info("final global model saved to %s", path)
+        for p, spec in self.profile_specs.items():  # one deployable checkpoint per device profile
+            pp = save_final_model(self.out / f"global_model.{p}.safetensors",
+                                  self.strategy.client_view(self.server.global_state, p), spec,
+                                  self.cfg.model.test_batch_size,
+                                  {"federation": self.fed.name, "rounds": self.server.round, "seed": self.fed.seed,
+                                   "transport": "mqtt", "profile": p, "device": spec.profiles[0]})
+            logger.info("device profile %s: model saved to %s", p, pp)
         return path

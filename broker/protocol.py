@@ -71,6 +71,10 @@ class Topics:
     def model(self) -> str:
         return f"{self.root}/model"
 
+    def profile_model(self, profile: str) -> str:
+        """Retained model of one device profile (hierarchical federations): shared module + that profile's own."""
+        return f"{self.root}/model/{_checked(profile)}"
+
     @property
     def result(self) -> str:
         return f"{self.root}/result"
@@ -101,6 +105,8 @@ class Topics:
         rest = parts[2:]
         if len(rest) == 1 and rest[0] in ("task", "model", "result"):
             return rest[0], None
+        if len(rest) == 2 and rest[0] == "model" and _is_name(rest[1]):
+            return "model", rest[1]  # a device profile's model (the second part names the profile)
         if len(rest) == 2 and rest[0] in self.KINDS_PER_CLIENT and _is_name(rest[1]):
             return rest[0], rest[1]
         raise ProtocolError(f"unknown topic {topic!r}")
@@ -137,8 +143,8 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    model: Literal["eegnet", "shallow", "deep"]
-    n_channels: int = Field(ge=1, le=1024)
+    model: Literal["eegnet", "shallow", "deep", "fleeg_eegnet"]
+    n_channels: int = Field(ge=0, le=1024)  # 0 only in the federation-wide spec of a multi-profile federation
     n_classes: int = Field(ge=2, le=64)
     n_times: int = Field(ge=1, le=100_000)
     sfreq: float = Field(gt=0, le=100_000)
@@ -147,6 +153,11 @@ class ModelSpec(BaseModel):
     classes: list[Annotated[str, Field(max_length=64)]] = Field(max_length=64)
     preprocess: dict[str, Any] = Field(default_factory=dict)
     strategy: str = Field(default="", max_length=32)
+    #: the device profile this spec is for ("" = one architecture for every client)
+    profile: str = Field(default="", pattern=r"^([A-Za-z0-9_.\-]{1,64})?$")
+    #: device profiles of a hierarchical federation (:meth:`trainer.data.profiles.DeviceProfile.to_dict`):
+    #: every profile in the federation-wide spec, the one profile in a profile's spec
+    profiles: list[dict[Annotated[str, Field(max_length=32)], Any]] = Field(default_factory=list, max_length=64)
 
 
 class JoinMsg(_Msg):
@@ -159,6 +170,7 @@ class JoinMsg(_Msg):
     sfreq: float = Field(gt=0, le=100_000)
     classes: list[Annotated[str, Field(max_length=64)]] = Field(max_length=64)
     capabilities: dict[Annotated[str, Field(max_length=64)], Scalar] = Field(default_factory=dict, max_length=32)
+    profile: str = Field(default="", pattern=r"^([A-Za-z0-9_.\-]{1,64})?$")  # device profile its data matches
 
 
 class StatusMsg(_Msg):
@@ -184,6 +196,9 @@ class TaskMsg(_Msg):
     local: dict[Annotated[str, Field(max_length=32)], float | int] = Field(default_factory=dict, max_length=16)
     compress: bool = False  # clients zlib-compress their update bodies too
     model_sha256: str = Field(default="", pattern=HEX64)  # the retained global model the round trains from
+    #: hierarchical federations: each selected client's device profile, and each profile's retained model hash
+    profiles: dict[Name, Name] = Field(default_factory=dict, max_length=1_000_000)
+    profile_models: dict[Name, Annotated[str, Field(pattern=HEX64)]] = Field(default_factory=dict, max_length=64)
 
 
 class UpdateMsg(_Msg):

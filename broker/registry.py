@@ -21,6 +21,7 @@ class ClientInfo:
     online: bool = True
     rounds_done: int = 0
     rejected: int = 0
+    profile: str = ""  # device profile (hierarchical federations)
 
 
 class Registry:
@@ -41,7 +42,7 @@ class Registry:
         info = self.clients.get(msg.sender)
         if info is None:
             info = self.clients[msg.sender] = ClientInfo(msg.sender, msg.n_trials, dict(msg.capabilities), now, now)
-        info.n_trials, info.capabilities = msg.n_trials, dict(msg.capabilities)
+        info.n_trials, info.capabilities, info.profile = msg.n_trials, dict(msg.capabilities), msg.profile
         info.online, info.last_seen = True, now
         return info
 
@@ -49,6 +50,10 @@ class Registry:
         info = self.clients.get(cid)
         if info is not None:
             info.online, info.last_seen = online, time.time()
+
+    def profiles(self) -> dict[str, str]:
+        """Client id -> device profile, of every client that joined with one."""
+        return {c: i.profile for c, i in self.clients.items() if i.profile}
 
     def candidates(self) -> list[str]:
         return sorted(c for c, i in self.clients.items() if i.online)

@@ -4,7 +4,8 @@ ACL (by username = client id):
 
 * the coordinator (user ``coordinator``) reads and writes ``neurofed/<fed>/#``;
 * a client may publish only its own ``join/<id>``, ``status/<id>``, ``update/<id>``, ``error/<id>``,
-  and read ``task``, ``model``, the coordinator's ``status`` and its own ``error/<id>``; it cannot
+  and read ``task``, ``model``, the coordinator's ``status`` and its own ``error/<id>`` (in a federation
+  of device profiles also ``model/<its profile>``, never another profile's model); it cannot
   publish tasks or models, nor anything under another client's id, and it cannot read ``result``
   (per-round participants and loss) nor other clients' topics.
 
@@ -47,6 +48,7 @@ class SecureBrokerSpec:
     max_packet_mb: int = 64
     coordinator: str = COORDINATOR_ID
     extra: list[str] = field(default_factory=list)
+    profiles: dict[str, str] = field(default_factory=dict)  # client id -> device profile (hierarchical federations)
 
     def __post_init__(self) -> None:
         t = Topics(self.federation)
@@ -54,6 +56,10 @@ class SecureBrokerSpec:
             t.status(c)
             if c == self.coordinator:
                 raise BrokerConfigError(f"client id {c!r} is reserved for the coordinator")
+        for c, p in self.profiles.items():
+            if c not in self.clients:
+                raise BrokerConfigError(f"device profile given for {c!r}, which is not a client")
+            t.profile_model(p)
         if len(set(self.clients)) != len(self.clients):
             raise BrokerConfigError("duplicate client ids")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -78,7 +84,9 @@ def acl_text(spec: SecureBrokerSpec) -> str:
     for c in spec.clients:
         lines += [f"user {c}", f"topic read {t.task}", f"topic read {t.model}", f"topic read {t.status(spec.coordinator)}",
                   f"topic readwrite {t.error(c)}", f"topic write {t.join(c)}", f"topic readwrite {t.status(c)}",
-                  f"topic write {t.update(c)}", ""]
+                  f"topic write {t.update(c)}"]
+        lines += [f"topic read {t.profile_model(spec.profiles[c])}"] if c in spec.profiles else []
+        lines.append("")
     return "\n".join(lines)
 
 

@@ -46,8 +46,18 @@ def check_envelope(kind: str, topic_client: str | None, msg: object, federation:
         raise Rejected("spoofed_sender", f"sender {sender!r} published on {topic_client!r}'s topic")
 
 
-def check_join(msg: JoinMsg, spec: ModelSpec) -> None:
-    """A client's data must fit the federation's model."""
+def check_join(msg: JoinMsg, spec: ModelSpec, profile_specs: Mapping[str, ModelSpec] | None = None) -> None:
+    """A client's data must fit the federation's model (in a hierarchical federation: its device profile's)."""
+    if profile_specs:
+        if not msg.profile:
+            raise Rejected("no_profile", f"this federation serves device profiles {sorted(profile_specs)}; the join "
+                           "names none")
+        if msg.profile not in profile_specs:
+            raise Rejected("unknown_profile", f"device profile {msg.profile!r} is not in this federation "
+                           f"({', '.join(sorted(profile_specs))})")
+        spec = profile_specs[msg.profile]
+    elif msg.profile:
+        raise Rejected("unknown_profile", f"device profile {msg.profile!r}: this federation has no device profiles")
     if msg.n_channels != spec.n_channels or msg.n_times != spec.n_times:
         raise Rejected("incompatible", f"data {msg.n_channels}x{msg.n_times}, model needs {spec.n_channels}x{spec.n_times}")
     if abs(msg.sfreq - spec.sfreq) > 1e-6:
@@ -73,6 +83,16 @@ class UpdateRules:
     norm_bound: float = 0.0
     norm_action: str = "clip"
     max_update_ratio: float = 0.0  # reject ||update - global|| > ratio * max(||global||, 1); 0 = off
+    #: hierarchical rounds: the device profile these rules are for (shapes, base and global view are its)
+    profile: str = ""
+    #: hierarchical rounds: selected client -> its profile, and each profile's rules
+    client_profiles: dict[str, str] = field(default_factory=dict)
+    by_profile: dict[str, UpdateRules] = field(default_factory=dict)
+
+    def for_client(self, cid: str) -> UpdateRules:
+        """The rules of ``cid``'s device profile (these rules when the round has no profiles or cid is unknown)."""
+        p = self.client_profiles.get(cid)
+        return self.by_profile[p] if p is not None and p in self.by_profile else self
 
 
 def check_update(msg: UpdateMsg, tensors: dict[str, Tensor] | None, rules: UpdateRules,
@@ -85,6 +105,7 @@ def check_update(msg: UpdateMsg, tensors: dict[str, Tensor] | None, rules: Updat
     ``replay``; only the same sender re-sending in the same round (a re-issued task) may repeat a body.
     """
     cid = msg.sender
+    rules = rules.for_client(cid)
     if msg.msg_id in seen_ids:
         raise Rejected("replay", f"message id {msg.msg_id} was already received")
     first = bodies.get(msg.body_sha256) if bodies is not None else None
@@ -111,8 +132,8 @@ def check_update(msg: UpdateMsg, tensors: dict[str, Tensor] | None, rules: Updat
     except NeuroFedError as exc:
         raise Rejected("bad_tensors", str(exc)) from None
     state, extras = groups["state"], groups["extra"]
-    _match(state, rules.state_specs, "state")
-    _match(extras, rules.extra_specs, "extra")
+    _match(state, rules.state_specs, "state", rules.profile)
+    _match(extras, rules.extra_specs, "extra", rules.profile)
     for k, v in {**state, **extras}.items():
         if v.is_floating_point() and not bool(torch.isfinite(v).all()):
             raise Rejected("non_finite", f"tensor {k} has NaN or inf")
@@ -123,15 +144,18 @@ def check_update(msg: UpdateMsg, tensors: dict[str, Tensor] | None, rules: Updat
                            f"(limit {rules.max_update_ratio:g} x)")
     if rules.norm_bound > 0:
         state = _bound(state, rules)
-    return ClientUpdate(state, int(msg.n_samples), extras, dict(msg.metrics))
+    return ClientUpdate(state, int(msg.n_samples), extras, dict(msg.metrics), rules.profile)
 
 
-def _match(got: dict[str, Tensor], want: dict[str, TensorSpec], group: str) -> None:
+def _match(got: dict[str, Tensor], want: dict[str, TensorSpec], group: str, profile: str = "") -> None:
     if got.keys() != want.keys():
         missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
         raise Rejected("bad_tensors", f"{group}: missing {missing[:3]}, unexpected {[e[:60] for e in extra[:3]]}")
     for k, spec in want.items():
         v = got[k]
+        if profile and tuple(v.shape) != spec.shape:
+            raise Rejected("wrong_profile", f"{group}.{k} has shape {tuple(v.shape)}, but device profile {profile} "
+                           f"expects {spec.shape} (an update of another profile's model?)")
         if tuple(v.shape) != spec.shape or v.dtype != spec.dtype:
             raise Rejected("bad_tensors", f"{group}.{k}: {tuple(v.shape)} {v.dtype}, expected {spec.shape} {spec.dtype}")
 

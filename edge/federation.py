@@ -12,7 +12,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from broker.transport import (
 from edge import logger
 from trainer.atomic import save_safetensors
 from trainer.data.dataset import SubjectData
+from trainer.data.profiles import DeviceProfile, ProfileError, match_profile
 from trainer.errors import NeuroFedError
 from trainer.experiments.runner import client_seed
 from trainer.fl.client import ClientState, ClientUpdate, client_update, init_client_state
@@ -60,6 +61,8 @@ from trainer.fl.strategies import get_strategy
 from trainer.models import build_model
 
 DataLoader = Callable[[ModelSpec], SubjectData]
+#: ``() -> (channel names, sampling rate in Hz)`` of the client's device (its recording / stream, before preprocessing)
+Montage = Callable[[], tuple[Sequence[str], float]]
 
 
 @dataclass
@@ -125,11 +128,15 @@ class EdgeClient:
         Seconds to wait for a running federation (the coordinator's model) before giving up.
     wait_for_broker : float
         Seconds to keep retrying an unreachable broker (0: fail at once with one clear error).
+    montage : callable, optional
+        The device's channels and rate: in a federation of several device profiles (issue 19) the
+        client is the profile they match (:func:`trainer.data.profiles.match_profile`), announces it
+        when joining and fetches only that profile's model (``model/<profile>``).
     """
 
     def __init__(self, broker_url: str, federation: str, client_id: str, load_data: DataLoader,
                  state_dir: str | Path, join_timeout: float = 120.0, wait_for_broker: float = 0.0,
-                 **transport_kw: Any) -> None:
+                 montage: Montage | None = None, **transport_kw: Any) -> None:
         self.topics = Topics(federation)
         self.topics.status(client_id)  # validates the id
         if client_id == COORDINATOR_ID:
@@ -150,6 +157,8 @@ class EdgeClient:
         self.global_state: dict[str, Tensor] = {}
         self.global_hash = ""                   # SHA-256 of the global model we hold (= ModelMsg body hash)
         self.sent: deque[str] = deque(maxlen=1024)  # our recent msg_ids: replies about others' messages are forged
+        self.montage = montage
+        self.profile: str | None = None        # our device profile in a hierarchical federation
 
     # ------------------------------------------------------------------ plumbing
     def _status(self, state: str, rnd: int | None = None) -> bytes:
@@ -169,13 +178,45 @@ class EdgeClient:
         self.sent.append(msg.msg_id)
         self._pub(topic, encode(msg, tensors, compress=compress, reference=reference), wait=wait)
 
+    def _model_topic(self) -> str:
+        """The retained model we train from: our device profile's in a hierarchical federation, else ``model``."""
+        return self.topics.profile_model(self.profile) if self.profile else self.topics.model
+
     def _want_model(self, want: bool) -> None:
-        """Subscribe to the retained ``model`` only while we need it (saves a model download per round)."""
+        """Subscribe to the retained model only while we need it (saves a model download per round)."""
         assert self.transport is not None
-        if want and self.topics.model not in self.transport.subscriptions:
-            self.transport.subscribe(self.topics.model)
-        elif not want and self.topics.model in self.transport.subscriptions:
-            self.transport.unsubscribe(self.topics.model)
+        topic = self._model_topic()
+        for t in [t for t in self.transport.subscriptions if t.startswith(self.topics.model) and t != topic]:
+            self.transport.unsubscribe(t)  # the federation-wide `model` once we know our profile, or vice versa
+        if want and topic not in self.transport.subscriptions:
+            self.transport.subscribe(topic)
+        elif not want and topic in self.transport.subscriptions:
+            self.transport.unsubscribe(topic)
+
+    def _new_run_seen(self) -> None:
+        """Another run is going on: learn about it from the federation-wide ``model`` (its profiles may differ)."""
+        self.profile = None
+        self._want_model(True)
+
+    def _task_model(self, task: TaskMsg) -> str:
+        """Hash of the retained model ``task`` trains from (our profile's in a hierarchical federation)."""
+        return task.profile_models.get(self.profile, "") if self.profile else task.model_sha256
+
+    def _match_profile(self, meta: ModelSpec) -> str:
+        """Which of the federation's device profiles our device is; one clear error (also told to the
+        coordinator) if none."""
+        try:
+            if self.montage is None:
+                raise ProfileError("this client cannot tell its device's channels and rate, so it cannot join a "
+                                   "federation of device profiles")
+            ch, sfreq = self.montage()
+            prof = match_profile(ch, sfreq, [DeviceProfile.from_dict(d) for d in meta.profiles])
+        except ProfileError as exc:  # tell the coordinator too (waiting for delivery: we are about to leave)
+            self._send(self.topics.error(self.cid), ErrorMsg(federation=self.fed, sender=self.cid, code="unknown_profile",
+                                                             message=str(exc)[:1000]), wait=5.0)
+            raise
+        logger.info("%s: device matches profile %s", self.cid, prof.name)
+        return prof.name
 
     def _announce(self) -> None:
         self._pub(self.topics.status(self.cid), self._status("online"), retain=True, wait=None)
@@ -184,7 +225,7 @@ class EdgeClient:
             join = JoinMsg(federation=self.fed, sender=self.cid, n_trials=int(d.X.shape[0]), n_channels=int(d.X.shape[1]),
                            n_times=int(d.X.shape[2]), sfreq=float(d.sfreq), classes=list(d.classes),
                            capabilities={"torch": torch.__version__, "threads": torch.get_num_threads()},
-                           run_id=self.run_id or "")
+                           run_id=self.run_id or "", profile=self.profile or "")
             self._send(self.topics.join(self.cid), join, wait=None)
 
     def _error(self, code: str, message: str, rnd: int | None = None) -> None:
@@ -193,12 +234,26 @@ class EdgeClient:
                    wait=None)
 
     # ------------------------------------------------------------------ handlers
-    def _on_model(self, msg: ModelMsg, tensors: dict[str, Tensor]) -> None:
+    def _finished_elsewhere(self, msg: ModelMsg) -> bool:
+        """A final model of a run that is not ours: it had ended before we came."""
         if msg.final and msg.run_id != self.run_id:
             if self.finished_run != msg.run_id:
                 self.finished_run = msg.run_id
                 logger.info("%s: run %s of %s had already finished; waiting for a new run", self.cid,
                             msg.run_id[:8] or "-", self.fed)
+            return True
+        return False
+
+    def _on_federation_model(self, msg: ModelMsg) -> None:
+        """The federation-wide ``model`` of a hierarchical federation: find our profile, then fetch its model."""
+        if self._finished_elsewhere(msg):
+            return
+        if self.profile is None or msg.run_id != self.run_id:
+            self.profile = self._match_profile(msg.meta)
+        self._want_model(True)
+
+    def _on_model(self, msg: ModelMsg, tensors: dict[str, Tensor]) -> None:
+        if self._finished_elsewhere(msg):
             return
         joining = msg.run_id != self.run_id or self.data is None
         if msg.run_id != self.run_id:
@@ -225,7 +280,7 @@ class EdgeClient:
             self._announce()
         if self.pending is not None and self.pending[0].run_id != self.run_id:
             self.pending = None  # a task of another run
-        if self.pending is None or self.pending[0].model_sha256 == self.global_hash:
+        if self.pending is None or self._task_model(self.pending[0]) == self.global_hash:
             self._want_model(False)
 
     def _on_task(self, task: TaskMsg, tensors: dict[str, Tensor] | None) -> None:
@@ -234,17 +289,20 @@ class EdgeClient:
                 self.pending = (task, tensors or {})
             return
         if task.run_id != self.run_id:  # another run is going on: fetch its model to learn about it
-            self._want_model(True)
+            self._new_run_seen()
             return
         if self.cid not in task.selected:
             return
-        if self.data is None or not self.state.init or self.spec is None or task.model_sha256 != self.global_hash:
+        if task.profiles.get(self.cid, "") != (self.profile or ""):
+            raise NeuroFedError(f"the task names device profile {task.profiles.get(self.cid, '')!r} for us, but our "
+                                f"device is {self.profile or 'none'!r}")
+        if self.data is None or not self.state.init or self.spec is None or self._task_model(task) != self.global_hash:
             self.pending = (task, tensors or {})
             self._want_model(True)  # the retained model this task trains from
             return
         self.pending = None
         strategy = get_strategy(task.strategy, **task.strategy_overrides)
-        down = downlink(self.global_state, strategy, self._build_model())
+        down = downlink(self.global_state, strategy, self._build_model(), self.profile or "")
         extras = unpack(tensors or {}, ("extra",))["extra"]
         base = state_sha256(down)
         st = self.state
@@ -278,10 +336,10 @@ class EdgeClient:
         cfg = LocalConfig(**task.local)
         model = self._build_model()
         if start is None:
-            start = init_client_state(self.state.init, model, strategy)
+            start = init_client_state(self.state.init, model, strategy, self.profile or "")
         t0 = time.monotonic()
         upd, new_state = client_update(model, down, start, self.data.X, self.data.y, strategy, cfg,
-                                       client_seed(task.seed, task.round, self.cid), extras)
+                                       client_seed(task.seed, task.round, self.cid), extras, self.profile or "")
         logger.info("%s: round %d trained in %.2f s (loss %.4f)", self.cid, task.round, time.monotonic() - t0,
                     upd.metrics.get("loss", float("nan")))
         return upd, new_state
@@ -301,7 +359,7 @@ class EdgeClient:
         if msg.run_id == self.run_id and msg.state == "done":  # we missed the final result (e.g. reconnected late)
             self.finished = True
         elif msg.run_id != self.run_id and msg.state == "online":
-            self._want_model(True)  # a new run replaced ours: its model tells us what to do
+            self._new_run_seen()  # a new run replaced ours: its model tells us what to do
 
     def handle(self, item: Incoming) -> None:
         if item.event == "connected":
@@ -320,8 +378,13 @@ class EdgeClient:
             logger.warning("%s: ignoring message on %s: %s", self.cid, item.topic, exc)
             return
         if kind == "model" and msg.kind == "model":
+            if msg.meta.profiles and not msg.meta.profile:
+                self._on_federation_model(msg)
+                return
+            if (msg.meta.profile or None) != self.profile or (who or None) != self.profile:
+                return  # not the model of our device profile (or a stale subscription)
             self._on_model(msg, tensors)
-            if self.pending is not None and self.pending[0].model_sha256 == self.global_hash:
+            if self.pending is not None and self._task_model(self.pending[0]) == self.global_hash:
                 task, t = self.pending
                 self._run_task(task, t)
         elif kind == "task" and msg.kind == "task":

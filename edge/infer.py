@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -301,3 +302,47 @@ def check_stream(meta: OnnxModelMeta, ch_names: Sequence[str], sfreq: float,
             f"stream rate {sfreq} Hz differs from the model's {meta.sfreq} Hz (no resampling configured)"
         )
     return layout
+
+
+def pick_model(models: Sequence[str | Path], ch_names: Sequence[str], sfreq: float) -> Path:
+    """The exported model to decode a stream with, among ``models`` (files or folders of ``.onnx`` files).
+
+    One model with no device profile in its metadata decodes any stream that has its channels (as
+    before). Otherwise the stream (channel names in order, rate) must match exactly one model's
+    device profile (:func:`trainer.data.profiles.match_profile`, as an edge client's recorded data
+    must to join a federation of profiles); a stream matching none, several models of one profile,
+    or a mix of models with and without a profile are each refused with one line.
+    """
+    from export.metadata import read_onnx_meta
+    from trainer.data.profiles import DeviceProfile, match_profile
+
+    files: list[Path] = []
+    for m in map(Path, models):
+        if m.is_dir():
+            found = sorted(m.glob("*.onnx"))
+            if not found:
+                raise NeuroFedError(f"{m}: folder holds no .onnx model")
+            files += found
+        else:
+            files.append(m)
+    if not files:
+        raise NeuroFedError("no model given (--model FILE or FOLDER)")
+    metas = {f: read_onnx_meta(f) for f in files}
+    plain = [f for f, m in metas.items() if m.profile is None]
+    if len(files) == 1 and plain:
+        return files[0]
+    if plain:
+        raise NeuroFedError(f"several models given, but {', '.join(map(str, plain))} "
+                            "name(s) no device profile: cannot tell which stream each one decodes")
+    by_profile: dict[str, list[Path]] = {}
+    profiles: dict[str, DeviceProfile] = {}
+    for f, m in metas.items():
+        p = DeviceProfile.from_dict(m.profile, str(f))
+        by_profile.setdefault(p.name, []).append(f)
+        profiles[p.name] = p
+    prof = match_profile(ch_names, sfreq, profiles.values())
+    if len(by_profile[prof.name]) > 1:
+        raise NeuroFedError(f"stream matches device profile {prof.name}, which several models are for "
+                            f"({', '.join(map(str, by_profile[prof.name]))}); give one")
+    logger.info("stream matches device profile %s: decoding with %s", prof.name, by_profile[prof.name][0])
+    return by_profile[prof.name][0]

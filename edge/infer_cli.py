@@ -177,8 +177,10 @@ def log_sink(console) -> Callable[[object], None]:
 
 
 def infer(
-    model: Annotated[Path, typer.Option(help="exported .onnx model (neurofed export; a --standalone export runs "
-                                              "the very graph apps run)")],
+    model: Annotated[list[Path], typer.Option(help="exported .onnx model (neurofed export; a --standalone export "
+                                                    "runs the very graph apps run). Repeat it, or give a folder, "
+                                                    "for one model per device profile: the one whose profile "
+                                                    "matches the stream's channels and rate is used")],
     stream: Annotated[str, typer.Option(help="EEG LSL stream name")],
     source_id: Annotated[
         str | None, typer.Option(help="EEG stream source_id (picks one of several streams with that name)")
@@ -216,7 +218,7 @@ def infer(
     """Decode a live headset: predictions out as an LSL stream (and MQTT if asked)."""
     from rich.console import Console
 
-    from edge.infer import InferenceEngine, StandaloneStep
+    from edge.infer import InferenceEngine, StandaloneStep, pick_model
     from edge.lsl_io import Inlet, check_marker_stream, check_unique, find_stream
     from export.runtime import OnnxModel, load_model
     from export.standalone import StandaloneModel
@@ -224,9 +226,14 @@ def infer(
     console = Console()
     if mode not in ("cue", "sliding"):
         raise typer.BadParameter(f"mode {mode!r}: use cue or sliding")
-    standalone = bool(load_model(model)[1].standalone)
-    om = StandaloneModel(model, threads=threads) if standalone else OnnxModel(model, threads=threads)
     eeg = Inlet(find_stream(name=stream, source_id=source_id, timeout=timeout, unique=False))
+    try:
+        chosen = pick_model(model, eeg.meta.ch_names, eeg.meta.sfreq)
+    except NeuroFedError:
+        eeg.close()
+        raise
+    standalone = bool(load_model(chosen)[1].standalone)
+    om = StandaloneModel(chosen, threads=threads) if standalone else OnnxModel(chosen, threads=threads)
     ref = None
     if ea_reference is not None:
         try:

@@ -14,15 +14,27 @@ if TYPE_CHECKING:  # the heavy imports (torch via safetensors, mne) wait until t
     from trainer.data.dataset import SubjectData
 
 
-def make_loader(data_dir: Path | None, subject: int | None, store: Path | None):
-    """``ModelSpec -> SubjectData`` from EEGMMIDB files (``--data-dir/--subject``) or a captured store."""
+def make_loader(data_dir: Path | None, subject: int | None, store: Path | None, profile: str | None = None,
+                noise_seed: int = 0):
+    """``ModelSpec -> SubjectData`` from EEGMMIDB files (``--data-dir/--subject``) or a captured store.
+
+    In a federation of device profiles (``spec.profile`` set) an EEGMMIDB subject is recorded through
+    ``profile`` (default ``lab64``, the recording as it is; :func:`trainer.data.profiles.load_profile_subject`,
+    as ``neurofed simulate --profiles`` does) and keeps all of that device's channels.
+    """
     if (store is None) == (subject is None):
         raise DataError("give either --store DIR or --subject N (with --data-dir)")
+    if profile is not None and store is not None:
+        raise DataError("--profile presents an EEGMMIDB subject through a device; a --store is already a device's")
 
     def load(spec: ModelSpec) -> SubjectData:
         from trainer.data.config import PreprocessConfig
 
         cfg = PreprocessConfig.from_dict(spec.preprocess)
+        if spec.profile and store is None:
+            from trainer.data.profiles import load_profile_subject
+
+            return load_profile_subject(int(subject), profile or "lab64", cfg, data_dir, noise_seed)  # type: ignore[arg-type]
         if store is not None:
             try:
                 from edge.store import LocalStore  # written by the capture feature
@@ -34,6 +46,26 @@ def make_loader(data_dir: Path | None, subject: int | None, store: Path | None):
         return load_eegmmidb_subject(int(subject), cfg, data_dir)  # type: ignore[arg-type]
 
     return load
+
+
+def make_montage(store: Path | None, profile: str | None):
+    """``() -> (channels, rate)`` of this client's device: the store's, or the ``--profile`` an EEGMMIDB
+    subject is presented through (default ``lab64``)."""
+
+    def montage() -> tuple[list[str], float]:
+        if store is not None:
+            from edge.store import LocalStore
+
+            st = LocalStore(store)
+            if not st.meta:
+                raise DataError(f"{store}: the store holds no trials yet, so its device is unknown")
+            return list(st.meta["ch_names"]), float(st.meta["sfreq"])
+        from trainer.data.profiles import get_profile
+
+        p = get_profile(profile or "lab64")
+        return list(p.channels), p.sfreq
+
+    return montage
 
 
 def join(
@@ -51,6 +83,10 @@ def join(
     keepalive: Annotated[int, typer.Option(help="MQTT keepalive seconds (dropout detection ~1.5x).")] = 10,
     ca_certs: Annotated[Path | None, typer.Option(help="CA file for mqtts://.")] = None,
     max_seconds: Annotated[float | None, typer.Option(help="Leave after this many seconds.")] = None,
+    profile: Annotated[str | None, typer.Option(
+        help="With --subject: the device profile (shipped name or .json) the recording is presented through in a "
+        "federation of device profiles (default lab64: the recording as it is).")] = None,
+    noise_seed: Annotated[int, typer.Option(help="With --profile: seed of the profile's simulated noise.")] = 0,
 ) -> None:
     """Join a federation: train on local trials when selected, upload weights only (never EEG)."""
     if wait_for_broker <= 0:  # fail in about a second on a dead broker, before importing torch
@@ -65,9 +101,9 @@ def join(
     from edge.federation import EdgeClient
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    loader = make_loader(data_dir, subject, store)
+    loader = make_loader(data_dir, subject, store, profile, noise_seed)
     client = EdgeClient(broker, federation, client_id, loader, state_dir.expanduser(), join_timeout, wait_for_broker,
-                        keepalive=keepalive, ca_certs=str(ca_certs) if ca_certs else None)
+                        montage=make_montage(store, profile), keepalive=keepalive, ca_certs=str(ca_certs) if ca_certs else None)
     try:
         n = client.run(max_seconds=max_seconds)
     except KeyboardInterrupt:

@@ -71,6 +71,9 @@ def export_cmd(
 
         if int8:
             raise NeuroFedError("--int8 applies to the plain export, not to --standalone")
+        if checkpoint.is_file() and _hierarchical(checkpoint):
+            raise NeuroFedError(f"{checkpoint} holds several device profiles' models: give --standalone one profile's "
+                                "checkpoint (the coordinator writes global_model.<profile>.safetensors)")
         with console.status("exporting the standalone graph..."):
             meta, _ = export_standalone(checkpoint, output, rate, unit, step)
         sa = meta.standalone
@@ -84,6 +87,11 @@ def export_cmd(
 
     if not checkpoint.is_file():
         raise NeuroFedError(f"{checkpoint}: checkpoint file not found")
+    if _hierarchical(checkpoint):  # a fleeg federation's server state: one model per device profile
+        if int8:
+            raise NeuroFedError("--int8: export the profiles first, then quantise each profile's model")
+        _export_profiles(checkpoint, output, data_dir, verify, verify_subjects, report)
+        return
     model, cmeta = load_checkpoint(checkpoint)
     X = y = ids = None
     held = True
@@ -113,6 +121,39 @@ def export_cmd(
             f"{d['size_fp32_bytes']} -> {d['size_int8_bytes']} bytes)"
         )
     _write_json(report, out)
+
+
+def _hierarchical(checkpoint: Path) -> bool:
+    from safetensors import safe_open
+
+    from trainer.checkpoint import is_hierarchical
+    from trainer.errors import NeuroFedError
+
+    try:
+        with safe_open(str(checkpoint), framework="pt") as f:
+            return is_hierarchical(f.keys())
+    except Exception as exc:  # not a safetensors file: load_checkpoint says so clearly
+        if isinstance(exc, NeuroFedError):
+            raise
+        return False
+
+
+def _export_profiles(checkpoint: Path, output: Path, data_dir: str | None, verify: bool, verify_subjects: str | None,
+                     report: Path | None) -> None:
+    """Export one verified ONNX model per device profile of a hierarchical checkpoint."""
+    from export.onnx_export import export_profiles, report_dict
+
+    with console.status("exporting and verifying one model per device profile..."):
+        done = export_profiles(checkpoint, output, data_dir, verify, _parse_subjects(verify_subjects, data_dir))
+    out = {}
+    for p, (path, meta, rep) in done.items():
+        worst = max(rep.max_abs_diff.values(), default=float("nan"))
+        console.print(f"profile {p}: wrote {path} ({meta.n_channels} ch of {meta.profile['name']} at "
+                      f"{meta.profile['sfreq']:g} Hz, model_hash {meta.model_hash[:12]}...)"
+                      + (f"; verified on {rep.n_trials} trials of {', '.join(rep.subjects)}, max |dlogit| "
+                         f"{worst:.1e}" if verify else ""))
+        out[p] = {"path": str(path), **report_dict(meta, rep)}
+    _write_json(report, {"profiles": out})
 
 
 def _parse_event_map(spec: str) -> dict[str, str]:

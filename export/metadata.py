@@ -63,6 +63,9 @@ class OnnxModelMeta(ModelCard):  # type: ignore[misc, valid-type]
     output_name: str = OUTPUT_NAME
     quantized: str | None = None
     standalone: dict[str, Any] | None = None
+    #: the device profile the model is for (:meth:`trainer.data.profiles.DeviceProfile.to_dict`: name,
+    #: channels and rate of the stream it decodes); None: a model for no particular device
+    profile: dict[str, Any] | None = None
 
     @field_validator("test_batch_size")
     @classmethod
@@ -103,6 +106,9 @@ def package_version() -> str:
 
 def build_meta(ckpt_meta: ModelMeta, state: Mapping[str, torch.Tensor]) -> OnnxModelMeta:
     """ONNX metadata: the checkpoint's :class:`~trainer.checkpoint.ModelMeta` plus what export adds."""
+    from trainer.checkpoint import device_of
+
+    device = device_of(ckpt_meta)
     pre = dict(ckpt_meta.preprocess or {})
     ea = bool(pre.get("ea", False))
     ea_policy = (
@@ -121,6 +127,7 @@ def build_meta(ckpt_meta: ModelMeta, state: Mapping[str, torch.Tensor]) -> OnnxM
         ea_policy=ea_policy,
         model_hash=model_hash(state),
         neurofed_version=package_version(),
+        profile=device.to_dict() if device is not None else None,
     )
 
 

@@ -25,6 +25,7 @@ from torch import nn
 from export.metadata import INPUT_NAME, OUTPUT_NAME, OnnxModelMeta, build_meta, embed_meta
 from export.runtime import make_session
 from trainer.atomic import atomic_write_bytes
+from trainer.checkpoint import ModelMeta
 from trainer.errors import NeuroFedError
 
 logger = logging.getLogger("neurofed.export")
@@ -192,9 +193,17 @@ def held_out_data(
                 "every subject in the data folder was used for training; verifying on trained subjects"
             )
         subjects = free[:n_subjects]
+    from trainer.checkpoint import device_of
+
+    device = device_of(meta) if isinstance(meta, ModelMeta) else None
     xs, ys, ids = [], [], []
     for s in subjects:
-        sd = load_eegmmidb_subject(s, cfg, data_dir, task=task)
+        if device is not None:  # a device profile's model: the subject recorded through that device
+            from trainer.data.profiles import load_profile_subject
+
+            sd = load_profile_subject(s, device, cfg, data_dir, task=task)
+        else:
+            sd = load_eegmmidb_subject(s, cfg, data_dir, task=task)
         if sd.X.shape[1:] != (meta.n_channels, meta.n_times):
             raise NeuroFedError(
                 f"S{s:03d} preprocessed to shape {sd.X.shape[1:]}, but the model expects "
@@ -252,7 +261,7 @@ def export_checkpoint(
     verify: bool = True,
     subjects: Sequence[int] | None = None,
 ) -> tuple[OnnxModelMeta, VerifyReport]:
-    """``neurofed export``: checkpoint -> verified ONNX file with metadata."""
+    """``neurofed export``: checkpoint -> verified ONNX file with metadata (one model; see :func:`export_profiles`)."""
     from trainer.checkpoint import load_checkpoint
 
     if not Path(ckpt).is_file():
@@ -263,6 +272,46 @@ def export_checkpoint(
     if verify:
         X, _, ids, held = held_out_data(cmeta, data_dir, subjects)
     return export_model(model, cmeta, out, X, ids, held)
+
+
+def profile_output(out: str | os.PathLike, profile: str) -> Path:
+    """Where a device profile's model of a hierarchical checkpoint goes: ``model.onnx`` -> ``model.<profile>.onnx``."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}.{profile}{out.suffix or '.onnx'}")
+
+
+def export_profiles(
+    ckpt: str | os.PathLike,
+    out: str | os.PathLike,
+    data_dir: str | os.PathLike | None = None,
+    verify: bool = True,
+    subjects: Sequence[int] | None = None,
+) -> dict[str, tuple[Path, OnnxModelMeta, VerifyReport]]:
+    """Export every deployable model of a checkpoint (:func:`trainer.checkpoint.load_profile_models`).
+
+    A hierarchical (``fleeg``) checkpoint gives one ONNX model per device profile (shared module + that
+    profile's own, its profile in the metadata), written to :func:`profile_output`, each verified against
+    torch on real held-out trials recorded through its device; any other checkpoint gives ``out``.
+    """
+    from safetensors import safe_open
+
+    from trainer.checkpoint import is_hierarchical, load_profile_models
+
+    if not Path(ckpt).is_file():
+        raise NeuroFedError(f"{ckpt}: checkpoint file not found")
+    models = load_profile_models(ckpt)
+    with safe_open(str(ckpt), framework="pt") as f:
+        split = is_hierarchical(f.keys())
+    done = {}
+    for p, (model, cmeta) in models.items():
+        X = ids = None
+        held = True
+        if verify:
+            X, _, ids, held = held_out_data(cmeta, data_dir, subjects)
+        path = profile_output(out, p) if split else Path(out)
+        meta, rep = export_model(model, cmeta, path, X, ids, held)
+        done[p] = (path, meta, rep)
+    return done
 
 
 def report_dict(meta: OnnxModelMeta, report: VerifyReport) -> dict:

@@ -106,3 +106,63 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[nn.Module, ModelMeta]:
     except RuntimeError as exc:
         raise NeuroFedError(f"{path}: weights do not fit a {meta.model} model ({exc})") from None
     return model, meta
+
+
+# ---------------------------------------------------------------------------- device profiles (issue 19)
+def device_of(meta: ModelMeta):
+    """The device profile a model is for (:class:`trainer.data.profiles.DeviceProfile`), or None.
+
+    From ``extra["device"]`` (the profile's definition, written by the coordinator and by a split
+    hierarchical checkpoint), else ``extra["profile"]`` as a shipped profile's name.
+    """
+    from trainer.data.profiles import DeviceProfile, get_profile
+
+    dev, name = meta.extra.get("device"), meta.extra.get("profile")
+    if dev:
+        return DeviceProfile.from_dict(dev, "checkpoint metadata")
+    return get_profile(name) if name else None
+
+
+def is_hierarchical(keys) -> bool:
+    """Whether state-dict keys include per-profile modules (``@<profile>/<key>``, :func:`trainer.fl.api.group_key`)."""
+    from trainer.fl.api import GROUP_MARK
+
+    return any(k.startswith(GROUP_MARK) for k in keys)
+
+
+def load_profile_models(path: str | os.PathLike) -> dict[str, tuple[nn.Module, ModelMeta]]:
+    """Every deployable model of a checkpoint, by device profile (``""``: a model for no particular device).
+
+    A hierarchical checkpoint (the server state of a ``fleeg`` federation: the shared module plus
+    ``@<profile>/`` modules, ``extra["device_profiles"]`` their definitions) gives one model per
+    profile: the shared module and that profile's own (:func:`trainer.fl.api.group_view`), with the
+    profile's channels and its definition in ``extra["device"]``. Any other checkpoint gives itself,
+    under its ``extra["profile"]`` if it has one.
+    """
+    from dataclasses import replace
+
+    from trainer.data.profiles import DeviceProfile
+    from trainer.fl.api import group_view, groups_of
+
+    meta = read_meta(path)
+    state = load_file(str(path))
+    if not is_hierarchical(state):
+        model, meta = load_checkpoint(path)
+        return {str(meta.extra.get("profile", "")): (model, meta)}
+    defs = {d.get("name"): d for d in meta.extra.get("device_profiles", [])}
+    out: dict[str, tuple[nn.Module, ModelMeta]] = {}
+    for g in groups_of(state):
+        if g not in defs:
+            raise NeuroFedError(f"{path}: holds a module of device profile {g!r} but not its definition "
+                                "(extra.device_profiles)")
+        dev = DeviceProfile.from_dict(defs[g], f"{path} ({g})")
+        extra = {k: v for k, v in meta.extra.items() if k != "device_profiles"}
+        pm = replace(meta, n_channels=dev.n_channels, ch_names=list(dev.channels),
+                     extra={**extra, "profile": g, "device": dev.to_dict()})
+        model = pm.build()
+        try:
+            model.load_state_dict(group_view(state, g), strict=True)
+        except RuntimeError as exc:
+            raise NeuroFedError(f"{path}: profile {g}'s weights do not fit a {pm.model} model ({exc})") from None
+        out[g] = (model, pm)
+    return out
