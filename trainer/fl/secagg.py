@@ -36,8 +36,11 @@ never exceeds ``bound * 2^frac_bits`` and ``frac_bits = 30 - ceil(log2 bound)`` 
 
 from __future__ import annotations
 
+import base64
+import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from Crypto.Protocol.SecretSharing import Shamir
@@ -51,6 +54,9 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from trainer.errors import NeuroFedError
 
 MOD = 1 << 32
+SEALED_LEN = 49 + 16  # a sealed share: index, b, key halves (49 bytes) + the Poly1305 tag
+B_SHARE_LEN = 17      # a revealed self-mask share: index + 16 bytes
+KEY_SHARE_LEN = 33    # a revealed key share: index + 2 x 16 bytes
 
 
 class SecAggError(NeuroFedError):
@@ -179,12 +185,13 @@ class SecAggClient:
 
     cid: int
     round_id: bytes
-    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    rng: np.random.Generator | None = None  # None: os.urandom (a deployment); a Generator only for reproducible tests
 
     def __post_init__(self) -> None:
-        self._key = X25519PrivateKey.from_private_bytes(self.rng.bytes(32))
-        self._ckey = X25519PrivateKey.from_private_bytes(self.rng.bytes(32))  # channel key: encrypts shares
-        self._b = self.rng.bytes(16)
+        draw = os.urandom if self.rng is None else self.rng.bytes
+        self._key = X25519PrivateKey.from_private_bytes(draw(32))
+        self._ckey = X25519PrivateKey.from_private_bytes(draw(32))  # channel key: encrypts shares
+        self._b = draw(16)
 
     def public_key(self) -> bytes:
         """Step 1: the masking public key to advertise."""
@@ -361,3 +368,24 @@ def decode_update_sum(total: np.ndarray, bound: float) -> tuple[np.ndarray, floa
     if w <= 0:
         raise SecAggError(f"the unmasked weight sum is {w}: the masked inputs were inconsistent")
     return x[:-2] / w, float(x[-2] / w), w
+
+
+# ----------------------------------------------------------------------------- wire helpers
+def masked_keys(state: Mapping[str, Any]) -> list[str]:
+    """The state entries secure aggregation sums, in wire order: the floating ones, sorted by name."""
+    return sorted(k for k, v in state.items() if v.is_floating_point())
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def unb64(text: str, n: int, what: str) -> bytes:
+    """Decode base64 ``text`` of exactly ``n`` bytes, else SecAggError naming ``what``."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        raise SecAggError(f"{what} is not base64") from None
+    if len(raw) != n:
+        raise SecAggError(f"{what} is {len(raw)} bytes, expected {n}")
+    return raw
