@@ -122,6 +122,7 @@ class SecAggRound(RoundState):
     failure: str = ""
     n_masked: int = 0
     total: ClientUpdate | None = None
+    cpu_s: float = 0.0  # the coordinator's own secure-aggregation work this round (validation, routing, unmask)
 
     @classmethod
     def from_round(cls, rs: RoundState, **kw: Any) -> SecAggRound:
@@ -183,10 +184,13 @@ class SecAggRound(RoundState):
         want = {"sa_keys": "keys", "sa_shares": "shares", "sa_masked": "masked", "sa_reveal": "unmask"}[msg.kind]
         if self.phase != want:
             raise Rejected("secagg_phase", f"{msg.kind} during the {self.phase} phase")
+        t0 = time.perf_counter()
         try:
             getattr(self, f"_on_{msg.kind}")(msg, tensors)
         except SecAggError as exc:
             raise Rejected("bad_secagg", str(exc)) from None
+        finally:
+            self.cpu_s += time.perf_counter() - t0
         self.bytes_up += nbytes
 
     def _on_sa_keys(self, msg: Any, tensors: Any) -> None:
@@ -242,6 +246,14 @@ class SecAggRound(RoundState):
     # ------------------------------------------------------------------ phases
     def complete(self, min_updates: int, now: float | None = None) -> bool:  # type: ignore[override]
         now = time.monotonic() if now is None else now
+        t0, phase = time.perf_counter(), self.phase
+        try:
+            return self._advance(now)
+        finally:
+            if self.phase != phase:
+                self.cpu_s += time.perf_counter() - t0
+
+    def _advance(self, now: float) -> bool:
         live = lambda ids, done: [c for c in ids if c not in done and c not in self.offline]  # noqa: E731
         if self.phase == "keys":
             if not live(self.selected, self.keys) or now >= self.started + min(self.phase_s, self.collect_s):
@@ -338,4 +350,5 @@ class SecAggRound(RoundState):
     def report(self) -> dict[str, Any]:
         return {"roster": len(self.roster), "shared": len(self.sharers), "masked": len(self.masked),
                 "revealed": len(self.reveals), "k": self.k, "t": self.t, "phases_s": dict(self.timings),
+                "coordinator_cpu_s": round(self.cpu_s, 4),
                 "failure": self.failure or None}
