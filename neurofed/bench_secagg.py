@@ -47,7 +47,7 @@ from trainer.models import build_model
 class SecAggSwarm:
     """``n`` simulated clients on one connection: join, answer tasks (plain or masked), follow the secagg steps."""
 
-    def __init__(self, url: str, fed: str, n: int, seed: int = 0) -> None:
+    def __init__(self, url: str, fed: str, n: int, seed: int = 0, drop_after_shares: frozenset[str] = frozenset()) -> None:
         self.topics, self.fed = Topics(fed), fed
         self.ids = [f"sim{i:04d}" for i in range(n)]
         self.t = MqttTransport(url, f"swarm-{uuid.uuid4().hex[:6]}").connect()
@@ -60,6 +60,8 @@ class SecAggSwarm:
         self.sessions: dict[str, SecAggSession] = {}
         self.cpu_s = 0.0
         self.done = False
+        self.drop = drop_after_shares  # these clients vanish after sending their shares (their last will: offline)
+        self.updates: dict[str, dict[str, torch.Tensor]] = {}  # what each client trained, last round
 
     def wait_model(self, timeout: float = 120.0) -> None:
         end = time.monotonic() + timeout
@@ -94,6 +96,7 @@ class SecAggSwarm:
             st = {k: v + 1e-3 * torch.randn(v.shape, generator=self.rng) if v.is_floating_point() else v
                   for k, v in {**g, **down}.items()}
             upd = ClientUpdate(st, 45, {}, {"loss": 0.69})
+            self.updates[cid] = st
             if task.secagg is None:
                 u = UpdateMsg(federation=self.fed, sender=cid, round=task.round, task_id=task.task_id, n_samples=45,
                               base_sha256=base, metrics={"loss": 0.69}, run_id=task.run_id)
@@ -124,6 +127,10 @@ class SecAggSwarm:
                 out = self.sessions[cid].step(msg)
                 self.cpu_s += time.process_time() - t0
                 self._send(cid, out)
+                if cid in self.drop and any(m.kind == "sa_shares" for m, _ in out):
+                    del self.sessions[cid]
+                    self.t.publish(self.topics.status(cid), encode(StatusMsg(federation=self.fed, sender=cid,
+                                                                             state="offline")), retain=True, wait=None)
 
     def close(self) -> None:
         self.t.close()
