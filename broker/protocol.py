@@ -273,15 +273,18 @@ class SaKeysMsg(_SaMsg):
 
 
 class SaRosterMsg(_SaMsg):
-    """Step 1, coordinator to one client: who advertised keys, the graph, and its neighbours' keys."""
+    """Step 1, coordinator to one client: the roster's size, the client's index in it, the graph, and its
+    neighbours' indices and keys (O(k) bytes per client: the roster itself is not sent)."""
 
     kind: Literal["sa_roster"] = "sa_roster"
-    clients: list[Name] = Field(min_length=2, max_length=1_000_000)  # sorted; index in it + 1 = Shamir x
+    size: int = Field(ge=2, le=1_000_000)     # clients that advertised keys
+    index: int = Field(ge=1, le=1_000_000)    # this client's 1-based rank in the sorted roster (its Shamir x)
     graph_seed: int = Field(ge=0, lt=2**63)
     neighbours: int = Field(ge=1, le=SA_MAX)
     threshold: int = Field(ge=1, le=SA_MAX)
-    keys: dict[Name, tuple[Annotated[str, Field(pattern=KEY_HEX)], Annotated[str, Field(pattern=KEY_HEX)]]] = Field(
-        max_length=SA_MAX)  # neighbour -> (channel_pk, mask_pk)
+    keys: dict[Name, tuple[Annotated[int, Field(ge=1, le=1_000_000)], Annotated[str, Field(pattern=KEY_HEX)],
+                           Annotated[str, Field(pattern=KEY_HEX)]]] = Field(max_length=SA_MAX)
+    # neighbour -> (its index, channel_pk, mask_pk)
 
 
 class SaSharesMsg(_SaMsg):

@@ -5,8 +5,8 @@ With ``[federation] secure_aggregation = true`` every round is a :class:`SecAggR
 
 1. **keys**: each selected client sends ``sa_keys`` (two fresh X25519 public keys). The phase ends when every
    selected client that is not offline has advertised, or after ``[secagg] phase_s`` (at most the deadline).
-   Roster = the advertisers, sorted; each gets ``sa_roster`` (the roster, the graph seed, ``k``, ``t`` and its
-   neighbours' keys).
+   Roster = the advertisers, sorted; each gets ``sa_roster`` (the roster's size, its index, the graph seed,
+   ``k``, ``t`` and its neighbours' indices and keys).
 2. **shares**: each roster member sends ``sa_shares`` (one sealed share per neighbour; it has trained by then).
    The phase ends when every member that is not offline delivered, or at the round deadline. Members left with
    fewer than ``t`` sharing neighbours are dropped (repeatedly, until stable); each remaining one gets
@@ -109,6 +109,7 @@ class SecAggRound(RoundState):
     phase: str = "keys"
     keys: dict[str, tuple[str, str]] = field(default_factory=dict)
     roster: list[str] = field(default_factory=list)
+    rank: dict[str, int] = field(default_factory=dict)
     k: int = 0
     t: int = 0
     graph: dict[int, frozenset[int]] = field(default_factory=dict)
@@ -139,7 +140,9 @@ class SecAggRound(RoundState):
         return Topics(self.federation)
 
     def _idx(self) -> dict[str, int]:
-        return {c: i + 1 for i, c in enumerate(self.roster)}
+        if len(self.rank) != len(self.roster):
+            self.rank = {c: i + 1 for i, c in enumerate(self.roster)}
+        return self.rank
 
     def _nbrs(self, cid: str) -> set[str]:
         return {self.roster[v - 1] for v in self.graph[self._idx()[cid]]}
@@ -279,8 +282,10 @@ class SecAggRound(RoundState):
         self._next("shares", now)
         for c in self.roster:
             nb = self._nbrs(c)
-            self._post(c, SaRosterMsg(**self._head(), clients=self.roster, graph_seed=self.graph_seed,
-                                      neighbours=self.k, threshold=self.t, keys={v: self.keys[v] for v in sorted(nb)}))
+            idx = self._idx()
+            self._post(c, SaRosterMsg(**self._head(), size=len(self.roster), index=idx[c], graph_seed=self.graph_seed,
+                                      neighbours=self.k, threshold=self.t,
+                                      keys={v: (idx[v], *self.keys[v]) for v in sorted(nb)}))
 
     def _close_shares(self, now: float) -> None:
         u1 = set(self.sealed)

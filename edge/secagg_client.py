@@ -4,9 +4,9 @@ Messages in, messages out: the :class:`EdgeClient` (or a benchmark swarm) feeds 
 message to :meth:`SecAggSession.step` and publishes what it returns on ``secagg/<id>``. The session
 checks everything the coordinator tells it before acting on it (docs/protocol.md, "Secure aggregation"):
 
-* the roster names this client, is sorted and unique, and its graph parameters ``(k, t)`` are the ones the
-  task's settings give for that roster size (the coordinator cannot lower the threshold), and the keys it
-  sends are exactly this client's neighbours' in the seeded graph;
+* the roster's graph parameters ``(k, t)`` are the ones the task's settings give for the roster size (the
+  coordinator cannot lower the threshold), and the neighbours it names (index, keys) are exactly this client's
+  in the seeded graph, with no index or key repeated;
 * its inbox holds sealed shares from neighbours only, each authenticated (ChaCha20-Poly1305), at least ``t``;
 * the unmask request names only neighbours that shared, survivors and dropped disjoint, at least ``t``
   survivors; it is answered once per round, so no neighbour's self-mask and key shares both leave this client.
@@ -73,7 +73,7 @@ class SecAggSession:
             raise SecAggError("not a secure aggregation task")
         self.fed, self.cid, self.task, self.spec = federation, client_id, task, task.secagg
         self.core = SecAggClient(0, bytes.fromhex(task.task_id), rng)
-        self.roster: list[str] = []
+        self.index: dict[str, int] = {}  # neighbours' (and this client's) roster indices
         self.neighbours: list[str] = []
         self.keys: dict[str, tuple[str, str]] = {}
         self.t = 0
@@ -122,49 +122,47 @@ class SecAggSession:
 
     # ------------------------------------------------------------------ steps
     def _on_roster(self, msg: SaRosterMsg) -> SaSharesMsg:
-        if self.roster:
+        if self.index:
             raise SecAggError("a second roster for the same round")
-        clients = list(msg.clients)
-        if clients != sorted(set(clients)) or self.cid not in clients:
-            raise SecAggError("the roster is not sorted and unique, or does not name this client")
-        k, t = graph_params(len(clients), self.spec.neighbours, self.spec.threshold)
+        k, t = graph_params(msg.size, self.spec.neighbours, self.spec.threshold)
         if (msg.neighbours, msg.threshold) != (k, t):
             raise SecAggError(f"roster graph (k={msg.neighbours}, t={msg.threshold}) is not the task's (k={k}, t={t})")
-        me = clients.index(self.cid) + 1
-        graph = neighbour_graph(len(clients), k, msg.graph_seed)
-        self.neighbours = sorted(clients[v - 1] for v in graph[me])
-        if set(msg.keys) != set(self.neighbours):
-            raise SecAggError("the roster's keys are not those of this client's neighbours in the graph")
-        if len({pk for pair in msg.keys.values() for pk in pair}) != 2 * len(msg.keys):
+        if not 1 <= msg.index <= msg.size or self.cid in msg.keys:
+            raise SecAggError(f"this client's roster index {msg.index} is not in 1..{msg.size}, or it is its own neighbour")
+        graph = neighbour_graph(msg.size, k, msg.graph_seed)
+        given = {name: i for name, (i, _, _) in msg.keys.items()}
+        if sorted(given.values()) != sorted(graph[msg.index]):
+            raise SecAggError("the roster's neighbours are not this client's neighbours in the graph")
+        if len({pk for _, c, m in msg.keys.values() for pk in (c, m)}) != 2 * len(msg.keys):
             raise SecAggError("the roster repeats a public key")
-        self.roster, self.t, self.keys = clients, t, dict(msg.keys)
-        self.core.cid = me
-        idx = {c: i + 1 for i, c in enumerate(clients)}
+        self.index = {**given, self.cid: msg.index}
+        self.neighbours = sorted(given)
+        self.t, self.keys = t, {name: (c, m) for name, (_, c, m) in msg.keys.items()}
+        self.core.cid = msg.index
+        by_index = {i: name for name, i in given.items()}
         out = {}
-        for s in self.core.shares(sorted(idx[v] for v in self.neighbours), t):
-            to = clients[s.to - 1]
+        for s in self.core.shares(sorted(given.values()), t):
+            to = by_index[s.to]
             sealed = self.core.seal(s, bytes.fromhex(self.keys[to][0]), share_aad(self.fed, self.task.task_id, self.cid, to))
             out[to] = b64(sealed)
         return SaSharesMsg(**self._head(), shares=out)
 
     def _on_inbox(self, msg: SaInboxMsg) -> None:
-        if not self.roster or self.inbox:
+        if not self.index or self.inbox:
             raise SecAggError("an inbox before the roster, or a second inbox")
         if not set(msg.shares) <= set(self.neighbours):
             raise SecAggError("the inbox holds shares from clients that are not this client's neighbours")
         if len(msg.shares) < self.t:
             raise SecAggError(f"only {len(msg.shares)} neighbours shared, the threshold is {self.t}")
-        idx = {c: i + 1 for i, c in enumerate(self.roster)}
         for sender, text in msg.shares.items():
             ct = unb64(text, SEALED_LEN, f"the sealed share from {sender}")
-            self.inbox[sender] = self.core.open(idx[sender], ct, bytes.fromhex(self.keys[sender][0]),
+            self.inbox[sender] = self.core.open(self.index[sender], ct, bytes.fromhex(self.keys[sender][0]),
                                                 share_aad(self.fed, self.task.task_id, sender, self.cid))
 
     def _maybe_masked(self) -> list[Out]:
         if self.masked_sent or self.vector is None or not self.inbox:
             return []
-        idx = {c: i + 1 for i, c in enumerate(self.roster)}
-        pks = {idx[v]: bytes.fromhex(self.keys[v][1]) for v in self.inbox}  # mask with the neighbours that shared
+        pks = {self.index[v]: bytes.fromhex(self.keys[v][1]) for v in self.inbox}  # mask with the neighbours that shared
         y = self.core.masked_input(self.vector, pks)
         self.masked_sent = True
         return [(SaMaskedMsg(**self._head()), {"masked": torch.from_numpy(y.view(np.int32).copy())})]

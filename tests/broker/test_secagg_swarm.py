@@ -49,4 +49,4 @@ def test_sparse_graph_round_with_a_dropout_is_exact(mosquitto, fed_name, tmp_pat
     assert diff <= 1e-6, diff
     assert max(float((swarm.updates[gone][k].double() - want[k]).abs().max()) for k in keys) > 1e-4
     # every client talked to its 4 neighbours only: O(n k) shares, not O(n^2)
-    assert all(len(s.neighbours) == 4 for s in swarm.sessions.values())
+    assert all(len(s.neighbours) == 4 and len(s.keys) == 4 for s in swarm.sessions.values())

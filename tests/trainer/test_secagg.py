@@ -120,3 +120,16 @@ def test_encode_update_clamps_and_the_sum_decodes_to_the_weighted_mean():
     assert w == pytest.approx(1.0, abs=1e-7)
     with pytest.raises(SecAggError, match="n_ref"):
         encode_update(deltas[1], 0.5, 200, 100, 8.0)
+
+
+def test_cached_combine_equals_pycryptodome_combine():
+    from Crypto.Protocol.SecretSharing import Shamir
+
+    from trainer.fl.secagg import combine16
+
+    rng = np.random.default_rng(0)
+    for t, n in ((2, 3), (8, 14), (15, 28)):
+        secret = rng.bytes(16)
+        shares = Shamir.split(t, n, secret)
+        for pick in (shares[:t], shares[-t:], [shares[i] for i in sorted(rng.choice(n, t, replace=False))]):
+            assert combine16(pick) == Shamir.combine(pick) == secret

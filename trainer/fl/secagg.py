@@ -37,13 +37,14 @@ never exceeds ``bound * 2^frac_bits`` and ``frac_bits = 30 - ceil(log2 bound)`` 
 from __future__ import annotations
 
 import base64
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from Crypto.Protocol.SecretSharing import Shamir
+from Crypto.Protocol.SecretSharing import Shamir, _Element
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.exceptions import InvalidTag
@@ -131,8 +132,36 @@ def _split32(secret: bytes, t: int, n: int) -> list[tuple[int, bytes, bytes]]:
     return [(i, a, b) for (i, a), (_, b) in zip(lo, hi)]
 
 
+@functools.lru_cache(maxsize=4096)
+def _lagrange0(xs: tuple[int, ...]) -> tuple[_Element, ...]:
+    """Lagrange coefficients at 0 for the points ``xs`` in pycryptodome's GF(2^128) (its Shamir field)."""
+    out = []
+    for j, xj in enumerate(xs):
+        num, den = _Element(1), _Element(1)
+        for m, xm in enumerate(xs):
+            if m != j:
+                num *= _Element(xm)
+                den *= _Element(xj) + _Element(xm)
+        out.append(num * den.inverse())
+    return tuple(out)
+
+
+def combine16(shares: Sequence[tuple[int, bytes]]) -> bytes:
+    """``Shamir.combine`` (pycryptodome, ``ssss=False``) with the Lagrange coefficients cached per index set.
+
+    The same maths and field elements as the library's ``combine`` (tested equal); the coefficients' inversions,
+    which dominate its cost, are computed once per set of share indices instead of once per secret, so a server
+    recovering hundreds of secrets from the same holders' shares pays ``t`` multiplications for each.
+    """
+    coeffs = _lagrange0(tuple(i for i, _ in shares))
+    acc = _Element(0)
+    for c, (_, y) in zip(coeffs, shares):
+        acc += c * _Element(y)
+    return acc.encode()
+
+
 def _combine32(shares: Sequence[tuple[int, bytes, bytes]]) -> bytes:
-    return (Shamir.combine([(i, a) for i, a, _ in shares]) + Shamir.combine([(i, b) for i, _, b in shares]))
+    return combine16([(i, a) for i, a, _ in shares]) + combine16([(i, b) for i, _, b in shares])
 
 
 def _check_shares(shares: Sequence[tuple], what: str) -> None:
@@ -269,12 +298,14 @@ def unmask(masked: Mapping[int, np.ndarray], public_keys: Mapping[int, bytes],
     for lst in revealed.values():
         for s in lst:
             by_sender.setdefault(s.sender, []).append(s)
+    for lst in by_sender.values():  # the t lowest holder indices: the same index sets recur (cached coefficients)
+        lst.sort(key=lambda s: max(s.b_share[0], s.key_share[0]))
     for u in survivors:  # remove self masks
         got = by_sender.get(u, [])
         if len(got) < t:
             raise SecAggError(f"only {len(got)} shares of client {u}'s self mask, need {t}")
         _check_shares([s.b_share for s in got[:t]], f"client {u}'s self mask")
-        total = total - prg(Shamir.combine([s.b_share for s in got[:t]]), n)
+        total = total - prg(combine16([s.b_share for s in got[:t]]), n)
     for u in dropped:  # cancel the pairwise masks the survivors added with the dropped client
         got = by_sender.get(u, [])
         if len(got) < t:
