@@ -9,6 +9,7 @@ import torch
 from broker.config import config_from_dict
 from broker.coordinator import Coordinator
 from neurofed.bench_secagg import SecAggSwarm
+from neurofed.wiretap import EegFingerprint, Wiretap, audit
 from trainer.fl.secagg import masked_keys
 
 
@@ -18,6 +19,7 @@ def _round(url: str, name: str, tmp, drop: frozenset[str]) -> tuple[Coordinator,
                                            "strategy_overrides": {"clip_mult": 0.0}, "secure_aggregation": True},
                             "secagg": {"neighbours": 4, "phase_s": 5.0}, "output": {"dir": str(tmp / name)}})
     coord = Coordinator(cfg, url)
+    tap = Wiretap(url, name).start()
     stop = threading.Event()
     ct = threading.Thread(target=coord.run, kwargs={"stop": stop}, daemon=True)
     ct.start()
@@ -30,7 +32,9 @@ def _round(url: str, name: str, tmp, drop: frozenset[str]) -> tuple[Coordinator,
     stop.set()
     st.join(10)
     swarm.close()
+    tap.stop()
     assert not ct.is_alive() and coord.server.round == 1
+    coord.tap = tap
     return coord, swarm
 
 
@@ -48,5 +52,9 @@ def test_sparse_graph_round_with_a_dropout_is_exact(mosquitto, fed_name, tmp_pat
     diff = max(float((g[k].double() - want[k]).abs().max()) for k in keys)
     assert diff <= 1e-6, diff
     assert max(float((swarm.updates[gone][k].double() - want[k]).abs().max()) for k in keys) > 1e-4
+    # the demo's wire audit accepts the secagg messages (schema, topic, and a masked int32 body of the right size)
+    specs = {k: (tuple(v.shape), str(v.dtype)) for k, v in g.items()}
+    res = audit(coord.tap, specs, EegFingerprint([]))
+    assert res.ok and res.messages > 12 * 4, res.to_dict()
     # every client talked to its 4 neighbours only: O(n k) shares, not O(n^2)
     assert all(len(s.neighbours) == 4 and len(s.keys) == 4 for s in swarm.sessions.values())
