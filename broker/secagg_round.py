@@ -331,6 +331,8 @@ class SecAggRound(RoundState):
             delta, loss, w = decode_update_sum(total, self.spec.bound)
         except SecAggError as exc:
             return self._fail(str(exc), now)
+        if w > 1 + 1e-6:  # sum n_k <= n_ref for honest clients: a larger weight means a lie or a garbled input
+            return self._fail(f"the unmasked weight sum {w:.6f} exceeds 1 (n_samples or masked inputs inconsistent)", now)
         g = self.rules.global_state
         state, off = dict(g), 0
         for k in masked_keys(g):
