@@ -257,7 +257,9 @@ class SecAggRound(RoundState):
                 self.cpu_s += time.perf_counter() - t0
 
     def _advance(self, now: float) -> bool:
-        live = lambda ids, done: [c for c in ids if c not in done and c not in self.offline]  # noqa: E731
+        def live(ids, done) -> list[str]:  # still expected: not delivered, not offline
+            return [c for c in ids if c not in done and c not in self.offline]
+
         if self.phase == "keys":
             if not live(self.selected, self.keys) or now >= self.started + min(self.phase_s, self.collect_s):
                 self._close_keys(now)
@@ -268,9 +270,8 @@ class SecAggRound(RoundState):
             if not live(self.sharers, self.masked) or now >= max(self.started + self.collect_s,
                                                                  self.phase_t0 + self.phase_s):
                 self._close_masked(now)
-        elif self.phase == "unmask":
-            if not live(self.asked, self.reveals) or now >= self.phase_t0 + self.phase_s:
-                self._close_unmask(now)
+        elif self.phase == "unmask" and (not live(self.asked, self.reveals) or now >= self.phase_t0 + self.phase_s):
+            self._close_unmask(now)
         return self.phase == "done"
 
     def _close_keys(self, now: float) -> None:
@@ -339,7 +340,7 @@ class SecAggRound(RoundState):
             n = g[k].numel()
             state[k] = (g[k].double() + torch.from_numpy(delta[off:off + n]).reshape(g[k].shape)).to(g[k].dtype)
             off += n
-        n_total = max(1, int(round(w * self.spec.n_ref)))
+        n_total = max(1, round(w * self.spec.n_ref))
         self.total = ClientUpdate(state, n_total, {}, {"loss": loss})
         self.updates = {c: ClientUpdate({}, 1, {}, {"loss": loss}) for c in sorted(self.masked)}
         self._next("done", now)

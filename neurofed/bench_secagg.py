@@ -36,7 +36,18 @@ import typer
 
 from broker.config import config_from_dict
 from broker.coordinator import Coordinator
-from broker.protocol import JoinMsg, StatusMsg, TaskMsg, Topics, UpdateMsg, decode, delta_reference, encode, pack, state_sha256
+from broker.protocol import (
+    JoinMsg,
+    StatusMsg,
+    TaskMsg,
+    Topics,
+    UpdateMsg,
+    decode,
+    delta_reference,
+    encode,
+    pack,
+    state_sha256,
+)
 from broker.transport import MqttTransport
 from edge.secagg_client import SecAggSession
 from trainer.fl.client import ClientUpdate
@@ -182,7 +193,7 @@ def core_cost(n: int, drop: float, d: int = 1653) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     ups = {c: (rng.normal(0, 0.05, d), 45) for c in range(1, n + 1)}
     k, t = graph_params(n)
-    dropout = list(range(1, int(round(drop * n)) + 1))
+    dropout = list(range(1, round(drop * n) + 1))
     t0 = time.perf_counter()
     got = secure_weighted_mean(ups, t=t, neighbours=k, dropout=dropout)
     sec = time.perf_counter() - t0
@@ -216,7 +227,7 @@ def bench_secagg(
             r = run_rounds(broker, n, secure, rounds)
             row["secagg" if secure else "plain"] = r
             print(json.dumps({"clients": n, "secure": secure, "rounds": r["rounds"]}), flush=True)
-        med = lambda rows, key: float(np.median([x[key] for x in rows]))  # noqa: E731
+        med = lambda rows, key: float(np.median([x[key] for x in rows]))
         p, s = row["plain"]["rounds"], row["secagg"]["rounds"]
         row["summary"] = {
             "plain_round_s": med(p, "round_s"), "secagg_round_s": med(s, "round_s"),

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import threading
 
-import torch
-
 from broker.config import config_from_dict
 from broker.coordinator import Coordinator
 from neurofed.bench_secagg import SecAggSwarm

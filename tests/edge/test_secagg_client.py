@@ -29,8 +29,8 @@ def _roster(task: TaskMsg, ss: dict[str, SecAggSession], cid: str, **change) -> 
     g = neighbour_graph(N, k, SEED)
     me = int(cid[1:])
     keys = {f"c{v}": (v, ss[f"c{v}"].keys_msg().channel_pk, ss[f"c{v}"].keys_msg().mask_pk) for v in g[me]}
-    fields = dict(federation=FED, sender="coordinator", round=0, task_id=task.task_id, size=N, index=me,
-                  graph_seed=SEED, neighbours=k, threshold=t, keys=keys)
+    fields = {"federation": FED, "sender": "coordinator", "round": 0, "task_id": task.task_id, "size": N, "index": me,
+              "graph_seed": SEED, "neighbours": k, "threshold": t, "keys": keys}
     fields.update(change)
     return SaRosterMsg(**fields)
 
@@ -63,7 +63,7 @@ def test_a_roster_with_a_lowered_threshold_or_foreign_neighbours_is_refused():
     g = neighbour_graph(N, 2, SEED)
     stranger = min(set(range(2, N + 1)) - g[1])
     keys = dict(_roster(task, ss, "c1").keys)
-    name, (_, c, m) = sorted(keys.items())[0]
+    name, (_, c, m) = min(keys.items())
     keys[name] = (stranger, c, m)  # claims a neighbour the seeded graph does not give c1
     with pytest.raises(SecAggError, match="not this client's neighbours"):
         ss["c1"].step(_roster(task, ss, "c1", keys=keys))
@@ -76,7 +76,7 @@ def test_unmask_requests_that_would_reveal_both_shares_or_too_little_are_refused
     _through_masked(task, ss)
     s = ss["c1"]
     nb = s.neighbours
-    head = dict(federation=FED, sender="coordinator", round=0, task_id=task.task_id)
+    head = {"federation": FED, "sender": "coordinator", "round": 0, "task_id": task.task_id}
     with pytest.raises(SecAggError, match="names a client twice"):
         s.step(SaUnmaskMsg(**head, survivors=nb, dropped=nb[:1]))  # b and key share of the same neighbour
     with pytest.raises(SecAggError, match="threshold"):
@@ -92,7 +92,7 @@ def test_an_inbox_with_a_forged_share_is_refused():
     ss = _sessions(task)
     sealed = {c: s.step(_roster(task, ss, c))[0][0].shares for c, s in ss.items()}
     inbox = {sender: sh["c1"] for sender, sh in sealed.items() if "c1" in sh}
-    sender = sorted(inbox)[0]
+    sender = min(inbox)
     inbox[sender] = next(v for to, v in sealed[sender].items() if to != "c1")  # sealed to another client
     with pytest.raises(SecAggError, match="does not authenticate"):
         ss["c1"].step(SaInboxMsg(federation=FED, sender="coordinator", round=0, task_id=task.task_id, shares=inbox))
