@@ -320,10 +320,10 @@ class SecAggRound(RoundState):
             lst = []
             for u, text in msg.b_shares.items():
                 raw = unb64(text, B_SHARE_LEN, "share")
-                lst.append(Shares(idx[u], idx[cid], (raw[0], raw[1:]), (0, b"", b"")))
+                lst.append(Shares(idx[u], idx[cid], (raw[0], raw[1:]), (0, b"")))
             for u, text in msg.key_shares.items():
                 raw = unb64(text, KEY_SHARE_LEN, "share")
-                lst.append(Shares(idx[u], idx[cid], (0, b""), (raw[0], raw[1:17], raw[17:])))
+                lst.append(Shares(idx[u], idx[cid], (0, b""), (raw[0], raw[1:])))
             revealed[idx[cid]] = lst
         masked = {idx[c]: v for c, v in self.masked.items()}
         pks = {idx[c]: bytes.fromhex(self.keys[c][1]) for c in self.sharers}

@@ -178,7 +178,6 @@ class SecAggSession:
             raise SecAggError(f"only {len(surv)} surviving neighbours, the threshold is {self.t}: not revealing")
         self.revealed = True
         b = {v: b64(bytes([self.inbox[v].b_share[0]]) + self.inbox[v].b_share[1]) for v in sorted(surv)}
-        k = {v: b64(bytes([self.inbox[v].key_share[0]]) + self.inbox[v].key_share[1] + self.inbox[v].key_share[2])
-             for v in sorted(drop)}
+        k = {v: b64(bytes([self.inbox[v].key_share[0]]) + self.inbox[v].key_share[1]) for v in sorted(drop)}
         return SaRevealMsg(**self._head(), b_shares=b, key_shares=k)
 

@@ -14,8 +14,9 @@ Shamir t-of-n secret sharing from ``pycryptodome`` (16-byte secrets, so 32-byte 
 Steps (``n`` clients of a round, threshold ``t``):
 
 1. **advertise**: every client draws an X25519 masking key pair and publishes the public key.
-2. **share**: each client draws a 16-byte self-mask seed ``b_u`` and Shamir-shares ``b_u`` and its masking
-   private key among its neighbours (t-of-k). On the wire each share travels encrypted to its recipient
+2. **share**: each client draws a 16-byte self-mask seed ``b_u`` and Shamir-shares ``b_u`` and the 16-byte
+   seed of its masking private key (:func:`mask_key`) among its neighbours (t-of-k; pycryptodome's Shamir
+   works on 16-byte secrets). On the wire each share travels encrypted to its recipient
    (ChaCha20-Poly1305 under an HKDF key of a second, *channel* X25519 pair: :meth:`SecAggClient.seal` /
    :meth:`SecAggClient.open`), so the server that routes them cannot read them.
 3. **masked input**: the client sends ``y_u = q(w_u) + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv)``
@@ -55,9 +56,9 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from trainer.errors import NeuroFedError
 
 MOD = 1 << 32
-SEALED_LEN = 49 + 16  # a sealed share: index, b, key halves (49 bytes) + the Poly1305 tag
+SEALED_LEN = 33 + 16  # a sealed share: index, b share, key-seed share (33 bytes) + the Poly1305 tag
 B_SHARE_LEN = 17      # a revealed self-mask share: index + 16 bytes
-KEY_SHARE_LEN = 33    # a revealed key share: index + 2 x 16 bytes
+KEY_SHARE_LEN = 17    # a revealed key-seed share: index + 16 bytes
 
 
 class SecAggError(NeuroFedError):
@@ -126,10 +127,10 @@ def graph_params(n: int, neighbours: int = 0, threshold: float = 0.5) -> tuple[i
     return k, t
 
 
-def _split32(secret: bytes, t: int, n: int) -> list[tuple[int, bytes, bytes]]:
-    """Shamir t-of-n of a 32-byte secret as two 16-byte halves: ``[(index, share_lo, share_hi)]``."""
-    lo, hi = Shamir.split(t, n, secret[:16]), Shamir.split(t, n, secret[16:])
-    return [(i, a, b) for (i, a), (_, b) in zip(lo, hi)]
+def mask_key(seed: bytes) -> X25519PrivateKey:
+    """The masking X25519 private key of a 16-byte seed (HKDF-SHA256): sharing the seed shares the key."""
+    return X25519PrivateKey.from_private_bytes(
+        HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"neurofed-secagg-mask-key").derive(seed))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -160,8 +161,6 @@ def combine16(shares: Sequence[tuple[int, bytes]]) -> bytes:
     return acc.encode()
 
 
-def _combine32(shares: Sequence[tuple[int, bytes, bytes]]) -> bytes:
-    return combine16([(i, a) for i, a, _ in shares]) + combine16([(i, b) for i, _, b in shares])
 
 
 def _check_shares(shares: Sequence[tuple], what: str) -> None:
@@ -188,24 +187,25 @@ def decode(q: np.ndarray, frac_bits: int) -> np.ndarray:
 class Shares:
     """What client ``sender`` gives client ``to``: its shares of ``sender``'s self-mask seed and private key.
 
-    ``b_share`` is ``(index, 16 bytes)``; ``key_share`` is ``(index, low 16 bytes, high 16 bytes)``.
+    Both are ``(index, 16 bytes)``: shares of the 16-byte self-mask seed and of the 16-byte seed of the
+    masking private key (:func:`mask_key`).
     """
 
     sender: int
     to: int
     b_share: tuple[int, bytes]
-    key_share: tuple[int, bytes, bytes]
+    key_share: tuple[int, bytes]
 
     def to_bytes(self) -> bytes:
-        """``index | b | key_lo | key_hi`` (49 bytes; the plaintext of a sealed share)."""
-        return bytes([self.b_share[0]]) + self.b_share[1] + self.key_share[1] + self.key_share[2]
+        """``index | b share | key-seed share`` (33 bytes; the plaintext of a sealed share)."""
+        return bytes([self.b_share[0]]) + self.b_share[1] + self.key_share[1]
 
     @classmethod
     def from_bytes(cls, sender: int, to: int, data: bytes) -> Shares:
-        if len(data) != 49 or not 1 <= data[0] <= 255:
+        if len(data) != 33 or not 1 <= data[0] <= 255:
             raise SecAggError(f"a share from client {sender} is malformed ({len(data)} bytes)")
         i = data[0]
-        return cls(sender, to, (i, data[1:17]), (i, data[17:33], data[33:49]))
+        return cls(sender, to, (i, data[1:17]), (i, data[17:33]))
 
 
 @dataclass
@@ -218,7 +218,8 @@ class SecAggClient:
 
     def __post_init__(self) -> None:
         draw = os.urandom if self.rng is None else self.rng.bytes
-        self._key = X25519PrivateKey.from_private_bytes(draw(32))
+        self._kseed = draw(16)  # 128-bit seed of the masking key: what is Shamir-shared for dropout recovery
+        self._key = mask_key(self._kseed)
         self._ckey = X25519PrivateKey.from_private_bytes(draw(32))  # channel key: encrypts shares
         self._b = draw(16)
 
@@ -235,9 +236,7 @@ class SecAggClient:
         n = len(clients)
         if not 1 <= t <= n:
             raise SecAggError(f"threshold {t} does not fit {n} share holders")
-        key = self._key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                      serialization.NoEncryption())
-        bs, ks = Shamir.split(t, n, self._b), _split32(key, t, n)
+        bs, ks = Shamir.split(t, n, self._b), Shamir.split(t, n, self._kseed)
         return [Shares(self.cid, v, bs[j], ks[j]) for j, v in enumerate(sorted(clients))]
 
     def _channel(self, peer_channel_pk: bytes) -> ChaCha20Poly1305:
@@ -311,7 +310,7 @@ def unmask(masked: Mapping[int, np.ndarray], public_keys: Mapping[int, bytes],
         if len(got) < t:
             raise SecAggError(f"only {len(got)} shares of dropped client {u}'s key, need {t}")
         _check_shares([s.key_share for s in got[:t]], f"dropped client {u}'s key")
-        key = X25519PrivateKey.from_private_bytes(_combine32([s.key_share for s in got[:t]]))
+        key = mask_key(combine16([s.key_share for s in got[:t]]))
         for v in survivors if neighbours is None else sorted(neighbours[u] & set(survivors)):
             m = prg(_pair_seed(key, public_keys[v], round_id), n)
             # survivor v added +m if v < u, -m if v > u: undo it
@@ -361,7 +360,7 @@ def secure_weighted_mean(updates: Mapping[int, tuple[np.ndarray, int]], t: int, 
 def reveal_share(s: Shares, sender_survived: bool) -> Shares:
     """Step 4 at a holder: ONE share per sender, ``b`` for a survivor, the key for a dropped client (never both)."""
     if sender_survived:
-        return Shares(s.sender, s.to, s.b_share, (0, b"", b""))
+        return Shares(s.sender, s.to, s.b_share, (0, b""))
     return Shares(s.sender, s.to, (0, b""), s.key_share)
 
 
