@@ -51,7 +51,7 @@ from broker.protocol import (
 from broker.transport import MqttTransport
 from edge.secagg_client import SecAggSession
 from trainer.fl.client import ClientUpdate
-from trainer.fl.secagg import graph_params, secure_weighted_mean
+from trainer.fl.secagg import SecAggError, graph_params, secure_weighted_mean
 from trainer.fl.server import downlink
 from trainer.fl.strategies import get_strategy
 from trainer.models import build_model
@@ -75,6 +75,8 @@ class SecAggSwarm:
         self.done = False
         self.drop = drop_after_shares  # these clients vanish after sending their shares (their last will: offline)
         self.updates: dict[str, dict[str, torch.Tensor]] = {}  # what each client trained, last round
+        self.tasks = 0
+        self.refused: list[str] = []  # "client: reason" of every secure-aggregation step a client refused
 
     def wait_model(self, timeout: float = 120.0) -> None:
         end = time.monotonic() + timeout
@@ -101,6 +103,7 @@ class SecAggSwarm:
             self.t.publish(self.topics.secagg(cid), encode(m, tensors), wait=None)
 
     def _on_task(self, task: TaskMsg) -> None:
+        self.tasks += 1
         g = self.global_state or {}
         down = downlink(g, get_strategy(task.strategy), self.model)
         base = state_sha256(down)
@@ -137,8 +140,14 @@ class SecAggSwarm:
             elif msg.kind.startswith("sa_") and item.topic.rsplit("/", 1)[-1] in self.sessions:
                 cid = item.topic.rsplit("/", 1)[-1]
                 t0 = time.process_time()
-                out = self.sessions[cid].step(msg)
-                self.cpu_s += time.process_time() - t0
+                try:
+                    out = self.sessions[cid].step(msg)
+                except SecAggError as exc:  # the client refuses the round (as EdgeClient does); the coordinator
+                    self.refused.append(f"{cid}: {exc}")  # recovers without it or re-issues the round
+                    del self.sessions[cid]
+                    continue
+                finally:
+                    self.cpu_s += time.process_time() - t0
                 self._send(cid, out)
                 if cid in self.drop and any(m.kind == "sa_shares" for m, _ in out):
                     del self.sessions[cid]

@@ -11,17 +11,17 @@ from neurofed.wiretap import EegFingerprint, Wiretap, audit
 from trainer.fl.secagg import masked_keys
 
 
-def _round(url: str, name: str, tmp, drop: frozenset[str]) -> tuple[Coordinator, SecAggSwarm]:
-    cfg = config_from_dict({"federation": {"name": name, "rounds": 1, "fraction": 1.0, "min_clients": 12,
+def _round(url: str, name: str, tmp, drop: frozenset[str], n: int = 12, k: int = 4) -> tuple[Coordinator, SecAggSwarm]:
+    cfg = config_from_dict({"federation": {"name": name, "rounds": 1, "fraction": 1.0, "min_clients": n,
                                            "round_deadline_s": 60, "strategy": "fedbs", "join_timeout_s": 60,
                                            "strategy_overrides": {"clip_mult": 0.0}, "secure_aggregation": True},
-                            "secagg": {"neighbours": 4, "phase_s": 5.0}, "output": {"dir": str(tmp / name)}})
+                            "secagg": {"neighbours": k, "phase_s": 4.0}, "output": {"dir": str(tmp / name)}})
     coord = Coordinator(cfg, url)
     tap = Wiretap(url, name).start()
     stop = threading.Event()
     ct = threading.Thread(target=coord.run, kwargs={"stop": stop}, daemon=True)
     ct.start()
-    swarm = SecAggSwarm(url, name, 12, drop_after_shares=drop)
+    swarm = SecAggSwarm(url, name, n, drop_after_shares=drop)
     swarm.wait_model()
     swarm.join(coord.spec)
     st = threading.Thread(target=swarm.serve, args=(stop,), daemon=True)
@@ -56,3 +56,20 @@ def test_sparse_graph_round_with_a_dropout_is_exact(mosquitto, fed_name, tmp_pat
     assert res.ok and res.messages > 12 * 4, res.to_dict()
     # every client talked to its 4 neighbours only: O(n k) shares, not O(n^2)
     assert all(len(s.neighbours) == 4 and len(s.keys) == 4 for s in swarm.sessions.values())
+
+
+def test_a_round_that_cannot_be_unmasked_is_refused_and_reissued(mosquitto, fed_name, tmp_path):
+    """k = t = 2: when a client vanishes after sharing, its two neighbours keep 1 surviving neighbour < t, so they
+    refuse to reveal (the sum would be too small to hide anything) and its key cannot be rebuilt: the coordinator
+    gives the attempt up and re-issues the round to the clients still online, which completes it exactly."""
+    gone = "sim0002"
+    coord, swarm = _round(mosquitto.url, fed_name, tmp_path, frozenset({gone}), n=6, k=2)
+    assert swarm.tasks == 2 and len(swarm.refused) == 2, swarm.refused
+    assert all("threshold is 2" in r for r in swarm.refused)
+    m = coord.metrics[0]
+    keep = [c for c in swarm.ids if c != gone]
+    assert m["participants"] == keep and m["secagg"]["failure"] is None and m["secagg"]["roster"] == 5
+    g = coord.server.global_state
+    keys = masked_keys(g)
+    want = {k: sum(swarm.updates[c][k].double() for c in keep) / len(keep) for k in keys}
+    assert max(float((g[k].double() - want[k]).abs().max()) for k in keys) <= 1e-6
