@@ -25,6 +25,12 @@ Example::
     lr = 0.05
     batch_size = 8
 
+    [secagg]                  # used when [federation] secure_aggregation = true (docs/security.md)
+    neighbours = 0            # SecAgg+ degree k; 0 = 2 ceil(1.5 log2 n), capped at n - 1 (complete graph)
+    threshold = 0.5           # shares t = floor(threshold * k) + 1 of k
+    bound = 8.0               # clients clamp each update coordinate to [-bound, bound]
+    phase_s = 30.0            # wait for keys, masked inputs after the deadline, and unmask replies
+
     [validation]
     max_message_mb = 16
     norm_bound = 0.0          # L2 bound on (update - global); 0 = off
@@ -74,6 +80,9 @@ class FederationSection(_Frozen):
     profiles: list[str] = Field(
         default_factory=list, max_length=64, description="device profiles of a hierarchical federation (shipped "
         "names or profile .json paths; needs a strategy with group keys, e.g. fleeg, and model fleeg_eegnet)")
+    secure_aggregation: bool = Field(
+        default=False, description="SecAgg+ over MQTT: clients upload pairwise-masked updates, the coordinator "
+        "decodes only their trial-weighted sum ([secagg] settings; plain weighted mean only, see docs/security.md)")
     private_metadata: bool = Field(
         default=False, description="keep per-client metadata off topics every client can read: the retained "
         "result carries no participant list and no loss (both stay in the coordinator's metrics.json)")
@@ -106,6 +115,15 @@ class ValidationSection(_Frozen):
         "0.003-0.38 x (experiments/update_norm_ratio.py); this catches absurd (e.g. 1000x scaled) updates without per-round buffering")
 
 
+class SecAggSection(_Frozen):
+    neighbours: int = Field(default=0, ge=0, description="SecAgg+ degree k (0: 2 ceil(1.5 log2 n), at most n - 1)")
+    threshold: float = Field(default=0.5, gt=0, lt=1, description="t = floor(threshold * k) + 1 shares of k")
+    bound: float = Field(default=8.0, gt=0, le=2**20, description="clients clamp each update coordinate to "
+                         "[-bound, bound] (fixes the fixed-point scale: 2^(30 - ceil(log2 bound)))")
+    phase_s: float = Field(default=30.0, gt=0, description="seconds to wait for keys, for masked inputs after the "
+                           "round deadline, and for unmask replies")
+
+
 class OutputSection(_Frozen):
     dir: str = "runs/federation"
     checkpoint_every: int = Field(default=1, ge=1)
@@ -119,6 +137,7 @@ class FederationConfig(_Frozen):
     preprocess: dict[str, Any] = Field(default_factory=lambda: {"channels": "sensorimotor21", "resample": 80.0})
     local: dict[str, float | int] = Field(default_factory=dict)
     validation: ValidationSection = ValidationSection()
+    secagg: SecAggSection = SecAggSection()
     output: OutputSection = OutputSection()
 
     @field_validator("preprocess")

@@ -42,6 +42,7 @@ from broker.protocol import (
 )
 from broker.registry import Registry
 from broker.rounds import RoundState, SeenIds
+from broker.secagg_round import SecAggRound, check_compatible, secagg_spec
 from broker.transport import Incoming, MqttTransport, TransportError
 from broker.validation import Rejected, UpdateRules, check_envelope, check_join, tensor_specs
 from trainer.errors import NeuroFedError
@@ -121,6 +122,8 @@ class Coordinator:
         self._profile_payloads: dict[str, bytes] = {}  # retained topic -> payload of each profile's model
         self.max_bytes = int(cfg.validation.max_message_mb * (1 << 20))
         self.fingerprint = cfg.model_dump_json()
+        if self.fed.secure_aggregation:
+            check_compatible(cfg, self.strategy, self.model)
         if resume:
             self._resume()
         will = (self.topics.status(COORDINATOR_ID), self._status("offline"))
@@ -232,7 +235,7 @@ class Coordinator:
             if kind == "error" and msg.sender == COORDINATOR_ID:
                 return  # our own reply to a client, echoed by an MQTT 3.1.1 broker (v5 subscribes no-local)
             check_envelope(kind, cid, msg, self.fed.name)
-            if kind in ("join", "update") and msg.run_id != self.run_id:
+            if kind in ("join", "update", "secagg") and msg.run_id != self.run_id:
                 raise Rejected("wrong_run", f"message for run {msg.run_id[:8] or '-'}, this is run {self.run_id[:8]}")
             if kind == "join":
                 check_join(msg, self.spec, self.profile_specs)
@@ -258,6 +261,10 @@ class Coordinator:
                 self.current.offer(msg, tensors, len(item.payload), self.seen, self.bodies)
                 logger.info("round %d: update from %s (%d/%d)", self.current.index, msg.sender,
                             len(self.current.updates), len(self.current.selected))
+            elif kind == "secagg":
+                if not isinstance(self.current, SecAggRound):
+                    raise Rejected("late", f"{msg.kind} while no secure aggregation round is open")
+                self.current.offer_secagg(msg, tensors, len(item.payload), self.seen)
         except ProtocolError as exc:
             self._reject(cid or "?", "bad_message", str(exc))
         except Rejected as exc:
@@ -312,7 +319,9 @@ class Coordinator:
                        strategy=self.fed.strategy, strategy_overrides=dict(self.fed.strategy_overrides),
                        local=self.local.to_dict(), compress=self.fed.compress, run_id=self.run_id,
                        model_sha256=state_sha256(self.server.global_state), profiles=profiles,
-                       profile_models={p: state_sha256(v) for p, v in views.items()})
+                       profile_models={p: state_sha256(v) for p, v in views.items()},
+                       secagg=secagg_spec(self.cfg, {c: i.n_trials for c, i in self.registry.clients.items()}, chosen)
+                       if self.fed.secure_aggregation else None)
         rules = UpdateRules(
             round=r, task_id=task.task_id, base_sha256=state_sha256(down), selected=frozenset(chosen),
             state_specs=tensor_specs(self.server.global_state), extra_specs=self.strategy.upload_specs(self.model),
@@ -338,6 +347,11 @@ class Coordinator:
                         aggregator=RoundAggregator(self.server, self.strategy, max(len(self.registry), 1),
                                                    self.fed.rounds),
                         stream=self.fed.aggregation == "streaming")
+        if self.fed.secure_aggregation:  # clients upload masked updates; this learns only their sum
+            rs = SecAggRound.from_round(rs, federation=self.fed.name, run_id=self.run_id, spec=task.secagg,
+                                        collect_s=self.fed.round_deadline_s, phase_s=self.cfg.secagg.phase_s,
+                                        graph_seed=int(task.task_id[:15], 16),
+                                        send=lambda t, p: self._pub(t, p, wait=None))
         rs.bytes_down = (len(self._task_payload) + len(self._model_payload or b"")
                          + sum(map(len, self._profile_payloads.values())))
         self.current = rs
@@ -351,7 +365,7 @@ class Coordinator:
         rejected = 0  # over every attempt of this round
         for attempt in range(self.fed.max_round_retries + 1):
             rs = self._open_round()
-            self.pump(lambda rs=rs: rs.complete(self.fed.min_updates), self.fed.round_deadline_s + 1.0, stop)
+            self.pump(lambda rs=rs: rs.complete(self.fed.min_updates), rs.deadline_s + 1.0, stop)
             rejected += len(rs.rejected)
             if len(rs.updates) >= self.fed.min_updates:
                 break
@@ -371,6 +385,8 @@ class Coordinator:
              "stragglers": rs.missing(), "rejected": rejected, "bytes_down": rs.bytes_down,
              "bytes_up": rs.bytes_up, "seconds": time.monotonic() - t0,
              "loss": float(sum(loss) / len(loss)) if loss else None}
+        if isinstance(rs, SecAggRound):
+            m["secagg"] = rs.report()
         if self.server.round % self.cfg.output.checkpoint_every == 0 or self.server.round == self.fed.rounds:
             self._checkpoint_with(m)
         else:
@@ -397,7 +413,7 @@ class Coordinator:
         """Connect, wait for ``min_clients``, run the remaining rounds, save the final model."""
         self.transport.connect()
         try:
-            for k in ("join", "status", "update", "error"):
+            for k in ("join", "status", "update", "error") + (("secagg",) if self.fed.secure_aggregation else ()):
                 self.transport.subscribe(self.topics.any_client(k), no_local=k == "error")
             # a previous run under this federation name may have left a retained task / result (e.g. it
             # crashed): clear them before announcing this run's model (clients also ignore other runs' ids)

@@ -39,6 +39,8 @@ COORDINATOR_ID = "coordinator"
 NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 HEX64 = r"^([0-9a-f]{64})?$"
 HEX32_OR_EMPTY = r"^([0-9a-f]{32})?$"
+KEY_HEX = r"^[0-9a-f]{64}$"  # an X25519 public key
+B64 = r"^[A-Za-z0-9+/]{4,200}={0,2}$"  # a sealed or revealed secure-aggregation share (base64)
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Scalar = bool | int | float | str
@@ -52,7 +54,7 @@ class ProtocolError(NeuroFedError, ValueError):
 class Topics:
     """Topic builders for one federation: everything lives under ``neurofed/<federation>/``."""
 
-    KINDS_PER_CLIENT = ("join", "status", "update", "error")
+    KINDS_PER_CLIENT = ("join", "status", "update", "error", "secagg", "secagg_down")
 
     def __init__(self, federation: str) -> None:
         if not isinstance(federation, str) or not _is_name(federation):
@@ -87,6 +89,14 @@ class Topics:
 
     def error(self, client_id: str) -> str:
         return f"{self.root}/error/{_checked(client_id)}"
+
+    def secagg(self, client_id: str) -> str:
+        """Secure aggregation, client to coordinator: keys, sealed shares, masked input, revealed shares."""
+        return f"{self.root}/secagg/{_checked(client_id)}"
+
+    def secagg_down(self, client_id: str) -> str:
+        """Secure aggregation, coordinator to one client: roster, its sealed shares, unmask request."""
+        return f"{self.root}/secagg_down/{_checked(client_id)}"
 
     def all(self) -> str:
         return f"{self.root}/#"
@@ -181,6 +191,18 @@ class StatusMsg(_Msg):
     round: int | None = Field(default=None, ge=0)
 
 
+class SecAggSpec(BaseModel):
+    """Secure aggregation settings of a round (in the task): the clients mask their update before uploading it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    neighbours: int = Field(ge=0, le=100_000)  # SecAgg+ degree k (0: chosen from the roster size)
+    threshold: float = Field(gt=0, lt=1)       # t = floor(threshold * k) + 1 shares of k
+    bound: float = Field(gt=0, le=2**20)       # |update coordinate| clamp; fixes the fixed-point scale
+    n_ref: int = Field(ge=1, le=2**31 - 1)     # the selected clients' joined trials (weights n_k / n_ref)
+    norm_bound: float = Field(default=0.0, ge=0)  # > 0: clients clip their update's L2 norm before masking
+
+
 class TaskMsg(_Msg):
     """Round ``round``: the selected clients train from the body (``down.*`` + ``extra.*``) and upload."""
 
@@ -199,6 +221,7 @@ class TaskMsg(_Msg):
     #: hierarchical federations: each selected client's device profile, and each profile's retained model hash
     profiles: dict[Name, Name] = Field(default_factory=dict, max_length=1_000_000)
     profile_models: dict[Name, Annotated[str, Field(pattern=HEX64)]] = Field(default_factory=dict, max_length=64)
+    secagg: SecAggSpec | None = None  # set: secure aggregation round (updates go masked on `secagg/<id>`)
 
 
 class UpdateMsg(_Msg):
@@ -246,13 +269,87 @@ class ModelMsg(_Msg):
     meta: ModelSpec
 
 
-Message = Annotated[JoinMsg | StatusMsg | TaskMsg | UpdateMsg | ErrorMsg | ResultMsg | ModelMsg,
-                    Field(discriminator="kind")]
+# ----------------------------------------------------------------------------- secure aggregation
+Share = Annotated[str, Field(pattern=B64)]
+SA_MAX = 100_000  # neighbours per client (the complete graph of a very large round)
+
+
+class _SaMsg(_Msg):
+    round: int = Field(ge=0, le=1_000_000)
+    task_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+
+
+class SaKeysMsg(_SaMsg):
+    """Step 1, client: its two fresh X25519 public keys (channel: shares are sealed to it; mask: pairwise masks)."""
+
+    kind: Literal["sa_keys"] = "sa_keys"
+    channel_pk: str = Field(pattern=KEY_HEX)
+    mask_pk: str = Field(pattern=KEY_HEX)
+
+
+class SaRosterMsg(_SaMsg):
+    """Step 1, coordinator to one client: the roster's size, the client's index in it, the graph, and its
+    neighbours' indices and keys (O(k) bytes per client: the roster itself is not sent)."""
+
+    kind: Literal["sa_roster"] = "sa_roster"
+    size: int = Field(ge=2, le=1_000_000)     # clients that advertised keys
+    index: int = Field(ge=1, le=1_000_000)    # this client's 1-based rank in the sorted roster (its Shamir x)
+    graph_seed: int = Field(ge=0, lt=2**63)
+    neighbours: int = Field(ge=1, le=SA_MAX)
+    threshold: int = Field(ge=1, le=SA_MAX)
+    keys: dict[Name, tuple[Annotated[int, Field(ge=1, le=1_000_000)], Annotated[str, Field(pattern=KEY_HEX)],
+                           Annotated[str, Field(pattern=KEY_HEX)]]] = Field(max_length=SA_MAX)
+    # neighbour -> (its index, channel_pk, mask_pk)
+
+
+class SaSharesMsg(_SaMsg):
+    """Step 2, client: its shares for each neighbour, each sealed to that neighbour (the coordinator cannot read them)."""
+
+    kind: Literal["sa_shares"] = "sa_shares"
+    shares: dict[Name, Share] = Field(min_length=1, max_length=SA_MAX)  # recipient -> sealed share
+
+
+class SaInboxMsg(_SaMsg):
+    """Step 2, coordinator to one client: the sealed shares its neighbours sent it (their senders took part)."""
+
+    kind: Literal["sa_inbox"] = "sa_inbox"
+    shares: dict[Name, Share] = Field(min_length=1, max_length=SA_MAX)  # sender -> sealed share
+
+
+class SaMaskedMsg(_SaMsg):
+    """Step 3, client: the masked fixed-point update, body ``masked`` (int32, uniformly random to the coordinator)."""
+
+    kind: Literal["sa_masked"] = "sa_masked"
+
+
+class SaUnmaskMsg(_SaMsg):
+    """Step 4, coordinator to one client: which of its neighbours delivered a masked input and which dropped."""
+
+    kind: Literal["sa_unmask"] = "sa_unmask"
+    survivors: list[Name] = Field(max_length=SA_MAX)
+    dropped: list[Name] = Field(max_length=SA_MAX)
+
+
+class SaRevealMsg(_SaMsg):
+    """Step 4, client: self-mask shares of the surviving neighbours, key shares of the dropped ones (never both)."""
+
+    kind: Literal["sa_reveal"] = "sa_reveal"
+    b_shares: dict[Name, Share] = Field(max_length=SA_MAX)
+    key_shares: dict[Name, Share] = Field(max_length=SA_MAX)
+
+
+SECAGG_UP = ("sa_keys", "sa_shares", "sa_masked", "sa_reveal")
+SECAGG_DOWN = ("sa_roster", "sa_inbox", "sa_unmask")
+
+Message = Annotated[JoinMsg | StatusMsg | TaskMsg | UpdateMsg | ErrorMsg | ResultMsg | ModelMsg | SaKeysMsg | SaRosterMsg
+                    | SaSharesMsg | SaInboxMsg | SaMaskedMsg | SaUnmaskMsg | SaRevealMsg, Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
 #: message kind -> must carry a safetensors body (True), must not (False), may (None: a task carries
 #: strategy extras such as SCAFFOLD's ``c`` only; the weights come from the retained ``model``)
 BODY_REQUIRED: dict[str, bool | None] = {"join": False, "status": False, "task": None, "update": True,
-                                         "error": False, "result": False, "model": True}
+                                         "error": False, "result": False, "model": True, "sa_keys": False,
+                                         "sa_roster": False, "sa_shares": False, "sa_inbox": False, "sa_masked": True,
+                                         "sa_unmask": False, "sa_reveal": False}
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -431,6 +528,14 @@ __all__ = [
     "ModelSpec",
     "ProtocolError",
     "ResultMsg",
+    "SaInboxMsg",
+    "SaKeysMsg",
+    "SaMaskedMsg",
+    "SaRevealMsg",
+    "SaRosterMsg",
+    "SaSharesMsg",
+    "SaUnmaskMsg",
+    "SecAggSpec",
     "StatusMsg",
     "TaskMsg",
     "Topics",

@@ -84,7 +84,7 @@ def acl_text(spec: SecureBrokerSpec) -> str:
     for c in spec.clients:
         lines += [f"user {c}", f"topic read {t.task}", f"topic read {t.model}", f"topic read {t.status(spec.coordinator)}",
                   f"topic readwrite {t.error(c)}", f"topic write {t.join(c)}", f"topic readwrite {t.status(c)}",
-                  f"topic write {t.update(c)}"]
+                  f"topic write {t.update(c)}", f"topic write {t.secagg(c)}", f"topic read {t.secagg_down(c)}"]
         lines += [f"topic read {t.profile_model(spec.profiles[c])}"] if c in spec.profiles else []
         lines.append("")
     return "\n".join(lines)

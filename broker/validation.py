@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from broker.protocol import COORDINATOR_ID, JoinMsg, ModelSpec, UpdateMsg, unpack
+from broker.protocol import COORDINATOR_ID, SECAGG_UP, JoinMsg, ModelSpec, UpdateMsg, unpack
 from trainer.errors import NeuroFedError
 from trainer.fl.api import TensorSpec, tensor_specs
 from trainer.fl.client import ClientUpdate
@@ -22,7 +22,8 @@ __all__ = ["Rejected", "TensorSpec", "UpdateRules", "check_envelope", "check_joi
            "update_norm"]
 
 #: kinds each topic may carry, and who may send them
-CLIENT_KINDS = {"join": "join", "status": "status", "update": "update", "error": "error"}
+CLIENT_KINDS = {"join": ("join",), "status": ("status",), "update": ("update",), "error": ("error",),
+                "secagg": SECAGG_UP}
 
 
 class Rejected(NeuroFedError):
@@ -35,7 +36,7 @@ class Rejected(NeuroFedError):
 
 def check_envelope(kind: str, topic_client: str | None, msg: object, federation: str) -> None:
     """Schema kind fits the topic, the federation matches, the sender is who the topic says."""
-    if kind not in CLIENT_KINDS or getattr(msg, "kind", None) != CLIENT_KINDS[kind]:
+    if kind not in CLIENT_KINDS or getattr(msg, "kind", None) not in CLIENT_KINDS[kind]:
         raise Rejected("wrong_kind", f"a {getattr(msg, 'kind', '?')} message on a {kind} topic")
     if msg.federation != federation:  # type: ignore[attr-defined]
         raise Rejected("wrong_federation", f"message for federation {msg.federation!r}")  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from broker.protocol import (
     COORDINATOR_ID,
+    SECAGG_DOWN,
     ErrorMsg,
     JoinMsg,
     ModelMsg,
@@ -49,6 +50,7 @@ from broker.transport import (
     connect_with_backoff,
 )
 from edge import logger
+from edge.secagg_client import SecAggSession
 from trainer.atomic import save_safetensors
 from trainer.data.dataset import SubjectData
 from trainer.data.profiles import DeviceProfile, ProfileError, match_profile
@@ -56,6 +58,7 @@ from trainer.errors import NeuroFedError
 from trainer.experiments.runner import client_seed
 from trainer.fl.client import ClientState, ClientUpdate, client_update, init_client_state
 from trainer.fl.local import LocalConfig
+from trainer.fl.secagg import SecAggError
 from trainer.fl.server import downlink
 from trainer.fl.strategies import get_strategy
 from trainer.models import build_model
@@ -159,6 +162,7 @@ class EdgeClient:
         self.sent: deque[str] = deque(maxlen=1024)  # our recent msg_ids: replies about others' messages are forged
         self.montage = montage
         self.profile: str | None = None        # our device profile in a hierarchical federation
+        self.secagg: SecAggSession | None = None  # the open secure-aggregation round (edge/secagg_client.py)
 
     # ------------------------------------------------------------------ plumbing
     def _status(self, state: str, rnd: int | None = None) -> bytes:
@@ -309,6 +313,9 @@ class EdgeClient:
         if task.round < st.last_round:
             logger.info("%s: skipping stale task for round %d (done %d)", self.cid, task.round, st.last_round)
             return
+        if task.secagg is not None:  # fresh keys first (the coordinator collects them while we train)
+            self.secagg = SecAggSession(self.fed, self.cid, task)
+            self._secagg_send([(self.secagg.keys_msg(), None)])
         if task.round == st.last_round and base == st.last_base and st.update is not None:
             logger.info("%s: round %d re-issued; resending the cached update", self.cid, task.round)
             self._upload(task, st.update, base)
@@ -345,6 +352,9 @@ class EdgeClient:
         return upd, new_state
 
     def _upload(self, task: TaskMsg, upd: ClientUpdate, base: str) -> None:
+        if task.secagg is not None and self.secagg is not None:  # masked, once the neighbours' shares are in
+            self._secagg_send(self.secagg.set_update(upd, self.global_state))
+            return
         msg = UpdateMsg(federation=self.fed, sender=self.cid, round=task.round, task_id=task.task_id,
                         n_samples=upd.n_samples, base_sha256=base, run_id=task.run_id,
                         metrics={k: float(v) for k, v in upd.metrics.items()})
@@ -352,6 +362,20 @@ class EdgeClient:
         ref = delta_reference(self.global_state)
         self._send(self.topics.update(self.cid), msg, pack({"state": upd.state, "extra": upd.extras}),
                    compress=task.compress, reference=ref)
+
+    def _secagg_send(self, out: list) -> None:
+        for m, tensors in out:
+            self._send(self.topics.secagg(self.cid), m, tensors, wait=None)
+
+    def _on_secagg(self, msg: Any) -> None:
+        if self.secagg is None or msg.run_id != self.run_id:
+            return
+        try:
+            self._secagg_send(self.secagg.step(msg))
+        except SecAggError as exc:  # refuse the round rather than weaken it; the coordinator recovers or re-issues
+            logger.error("%s: secure aggregation round %d refused: %s", self.cid, msg.round, exc)
+            self.secagg = None
+            self._error("secagg_refused", str(exc), msg.round)
 
     def _on_coordinator_status(self, msg: StatusMsg) -> None:
         if self.run_id is None or not msg.run_id:
@@ -391,6 +415,8 @@ class EdgeClient:
             self._run_task(msg, tensors)
         elif kind == "result" and msg.kind == "result" and msg.final and msg.run_id == self.run_id:
             self.finished = True
+        elif kind == "secagg_down" and who == self.cid and msg.kind in SECAGG_DOWN:
+            self._on_secagg(msg)
         elif kind == "status" and who == COORDINATOR_ID and msg.kind == "status":
             self._on_coordinator_status(msg)
         elif kind == "error" and msg.kind == "error":
@@ -429,7 +455,7 @@ class EdgeClient:
         try:
             # not `result`: the coordinator's retained status (`done` + run id) ends a run, so per-round
             # results (participants, loss) need not reach every client
-            for t in (self.topics.task, self.topics.status(COORDINATOR_ID)):
+            for t in (self.topics.task, self.topics.status(COORDINATOR_ID), self.topics.secagg_down(self.cid)):
                 self.transport.subscribe(t)
             self.transport.subscribe(self.topics.error(self.cid), no_local=True)
             self._want_model(True)

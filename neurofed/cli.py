@@ -54,6 +54,12 @@ try:
 except ImportError as _exc:
     print(f"warning: standalone benchmark unavailable ({_exc})", file=sys.stderr)
 try:
+    from neurofed.bench_secagg import register as _register_secagg_bench
+
+    _register_secagg_bench(bench)
+except ImportError as _exc:
+    print(f"warning: secure aggregation benchmark unavailable ({_exc})", file=sys.stderr)
+try:
     from edge.bench_lsl import register_bench as _register_lsl_bench
     from neurofed.bench_e2e import register as _register_e2e_bench
 

@@ -25,8 +25,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
-from broker.protocol import FLAG_ZLIB, ProtocolError, Topics, decode, delta_reference, tensors_to_bytes
+from broker.protocol import (
+    FLAG_ZLIB,
+    SECAGG_DOWN,
+    SECAGG_UP,
+    ProtocolError,
+    Topics,
+    decode,
+    delta_reference,
+    tensors_to_bytes,
+)
 
 
 @dataclass
@@ -263,14 +273,20 @@ def audit(tap: Wiretap, model_specs: dict[str, tuple[tuple[int, ...], str]], fp:
             msg, tensors = decode(s.payload, reference=ref if kind == "update" else None)
             if kind == "model" and tensors:
                 ref = delta_reference(tensors)
-            if msg.kind != kind:
+            if msg.kind not in {"secagg": SECAGG_UP, "secagg_down": SECAGG_DOWN}.get(kind, (kind,)):
                 raise ProtocolError(f"a {msg.kind} message on a {kind} topic")
         except ProtocolError as exc:
             res.bad_protocol.append(f"{s.topic}: {exc}")
             continue
         res.decoded += 1
         n_values = 0
+        n_masked = sum(int(np.prod(v[0])) for v in model_specs.values() if v[1].startswith("torch.float")) + 2
         for name, t in (tensors or {}).items():
+            if kind == "secagg":  # secure aggregation: the masked fixed-point update, nothing else
+                if name != "masked" or t.dtype != torch.int32 or tuple(t.shape) != (n_masked,):
+                    res.bad_tensors.append(f"{s.topic}: tensor {name} {tuple(t.shape)} {t.dtype}")
+                n_values += t.numel()
+                continue
             key = next((name[len(p):] for p in prefixes.get(kind, ()) if name.startswith(p)), None)
             ok_key = key is not None and (key in model_specs or name.startswith("extra."))
             spec = model_specs.get(key or "")

@@ -84,6 +84,28 @@ def test_client_cannot_publish_as_another_or_as_coordinator(secured):
         x.close()
 
 
+def test_secagg_topics_under_the_acl(secured):
+    """A client publishes only on its own secagg/<id> and reads only its own secagg_down/<id>."""
+    m, creds, t = secured
+    coord = MqttTransport(_url(m, "coordinator", creds["coordinator"]), "coord").connect()
+    coord.subscribe(f"{t.root}/secagg/+")
+    a = MqttTransport(_url(m, "A", creds["A"]), "A").connect()
+    b = MqttTransport(_url(m, "B", creds["B"]), "B").connect()
+    a.subscribe(t.secagg_down("A"))
+    b.subscribe(t.secagg_down("A"))  # B may not read what the coordinator routes to A
+    b.subscribe(t.secagg("A"))       # nor A's shares and masked input
+    time.sleep(0.3)
+    a.publish(t.secagg("B"), b"forged", wait=5)
+    a.publish(t.secagg_down("B"), b"forged", wait=5)
+    a.publish(t.secagg("A"), b"mine", wait=5)
+    assert _messages(coord) == [t.secagg("A")]
+    coord.publish(t.secagg_down("A"), b"routed", wait=5)
+    assert _messages(a) == [t.secagg_down("A")]
+    assert _messages(b, 0.5) == []
+    for x in (coord, a, b):
+        x.close()
+
+
 def test_bad_specs_are_refused(tmp_path):
     with pytest.raises(BrokerConfigError, match="reserved"):
         SecureBrokerSpec("f", ["coordinator"])

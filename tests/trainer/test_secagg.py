@@ -51,3 +51,85 @@ def test_fixed_point_round_trip_and_overflow():
     np.testing.assert_allclose(decode(encode(x, 16), 16), x, atol=2.0 ** -16)
     with pytest.raises(SecAggError, match="too large"):
         encode(np.array([40000.0]), 16)
+
+
+# ----------------------------------------------------------------------------- SecAgg+ (neighbour graph)
+def test_neighbour_graph_is_regular_symmetric_and_seeded():
+    from trainer.fl.secagg import graph_params, neighbour_graph
+
+    g = neighbour_graph(100, 20, seed=3)
+    assert sorted(g) == list(range(1, 101))
+    assert all(len(v) == 20 and c not in v for c, v in g.items())
+    assert all(c in g[v] for c, vs in g.items() for v in vs)  # undirected
+    assert g == neighbour_graph(100, 20, seed=3) and g != neighbour_graph(100, 20, seed=4)
+    full = neighbour_graph(6, 5, seed=0)
+    assert all(v == set(range(1, 7)) - {c} for c, v in full.items())
+    assert graph_params(24) == (14, 8) and graph_params(100) == (20, 11) and graph_params(500) == (28, 15)
+    assert graph_params(5) == (4, 3)  # capped at the complete graph
+
+
+@pytest.mark.parametrize("k", [6, None])
+def test_secagg_plus_sum_is_exact_and_dropouts_recovered(k):
+    up = _updates(n=12, d=300, seed=1)
+    got = secure_weighted_mean(up, t=3, neighbours=k, seed=5)
+    np.testing.assert_allclose(got, _plain(up, up), atol=5 * 2.0 ** -16)
+    got = secure_weighted_mean(up, t=3, neighbours=k, seed=5, dropout=[2, 7])
+    np.testing.assert_allclose(got, _plain(up, [c for c in up if c not in (2, 7)]), atol=5 * 2.0 ** -16)
+
+
+def test_secagg_plus_refuses_when_a_client_has_too_few_surviving_neighbours():
+    from trainer.fl.secagg import neighbour_graph
+
+    up = _updates(n=10)
+    g = neighbour_graph(10, 4, seed=0)
+    victim = 1
+    drop = sorted(g[victim])[:2]  # 2 of its 4 neighbours vanish: 2 left < t = 3
+    with pytest.raises(SecAggError, match="fewer than 3 surviving neighbours"):
+        secure_weighted_mean(up, t=3, neighbours=4, seed=0, dropout=drop)
+
+
+def test_sealed_shares_open_only_for_their_holder_and_detect_tampering():
+    rid = b"r" * 16
+    a, b, c = (SecAggClient(i, rid, np.random.default_rng(i)) for i in (1, 2, 3))
+    share = a.shares([2, 3], 2)[0]
+    ct = a.seal(share, b.channel_public_key(), b"aad")
+    assert b.open(1, ct, a.channel_public_key(), b"aad") == share
+    with pytest.raises(SecAggError, match="does not authenticate"):
+        c.open(1, ct, a.channel_public_key(), b"aad")  # not its share
+    with pytest.raises(SecAggError, match="does not authenticate"):
+        b.open(1, ct[:-1] + bytes([ct[-1] ^ 1]), a.channel_public_key(), b"aad")
+    with pytest.raises(SecAggError, match="does not authenticate"):
+        b.open(1, ct, a.channel_public_key(), b"other round")
+
+
+def test_encode_update_clamps_and_the_sum_decodes_to_the_weighted_mean():
+    from trainer.fl.secagg import MOD, decode_update_sum, encode_update
+
+    rng = np.random.default_rng(0)
+    deltas = [rng.normal(0, 0.1, 50) for _ in range(4)]
+    deltas[0][0] = 100.0  # clamped to the bound
+    n = [30, 45, 40, 44]
+    vecs = [encode_update(d, 0.5 + i, k, sum(n), 8.0) for i, (d, k) in enumerate(zip(deltas, n))]
+    assert [c for _, c in vecs] == [1, 0, 0, 0]
+    total = (sum(v.astype(np.uint64) for v, _ in vecs) % MOD).astype(np.uint32)
+    mean, loss, w = decode_update_sum(total, 8.0)
+    deltas[0][0] = 8.0
+    want = sum(d * k for d, k in zip(deltas, n)) / sum(n)
+    np.testing.assert_allclose(mean, want, atol=4 * 2.0 ** -27)
+    assert loss == pytest.approx(sum((0.5 + i) * k for i, k in enumerate(n)) / sum(n), abs=1e-6)
+    assert w == pytest.approx(1.0, abs=1e-7)
+    with pytest.raises(SecAggError, match="n_ref"):
+        encode_update(deltas[1], 0.5, 200, 100, 8.0)
+
+
+def test_cached_combine_equals_pycryptodome_combine():
+    from Crypto.Protocol.SecretSharing import Shamir
+
+    from trainer.fl.secagg import combine16
+
+    rng = np.random.default_rng(0)
+    for t, n in ((2, 3), (8, 14), (15, 28)):
+        secret = rng.bytes(16)
+        shares = Shamir.split(t, n, secret)
+        for pick in (shares[:t], shares[-t:], [shares[i] for i in sorted(rng.choice(n, t, replace=False))]):
+            assert combine16(pick) == Shamir.combine(pick) == secret

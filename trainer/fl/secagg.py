@@ -1,17 +1,26 @@
-"""Secure aggregation (the masking core of SecAgg, Bonawitz et al., CCS 2017): the server learns only the sum.
+"""Secure aggregation (SecAgg, Bonawitz et al., CCS 2017; SecAgg+, Bell et al., CCS 2020): the server learns only the sum.
 
 Pure and transport-free: the messages of the four protocol steps are plain dataclasses; an orchestrator
-(in-process, or later the MQTT coordinator) moves them. Cryptography comes from well-kept libraries:
+(in-process :func:`secure_weighted_mean`, or the MQTT coordinator ``broker/secagg_round.py`` with the client
+side ``edge/secagg_client.py``) moves them.
+
+**SecAgg+ neighbour graph.** With ``k`` neighbours (:func:`neighbour_graph`: a Harary graph ``H(k, n)`` over a
+seeded random permutation of the clients, i.e. a ring where each client is linked to the ``k/2`` nearest on each
+side) a client masks and shares only with its ``k`` neighbours: ``O(n k)`` work and bytes instead of ``O(n^2)``.
+``k = n - 1`` is the complete graph of the original SecAgg. Shares are ``t``-of-``k`` among the neighbours. Cryptography comes from well-kept libraries:
 X25519 key agreement and HKDF-SHA256 from ``cryptography``, ChaCha20 as the mask generator (``cryptography``),
 Shamir t-of-n secret sharing from ``pycryptodome`` (16-byte secrets, so 32-byte values travel as two shares).
 
 Steps (``n`` clients of a round, threshold ``t``):
 
 1. **advertise**: every client draws an X25519 masking key pair and publishes the public key.
-2. **share**: each client draws a self-mask seed ``b_u`` and Shamir-shares ``b_u`` and its private key among
-   the round's clients (t-of-n). In the full protocol each share is encrypted to its recipient with a pairwise
-   key; here :meth:`SecAggClient.shares` returns them per recipient for the orchestrator to deliver.
+2. **share**: each client draws a 16-byte self-mask seed ``b_u`` and Shamir-shares ``b_u`` and the 16-byte
+   seed of its masking private key (:func:`mask_key`) among its neighbours (t-of-k; pycryptodome's Shamir
+   works on 16-byte secrets). On the wire each share travels encrypted to its recipient
+   (ChaCha20-Poly1305 under an HKDF key of a second, *channel* X25519 pair: :meth:`SecAggClient.seal` /
+   :meth:`SecAggClient.open`), so the server that routes them cannot read them.
 3. **masked input**: the client sends ``y_u = q(w_u) + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv)``
+   (``v`` over its neighbours that delivered their shares)
    (mod 2^32), with ``s_uv`` the HKDF of the X25519 shared secret and ``q`` a fixed-point encoding of its
    trial-weighted update. Pairwise masks cancel in the sum; the server sees only uniformly masked vectors.
 4. **unmask**: survivors reveal, for each other client, either the share of its ``b_u`` (it survived) or of
@@ -21,24 +30,35 @@ Steps (``n`` clients of a round, threshold ``t``):
 Fixed point: each coordinate is scaled by ``2^frac_bits`` and rounded, the trial-weighted values
 ``n_k * x_k`` and the counts ``n_k`` are summed, so the weighted mean (FedAvg's aggregation weights) is
 ``sum / sum n_k`` after decoding. The encoding must not overflow: ``|sum n_k x_k| * 2^frac_bits < 2^31``
-(checked, with a clear error).
+(checked, with a clear error). Over MQTT :func:`encode_update` sends the *update* ``x_k - global`` clamped to
+``[-bound, bound]``, weighted by ``n_k / n_ref`` (``n_ref``: the selected clients' joined trials), so the sum
+never exceeds ``bound * 2^frac_bits`` and ``frac_bits = 30 - ceil(log2 bound)`` (27 for the default bound 8).
 """
 
 from __future__ import annotations
 
+import base64
+import functools
+import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from Crypto.Protocol.SecretSharing import Shamir
+from Crypto.Protocol.SecretSharing import Shamir, _Element
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from trainer.errors import NeuroFedError
 
 MOD = 1 << 32
+SEALED_LEN = 33 + 16  # a sealed share: index, b share, key-seed share (33 bytes) + the Poly1305 tag
+B_SHARE_LEN = 17      # a revealed self-mask share: index + 16 bytes
+KEY_SHARE_LEN = 17    # a revealed key-seed share: index + 16 bytes
 
 
 class SecAggError(NeuroFedError):
@@ -46,24 +66,109 @@ class SecAggError(NeuroFedError):
 
 
 def prg(seed: bytes, n: int) -> np.ndarray:
-    """``n`` pseudo-random uint32 from a 32-byte seed (ChaCha20 keystream, zero nonce: one use per seed)."""
+    """``n`` pseudo-random uint32 from a 16- or 32-byte seed (ChaCha20 keystream, zero nonce: one use per seed).
+
+    A 16-byte seed (the self mask ``b_u``) is stretched to a ChaCha20 key with HKDF-SHA256.
+    """
+    if len(seed) == 16:
+        seed = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"neurofed-secagg-self").derive(seed)
     enc = Cipher(algorithms.ChaCha20(seed, b"\0" * 16), mode=None).encryptor()
     return np.frombuffer(enc.update(b"\0" * (4 * n)), dtype=np.uint32).copy()
 
 
-def _pair_seed(private: X25519PrivateKey, public: bytes, round_id: bytes) -> bytes:
-    shared = private.exchange(X25519PublicKey.from_public_bytes(public))
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=round_id, info=b"neurofed-secagg-pair").derive(shared)
+def _pair_seed(private: X25519PrivateKey, public: bytes, round_id: bytes, info: bytes = b"neurofed-secagg-pair") -> bytes:
+    try:
+        shared = private.exchange(X25519PublicKey.from_public_bytes(public))
+    except ValueError as exc:  # wrong length, or a low-order point (all-zero shared secret)
+        raise SecAggError(f"unusable X25519 public key ({exc})") from None
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=round_id, info=info).derive(shared)
 
 
-def _split32(secret: bytes, t: int, n: int) -> list[tuple[int, bytes, bytes]]:
-    """Shamir t-of-n of a 32-byte secret as two 16-byte halves: ``[(index, share_lo, share_hi)]``."""
-    lo, hi = Shamir.split(t, n, secret[:16]), Shamir.split(t, n, secret[16:])
-    return [(i, a, b) for (i, a), (_, b) in zip(lo, hi)]
+def neighbour_graph(n: int, k: int, seed: int) -> dict[int, frozenset[int]]:
+    """SecAgg+'s communication graph over clients ``1..n``: each client's ``k`` neighbours.
+
+    A Harary graph ``H(k, n)`` on a seeded random permutation: the clients sit on a ring in the order of
+    ``default_rng(seed).permutation(n)`` and each is linked to the ``k // 2`` next and previous ones (``k`` odd
+    is rounded up; ``k >= n - 1`` is the complete graph). Every client has the same degree; the graph is
+    ``k``-connected, and which clients are neighbours is unpredictable without the seed.
+    """
+    if n < 1:
+        raise SecAggError("a secure aggregation round needs at least one client")
+    if k < 1 and n > 1:
+        raise SecAggError(f"neighbours must be >= 1, got {k}")
+    if k + (k % 2) >= n - 1:
+        ids = frozenset(range(1, n + 1))
+        return {c: ids - {c} for c in ids}
+    h = (k + 1) // 2
+    ring = [int(i) + 1 for i in np.random.default_rng(seed).permutation(n)]
+    out: dict[int, set[int]] = {c: set() for c in ring}
+    for p, c in enumerate(ring):
+        for d in range(1, h + 1):
+            out[c].add(ring[(p + d) % n])
+            out[c].add(ring[(p - d) % n])
+    return {c: frozenset(v) for c, v in out.items()}
 
 
-def _combine32(shares: Sequence[tuple[int, bytes, bytes]]) -> bytes:
-    return (Shamir.combine([(i, a) for i, a, _ in shares]) + Shamir.combine([(i, b) for i, _, b in shares]))
+def graph_params(n: int, neighbours: int = 0, threshold: float = 0.5) -> tuple[int, int]:
+    """``(k, t)`` for a round of ``n`` clients.
+
+    ``neighbours = 0`` picks SecAgg+'s logarithmic degree, ``k = 2 ceil(1.5 log2 n)`` (14 at n = 24, 20 at
+    n = 100, 28 at n = 500), capped at ``n - 1`` (the complete graph); odd ``k`` is rounded up. The threshold is
+    ``t = floor(threshold * k) + 1`` shares out of ``k`` (a strict majority for the default 0.5), at least 2
+    when ``k >= 2``: a client's secrets are recovered as long as ``t`` of its neighbours survive.
+    """
+    if n < 2:
+        raise SecAggError(f"secure aggregation needs at least 2 clients in a round, got {n}")
+    if not 0 < threshold < 1:
+        raise SecAggError(f"threshold must be in (0, 1), got {threshold}")
+    k = neighbours or 2 * int(np.ceil(1.5 * np.log2(n)))
+    k = min(k + (k % 2), n - 1)
+    t = min(k, max(2 if k >= 2 else 1, int(np.floor(threshold * k)) + 1))
+    return k, t
+
+
+def mask_key(seed: bytes) -> X25519PrivateKey:
+    """The masking X25519 private key of a 16-byte seed (HKDF-SHA256): sharing the seed shares the key."""
+    return X25519PrivateKey.from_private_bytes(
+        HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"neurofed-secagg-mask-key").derive(seed))
+
+
+@functools.lru_cache(maxsize=4096)
+def _lagrange0(xs: tuple[int, ...]) -> tuple[_Element, ...]:
+    """Lagrange coefficients at 0 for the points ``xs`` in pycryptodome's GF(2^128) (its Shamir field)."""
+    out = []
+    for j, xj in enumerate(xs):
+        num, den = _Element(1), _Element(1)
+        for m, xm in enumerate(xs):
+            if m != j:
+                num *= _Element(xm)
+                den *= _Element(xj) + _Element(xm)
+        out.append(num * den.inverse())
+    return tuple(out)
+
+
+def combine16(shares: Sequence[tuple[int, bytes]]) -> bytes:
+    """``Shamir.combine`` (pycryptodome, ``ssss=False``) with the Lagrange coefficients cached per index set.
+
+    The same maths and field elements as the library's ``combine`` (tested equal); the coefficients' inversions,
+    which dominate its cost, are computed once per set of share indices instead of once per secret, so a server
+    recovering hundreds of secrets from the same holders' shares pays ``t`` multiplications for each.
+    """
+    coeffs = _lagrange0(tuple(i for i, _ in shares))
+    acc = _Element(0)
+    for c, (_, y) in zip(coeffs, shares):
+        acc += c * _Element(y)
+    return acc.encode()
+
+
+
+
+def _check_shares(shares: Sequence[tuple], what: str) -> None:
+    idx = [s[0] for s in shares]
+    if len(set(idx)) != len(idx) or any(not 1 <= i <= 255 for i in idx):
+        raise SecAggError(f"shares of {what} have repeated or invalid indices {sorted(idx)[:8]}")
+    if any(len(part) != 16 for s in shares for part in s[1:]):
+        raise SecAggError(f"a share of {what} is not 16 bytes")
 
 
 def encode(x: np.ndarray, frac_bits: int) -> np.ndarray:
@@ -80,12 +185,27 @@ def decode(q: np.ndarray, frac_bits: int) -> np.ndarray:
 
 @dataclass
 class Shares:
-    """What client ``sender`` gives client ``to``: its shares of ``sender``'s self-mask seed and private key."""
+    """What client ``sender`` gives client ``to``: its shares of ``sender``'s self-mask seed and private key.
+
+    Both are ``(index, 16 bytes)``: shares of the 16-byte self-mask seed and of the 16-byte seed of the
+    masking private key (:func:`mask_key`).
+    """
 
     sender: int
     to: int
-    b_share: tuple[int, bytes, bytes]
-    key_share: tuple[int, bytes, bytes]
+    b_share: tuple[int, bytes]
+    key_share: tuple[int, bytes]
+
+    def to_bytes(self) -> bytes:
+        """``index | b share | key-seed share`` (33 bytes; the plaintext of a sealed share)."""
+        return bytes([self.b_share[0]]) + self.b_share[1] + self.key_share[1]
+
+    @classmethod
+    def from_bytes(cls, sender: int, to: int, data: bytes) -> Shares:
+        if len(data) != 33 or not 1 <= data[0] <= 255:
+            raise SecAggError(f"a share from client {sender} is malformed ({len(data)} bytes)")
+        i = data[0]
+        return cls(sender, to, (i, data[1:17]), (i, data[17:33]))
 
 
 @dataclass
@@ -94,23 +214,47 @@ class SecAggClient:
 
     cid: int
     round_id: bytes
-    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    rng: np.random.Generator | None = None  # None: os.urandom (a deployment); a Generator only for reproducible tests
 
     def __post_init__(self) -> None:
-        self._key = X25519PrivateKey.from_private_bytes(self.rng.bytes(32))
-        self._b = self.rng.bytes(32)
+        draw = os.urandom if self.rng is None else self.rng.bytes
+        self._kseed = draw(16)  # 128-bit seed of the masking key: what is Shamir-shared for dropout recovery
+        self._key = mask_key(self._kseed)
+        self._ckey = X25519PrivateKey.from_private_bytes(draw(32))  # channel key: encrypts shares
+        self._b = draw(16)
 
     def public_key(self) -> bytes:
         """Step 1: the masking public key to advertise."""
         return self._key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
+    def channel_public_key(self) -> bytes:
+        """Step 1: the public key others encrypt their shares to this client with."""
+        return self._ckey.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
     def shares(self, clients: Sequence[int], t: int) -> list[Shares]:
-        """Step 2: one :class:`Shares` per client of the round (itself included), t-of-n."""
+        """Step 2: one :class:`Shares` per holder in ``clients`` (its neighbours, or everyone), t-of-len(clients)."""
         n = len(clients)
-        key = self._key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
-                                      serialization.NoEncryption())
-        bs, ks = _split32(self._b, t, n), _split32(key, t, n)
+        if not 1 <= t <= n:
+            raise SecAggError(f"threshold {t} does not fit {n} share holders")
+        bs, ks = Shamir.split(t, n, self._b), Shamir.split(t, n, self._kseed)
         return [Shares(self.cid, v, bs[j], ks[j]) for j, v in enumerate(sorted(clients))]
+
+    def _channel(self, peer_channel_pk: bytes) -> ChaCha20Poly1305:
+        return ChaCha20Poly1305(_pair_seed(self._ckey, peer_channel_pk, self.round_id, b"neurofed-secagg-share"))
+
+    def seal(self, share: Shares, peer_channel_pk: bytes, aad: bytes) -> bytes:
+        """Encrypt a share to its holder (``share.to``): ChaCha20-Poly1305, the direction in the nonce."""
+        nonce = (b"\x01" if self.cid < share.to else b"\x02") + b"\0" * 11
+        return self._channel(peer_channel_pk).encrypt(nonce, share.to_bytes(), aad)
+
+    def open(self, sender: int, ciphertext: bytes, sender_channel_pk: bytes, aad: bytes) -> Shares:
+        """Decrypt a share ``sender`` sealed to this client; a forged or altered one raises SecAggError."""
+        nonce = (b"\x01" if sender < self.cid else b"\x02") + b"\0" * 11
+        try:
+            plain = self._channel(sender_channel_pk).decrypt(nonce, ciphertext, aad)
+        except InvalidTag:
+            raise SecAggError(f"the share from client {sender} does not authenticate (forged or altered)") from None
+        return Shares.from_bytes(sender, self.cid, plain)
 
     def masked_input(self, vector: np.ndarray, public_keys: Mapping[int, bytes]) -> np.ndarray:
         """Step 3: ``vector`` (already fixed-point uint32) masked with the self mask and every pairwise mask."""
@@ -125,7 +269,8 @@ class SecAggClient:
 
 
 def unmask(masked: Mapping[int, np.ndarray], public_keys: Mapping[int, bytes],
-           revealed: Mapping[int, Sequence[Shares]], t: int, round_id: bytes) -> np.ndarray:
+           revealed: Mapping[int, Sequence[Shares]], t: int, round_id: bytes,
+           neighbours: Mapping[int, frozenset[int]] | None = None) -> np.ndarray:
     """Step 4 at the server: the exact sum (uint32) of the survivors' vectors.
 
     Parameters
@@ -133,14 +278,16 @@ def unmask(masked: Mapping[int, np.ndarray], public_keys: Mapping[int, bytes],
     masked : {client: masked vector}
         The inputs that arrived (the survivors).
     public_keys : {client: public key}
-        Every client that advertised (survivors and dropped).
+        Every client whose shares were delivered (survivors and clients dropped after sharing).
     revealed : {survivor: [Shares, ...]}
         What each survivor reveals in step 4: for a surviving sender the ``b`` share, for a dropped sender the key
         share (the orchestrator asks each survivor for the right one; both fields are read accordingly).
+    neighbours : {client: its neighbours}, optional
+        SecAgg+'s graph (:func:`neighbour_graph`); None is the complete graph.
     """
     survivors = sorted(masked)
     dropped = sorted(set(public_keys) - set(survivors))
-    if len(survivors) < t:
+    if neighbours is None and len(survivors) < t:
         raise SecAggError(f"{len(survivors)} survivors, the threshold is {t}: the round's sum cannot be unmasked")
     n = len(next(iter(masked.values())))
     total = np.zeros(n, np.uint32)
@@ -150,17 +297,21 @@ def unmask(masked: Mapping[int, np.ndarray], public_keys: Mapping[int, bytes],
     for lst in revealed.values():
         for s in lst:
             by_sender.setdefault(s.sender, []).append(s)
+    for lst in by_sender.values():  # the t lowest holder indices: the same index sets recur (cached coefficients)
+        lst.sort(key=lambda s: max(s.b_share[0], s.key_share[0]))
     for u in survivors:  # remove self masks
         got = by_sender.get(u, [])
         if len(got) < t:
             raise SecAggError(f"only {len(got)} shares of client {u}'s self mask, need {t}")
-        total = total - prg(_combine32([s.b_share for s in got[:t]]), n)
+        _check_shares([s.b_share for s in got[:t]], f"client {u}'s self mask")
+        total = total - prg(combine16([s.b_share for s in got[:t]]), n)
     for u in dropped:  # cancel the pairwise masks the survivors added with the dropped client
         got = by_sender.get(u, [])
         if len(got) < t:
             raise SecAggError(f"only {len(got)} shares of dropped client {u}'s key, need {t}")
-        key = X25519PrivateKey.from_private_bytes(_combine32([s.key_share for s in got[:t]]))
-        for v in survivors:
+        _check_shares([s.key_share for s in got[:t]], f"dropped client {u}'s key")
+        key = mask_key(combine16([s.key_share for s in got[:t]]))
+        for v in survivors if neighbours is None else sorted(neighbours[u] & set(survivors)):
             m = prg(_pair_seed(key, public_keys[v], round_id), n)
             # survivor v added +m if v < u, -m if v > u: undo it
             total = total - m if v < u else total + m
@@ -168,30 +319,103 @@ def unmask(masked: Mapping[int, np.ndarray], public_keys: Mapping[int, bytes],
 
 
 def secure_weighted_mean(updates: Mapping[int, tuple[np.ndarray, int]], t: int, frac_bits: int = 16,
-                         dropout: Sequence[int] = (), seed: int = 0) -> np.ndarray:
+                         dropout: Sequence[int] = (), seed: int = 0, neighbours: int | None = None) -> np.ndarray:
     """In-process reference run of the whole protocol: the trial-weighted mean of the survivors' vectors.
 
     ``updates`` maps client index (1..n) to ``(flat float vector, n_trials)``; ``dropout`` clients advertise and
-    share but never send their masked input (they vanish mid-round).
+    share but never send their masked input (they vanish mid-round). ``neighbours``: SecAgg+'s degree ``k``
+    (shares t-of-k among the neighbours); None is the complete graph (t-of-(n-1)).
     """
     round_id = np.random.default_rng(seed).bytes(16)
     ids = sorted(updates)
+    if ids != list(range(1, len(ids) + 1)):
+        raise SecAggError("clients must be numbered 1..n")
+    graph = neighbour_graph(len(ids), len(ids) - 1 if neighbours is None else neighbours, seed)
     clients = {c: SecAggClient(c, round_id, np.random.default_rng([seed, c])) for c in ids}
     pks = {c: cl.public_key() for c, cl in clients.items()}
+    cpks = {c: cl.channel_public_key() for c, cl in clients.items()}
     inbox: dict[int, list[Shares]] = {c: [] for c in ids}
+    aad = b"neurofed-test"
     for cl in clients.values():
-        for s in cl.shares(ids, t):
-            inbox[s.to].append(s)
+        for s in cl.shares(sorted(graph[cl.cid]), t):  # sealed to the holder, opened by it: the wire path
+            inbox[s.to].append(clients[s.to].open(cl.cid, cl.seal(s, cpks[s.to], aad), cpks[cl.cid], aad))
     masked = {}
     for c in ids:
         if c in dropout:
             continue
         x, n_k = updates[c]
         masked[c] = clients[c].masked_input(np.concatenate([encode(np.asarray(x) * n_k, frac_bits),
-                                                            encode(np.array([float(n_k)]), 0)]), pks)
-    none = (0, b"", b"")  # a survivor reveals ONE share per sender: b for survivors, the key for dropped clients
-    revealed = {c: [Shares(s.sender, s.to, s.b_share if s.sender in masked else none,
-                           s.key_share if s.sender not in masked else none) for s in inbox[c]] for c in masked}
-    total = unmask(masked, pks, revealed, t, round_id)
+                                                            encode(np.array([float(n_k)]), 0)]),
+                                            {v: pks[v] for v in graph[c]})
+    for c in masked:
+        if sum(1 for v in graph[c] if v in masked) < t:
+            raise SecAggError(f"client {c} has fewer than {t} surviving neighbours, the threshold is {t}: "
+                              "the round's sum cannot be unmasked")
+    revealed = {c: [reveal_share(s, s.sender in masked) for s in inbox[c]] for c in masked}
+    total = unmask(masked, pks, revealed, t, round_id, graph)
     weight = float(decode(total[-1:], 0)[0])
     return decode(total[:-1], frac_bits) / weight
+
+
+def reveal_share(s: Shares, sender_survived: bool) -> Shares:
+    """Step 4 at a holder: ONE share per sender, ``b`` for a survivor, the key for a dropped client (never both)."""
+    if sender_survived:
+        return Shares(s.sender, s.to, s.b_share, (0, b""))
+    return Shares(s.sender, s.to, (0, b""), s.key_share)
+
+
+# ----------------------------------------------------------------------------- the update vector on the wire
+def frac_bits_for(bound: float) -> int:
+    """Fractional bits of :func:`encode_update` for coordinates clamped to ``[-bound, bound]`` (sum < 2^30)."""
+    if not 0 < bound <= 2**20:
+        raise SecAggError(f"secure aggregation bound must be in (0, 2^20], got {bound}")
+    return 30 - int(np.ceil(np.log2(bound)))
+
+
+def encode_update(delta: np.ndarray, loss: float, n_samples: int, n_ref: int, bound: float) -> tuple[np.ndarray, int]:
+    """A client's fixed-point vector: ``[delta * w, loss * w, w]`` with ``w = n_samples / n_ref``, then scaled.
+
+    ``delta`` (the update ``x_k - global``, flat) and ``loss`` are clamped to ``[-bound, bound]`` first, and
+    ``n_samples <= n_ref`` is required, so any sum of such vectors over clients whose trials add up to at most
+    ``n_ref`` stays under ``2^30`` (no wrap-around). Returns ``(vector, coordinates clamped)``.
+    """
+    if not 1 <= n_samples <= n_ref:
+        raise SecAggError(f"n_samples {n_samples} must be in [1, n_ref = {n_ref}]")
+    f = frac_bits_for(bound)
+    d = np.asarray(delta, np.float64)
+    if not np.isfinite(d).all() or not np.isfinite(loss):
+        raise SecAggError("the update has NaN or inf")
+    clamped = int((np.abs(d) > bound).sum())
+    w = n_samples / n_ref
+    x = np.concatenate([np.clip(d, -bound, bound) * w, [min(max(float(loss), -bound), bound) * w, w]])
+    return encode(x, f), clamped
+
+
+def decode_update_sum(total: np.ndarray, bound: float) -> tuple[np.ndarray, float, float]:
+    """Inverse of the sum of :func:`encode_update` vectors: ``(weighted mean delta, weighted mean loss, sum w)``."""
+    x = decode(total, frac_bits_for(bound))
+    w = float(x[-1])
+    if w <= 0:
+        raise SecAggError(f"the unmasked weight sum is {w}: the masked inputs were inconsistent")
+    return x[:-2] / w, float(x[-2] / w), w
+
+
+# ----------------------------------------------------------------------------- wire helpers
+def masked_keys(state: Mapping[str, Any]) -> list[str]:
+    """The state entries secure aggregation sums, in wire order: the floating ones, sorted by name."""
+    return sorted(k for k, v in state.items() if v.is_floating_point())
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def unb64(text: str, n: int, what: str) -> bytes:
+    """Decode base64 ``text`` of exactly ``n`` bytes, else SecAggError naming ``what``."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        raise SecAggError(f"{what} is not base64") from None
+    if len(raw) != n:
+        raise SecAggError(f"{what} is {len(raw)} bytes, expected {n}")
+    return raw
