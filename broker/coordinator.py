@@ -85,7 +85,9 @@ class Coordinator:
         self.strategy, self.local = cfg.strategy(), cfg.local_config()
         self.out = Path(out_dir or cfg.output.dir)
         self.model = initial_model(cfg)
-        self.server = ServerState({k: v.detach().clone() for k, v in self.model.state_dict().items()})
+        setup_extras = self.strategy.setup(self.model)  # e.g. FedBM's frozen head (also on resume: it edits the model)
+        self.server = ServerState({k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                                  extras=setup_extras)
         self.registry = Registry()
         self.metrics: list[dict[str, Any]] = []
         self.rejections: Counter[str] = Counter()

@@ -266,6 +266,13 @@ class Component:
         return {}
 
     # client side
+    def prepare_model(self, model: nn.Module, server_extras: Mapping[str, Tensor]) -> None:
+        """Shape a client's model from the downlinked extras before the global state is loaded into it
+        (FedBM installs the frozen concept head a freshly built edge model lacks). Called every round,
+        so it must be a no-op on a model it already shaped; extras that do not fit the model raise a
+        :class:`~trainer.errors.NeuroFedError` naming the mismatch (nothing is trained on them)."""
+        return None
+
     def local_round(self, model: nn.Module, kept: Mapping[str, Tensor] | None, inputs: RoundInputs) -> LocalHook | None:
         """The hook for one round; ``kept`` is what this component stored on the client last time."""
         return None
@@ -413,6 +420,11 @@ class Strategy:
         for c in self.components:
             out.update(c.setup(model))
         return out
+
+    def prepare_model(self, model: nn.Module, server_extras: Mapping[str, Tensor]) -> None:
+        """Every component's :meth:`Component.prepare_model` (client side, before the downlink is loaded)."""
+        for c in self.components:
+            c.prepare_model(model, server_extras)
 
     # ------------------------------------------------------------------ wire
     def upload_specs(self, model: nn.Module) -> dict[str, TensorSpec]:
