@@ -290,6 +290,9 @@ class Coordinator:
                                                    self.fed.rounds),
                         stream=self.fed.aggregation == "streaming")
         rs.bytes_down = len(self._task_payload) + len(self._model_payload or b"")
+        for k, v in extras.items():  # raw tensor bytes per component (`fedbm_gen`: the generator), before zlib
+            key = k.split(".", 1)[0]
+            rs.bytes_extras[key] = rs.bytes_extras.get(key, 0) + v.numel() * v.element_size()
         self.current = rs
         self._pub(self.topics.task, self._task_payload, retain=True)
         logger.info("[ROUND %d/%d] task %s to %s", r + 1, self.fed.rounds, task.task_id[:8], ", ".join(chosen))
@@ -319,7 +322,7 @@ class Coordinator:
         loss = [u.metrics.get("loss") for _, u in updates if "loss" in u.metrics]
         m = {"round": self.server.round, "selected": rs.selected, "participants": [c for c, _ in updates],
              "stragglers": rs.missing(), "rejected": rejected, "bytes_down": rs.bytes_down,
-             "bytes_up": rs.bytes_up, "seconds": time.monotonic() - t0,
+             "bytes_up": rs.bytes_up, "bytes_extras": rs.bytes_extras, "seconds": time.monotonic() - t0,
              "loss": float(sum(loss) / len(loss)) if loss else None}
         if self.server.round % self.cfg.output.checkpoint_every == 0 or self.server.round == self.fed.rounds:
             self._checkpoint_with(m)
