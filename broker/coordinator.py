@@ -26,6 +26,7 @@ from broker.config import FederationConfig
 from broker.protocol import (
     COORDINATOR_ID,
     ErrorMsg,
+    ExtrasMsg,
     ModelMsg,
     ProtocolError,
     ResultMsg,
@@ -102,6 +103,8 @@ class Coordinator:
         self.connects = 0
         self._task_payload: bytes | None = None
         self._model_payload: bytes | None = None
+        self._extras_payload: bytes | None = None  # retained cached extras (Strategy.cached_prefixes)
+        self._extras_sha = ""
         self.max_bytes = int(cfg.validation.max_message_mb * (1 << 20))
         self.fingerprint = cfg.model_dump_json()
         if resume:
@@ -160,6 +163,8 @@ class Coordinator:
         self._pub(self.topics.status(COORDINATOR_ID), self._status("online"), retain=True, wait=None)
         if self._model_payload is not None:
             self._pub(self.topics.model, self._model_payload, retain=True, wait=None)
+        if self._extras_payload is not None:
+            self._pub(self.topics.extras, self._extras_payload, retain=True, wait=None)
         if self._task_payload is not None:
             self._pub(self.topics.task, self._task_payload, retain=True, wait=None)
 
@@ -261,17 +266,32 @@ class Coordinator:
                 self.handle(item)
         return True
 
+    def _publish_cached_extras(self, cached: dict[str, torch.Tensor], r: int) -> int:
+        """Publish the strategy's cached extras (retained) if their content changed; returns the bytes sent."""
+        if not cached or (h := state_sha256(cached)) == self._extras_sha:
+            return 0
+        self._extras_sha = h
+        self._extras_payload = encode(ExtrasMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=r,
+                                                run_id=self.run_id), cached, compress=self.fed.compress)
+        self._pub(self.topics.extras, self._extras_payload, retain=True)
+        return len(self._extras_payload)
+
     # ------------------------------------------------------------------ rounds
     def _open_round(self) -> RoundState:
         r = self.server.round
         chosen = select_clients(self.registry.candidates(), self.fed.fraction, r, self.fed.seed)
         down = downlink(self.server.global_state, self.strategy, self.model)
         extras = server_extras_for_clients(self.server, self.strategy)
+        cached = {k: v for k, v in extras.items() if k.startswith(self.strategy.cached_prefixes)}
+        extras = {k: v for k, v in extras.items() if k not in cached}
+        new_extras = self._publish_cached_extras(cached, r)
+        sent = {**extras, **(cached if new_extras else {})}  # on the wire this round
         task = TaskMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=r, rounds_total=self.fed.rounds,
                        task_id=new_id(), selected=chosen, deadline_s=self.fed.round_deadline_s, seed=self.fed.seed,
                        strategy=self.fed.strategy, strategy_overrides=dict(self.fed.strategy_overrides),
                        local=self.local.to_dict(), compress=self.fed.compress, run_id=self.run_id,
-                       model_sha256=state_sha256(self.server.global_state))
+                       model_sha256=state_sha256(self.server.global_state),
+                       extras_sha256=self._extras_sha if cached else "")
         rules = UpdateRules(
             round=r, task_id=task.task_id, base_sha256=state_sha256(down), selected=frozenset(chosen),
             state_specs=tensor_specs(self.server.global_state), extra_specs=self.strategy.upload_specs(self.model),
@@ -289,8 +309,8 @@ class Coordinator:
                         aggregator=RoundAggregator(self.server, self.strategy, max(len(self.registry), 1),
                                                    self.fed.rounds),
                         stream=self.fed.aggregation == "streaming")
-        rs.bytes_down = len(self._task_payload) + len(self._model_payload or b"")
-        for k, v in extras.items():  # raw tensor bytes per component (`fedbm_gen`: the generator), before zlib
+        rs.bytes_down = len(self._task_payload) + len(self._model_payload or b"") + new_extras
+        for k, v in sent.items():  # raw tensor bytes per component (`fedbm_gen`: the generator), before zlib
             key = k.split(".", 1)[0]
             rs.bytes_extras[key] = rs.bytes_extras.get(key, 0) + v.numel() * v.element_size()
         self.current = rs
@@ -374,10 +394,11 @@ class Coordinator:
         The coordinator's retained ``status`` stays: ``done`` with this run's id tells a client that
         reconnects after the end that its run finished. The final model is in ``global_model.safetensors``.
         """
-        topics = [self.topics.task, self.topics.result] + ([self.topics.model] if model else [])
+        topics = [self.topics.task, self.topics.result, self.topics.extras] + ([self.topics.model] if model else [])
         for t in topics:
             self._pub(t, b"", retain=True)
-        self._task_payload = None
+        self._task_payload = self._extras_payload = None
+        self._extras_sha = ""
         if model:
             self._model_payload = None
 

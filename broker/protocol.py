@@ -75,6 +75,10 @@ class Topics:
     def result(self) -> str:
         return f"{self.root}/result"
 
+    @property
+    def extras(self) -> str:
+        return f"{self.root}/extras"
+
     def status(self, client_id: str) -> str:
         return f"{self.root}/status/{_checked(client_id)}"
 
@@ -99,7 +103,7 @@ class Topics:
         if len(parts) < 3 or parts[0] != "neurofed" or parts[1] != self.federation:
             raise ProtocolError(f"topic {topic!r} is not in federation {self.federation!r}")
         rest = parts[2:]
-        if len(rest) == 1 and rest[0] in ("task", "model", "result"):
+        if len(rest) == 1 and rest[0] in ("task", "model", "result", "extras"):
             return rest[0], None
         if len(rest) == 2 and rest[0] in self.KINDS_PER_CLIENT and _is_name(rest[1]):
             return rest[0], rest[1]
@@ -184,6 +188,7 @@ class TaskMsg(_Msg):
     local: dict[Annotated[str, Field(max_length=32)], float | int] = Field(default_factory=dict, max_length=16)
     compress: bool = False  # clients zlib-compress their update bodies too
     model_sha256: str = Field(default="", pattern=HEX64)  # the retained global model the round trains from
+    extras_sha256: str = Field(default="", pattern=HEX64)  # the retained cached extras the round needs ("" none)
 
 
 class UpdateMsg(_Msg):
@@ -231,13 +236,21 @@ class ModelMsg(_Msg):
     meta: ModelSpec
 
 
-Message = Annotated[JoinMsg | StatusMsg | TaskMsg | UpdateMsg | ErrorMsg | ResultMsg | ModelMsg,
+class ExtrasMsg(_Msg):
+    """Retained strategy extras that are large and change rarely (e.g. FedBM's generator): published only
+    when their content changes; a task names the body hash it needs (``TaskMsg.extras_sha256``)."""
+
+    kind: Literal["extras"] = "extras"
+    round: int = Field(ge=0)
+
+
+Message = Annotated[JoinMsg | StatusMsg | TaskMsg | UpdateMsg | ErrorMsg | ResultMsg | ModelMsg | ExtrasMsg,
                     Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
 #: message kind -> must carry a safetensors body (True), must not (False), may (None: a task carries
 #: strategy extras such as SCAFFOLD's ``c`` only; the weights come from the retained ``model``)
 BODY_REQUIRED: dict[str, bool | None] = {"join": False, "status": False, "task": None, "update": True,
-                                         "error": False, "result": False, "model": True}
+                                         "error": False, "result": False, "model": True, "extras": True}
 
 
 # ----------------------------------------------------------------------------- tensors

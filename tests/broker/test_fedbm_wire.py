@@ -88,11 +88,12 @@ def test_bad_fedbm_task_extras_are_refused_and_nothing_is_trained(subjects4, mos
 
 
 @pytest.mark.slow
-def test_round_metrics_report_the_extras_bytes(subjects4, mosquitto, fed_name, tmp_path):
-    """The generator (fedbm_gen_hidden 16 at 21 x 160) and the frozen classifier are counted per round."""
+def test_generator_is_sent_only_when_it_changes_and_its_bytes_are_reported(subjects4, mosquitto, fed_name, tmp_path):
+    """fedbm_gen_every 2 over 3 rounds: the generator goes out in round 1 (initial) and round 3 (retrained after
+    round 2), not in round 2; the frozen classifier rides in every task; bytes per component in the metrics."""
     url = mosquitto.url
-    cfg = make_cfg(fed_name, tmp_path / "out", rounds=2, strategy="fedbm",
-                   strategy_overrides={**GEN, "fedbm_gen_hidden": 16})
+    cfg = make_cfg(fed_name, tmp_path / "out", rounds=3, strategy="fedbm",
+                   strategy_overrides={"fedbm_gen_every": 2, "fedbm_gen_iters": 1, "fedbm_gen_hidden": 16})
     coord = Coordinator(cfg, url)
     ct = Bg(coord.run)
     sd = {s.subject: s for s in subjects4[:2]}
@@ -100,10 +101,17 @@ def test_round_metrics_report_the_extras_bytes(subjects4, mosquitto, fed_name, t
              for cid in sorted(sd)]
     runs = [Bg(lambda e=e: e.run(max_seconds=120)) for e in edges]
     ct.result(150)
-    assert [r.result(30) for r in runs] == [2, 2]
+    assert [r.result(30) for r in runs] == [3, 3]
     s = coord.spec
-    gen = 4 * (16 * (384 + 16) + 16 + s.n_channels * s.n_times * 16 + s.n_channels * s.n_times)
-    for m in coord.metrics:
-        assert m["bytes_extras"]["fedbm_gen"] >= gen  # + the concept statistics and the ready flag
-        assert m["bytes_extras"]["fedbm_cls"] == 4 * (2 * 2 * 384 + 1)
-        assert m["bytes_down"] > m["bytes_extras"]["fedbm_gen"] * 0.9  # the task carries them
+    net = 4 * (16 * (384 + 16) + 16 + s.n_channels * s.n_times * 16 + s.n_channels * s.n_times)
+    stats = 4 * 2 * 2 * 384  # the concept mean and variance the generator samples from
+    ready = 8  # the int64 `fedbm_gen.ready` flag rides in every task
+    assert [m["bytes_extras"]["fedbm_gen"] for m in coord.metrics] == [net + stats + ready, ready, net + stats + ready]
+    assert all(m["bytes_extras"]["fedbm_cls"] == 4 * (2 * 2 * 384 + 1) for m in coord.metrics)
+    # the retained extras message is counted in the round it is published
+    assert coord.metrics[0]["bytes_down"] - coord.metrics[1]["bytes_down"] > 0.5 * (net + stats)
+    # both clients hold the final generator, the one the coordinator has
+    want = {k: v for k, v in coord.server.extras.items() if k.startswith(("fedbm_gen.net.", "fedbm_gen.concept_"))}
+    for e in edges:
+        assert e.cached.keys() == want.keys()
+        assert all(torch.equal(e.cached[k], want[k]) for k in want)

@@ -290,6 +290,12 @@ class Component:
         """Server-side tensors this component sends to the clients."""
         return {}
 
+    def cached_extras(self) -> tuple[str, ...]:
+        """Name prefixes of :meth:`downlink_extras` that are large and change rarely (FedBM's generator). Over
+        MQTT they travel on a retained topic only when their content changes and a task names their hash; a
+        client keeps the last copy. In process they are passed every round like the others (same values)."""
+        return ()
+
     def server_round(self, server_extras: Mapping[str, Tensor], n_clients_total: int) -> ServerRound | None:
         return None
 
@@ -433,6 +439,11 @@ class Strategy:
         for c in self.components:
             out.update(c.upload_specs(model))
         return out
+
+    @property
+    def cached_prefixes(self) -> tuple[str, ...]:
+        """Prefixes of the downlink extras sent only when they change (:meth:`Component.cached_extras`)."""
+        return tuple(dict.fromkeys(p for c in self.components for p in c.cached_extras()))
 
     def downlink_extras(self, server_extras: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """Server-side tensors the clients need this round."""

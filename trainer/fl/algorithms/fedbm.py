@@ -351,6 +351,9 @@ class ConceptGenerator(Component):
         keep = (f"{GEN}.net.", f"{GEN}.ready", f"{GEN}.concept_")
         return {k: v for k, v in server_extras.items() if k.startswith(keep)}
 
+    def cached_extras(self) -> tuple[str, ...]:
+        return (f"{GEN}.net.", f"{GEN}.concept_")  # over MQTT: sent when retrained, not every round
+
     def check_payload(self, model: nn.Module, extras: Mapping[str, Tensor]) -> None:
         """Refuse a downlinked generator (and its concept statistics) that does not fit ``model`` and
         ``fedbm_gen_hidden``: a clear :class:`ConceptError` naming the shapes (no RNG is drawn)."""
