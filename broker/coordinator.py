@@ -194,7 +194,7 @@ class Coordinator:
         except ProtocolError as exc:
             self._reject("?", "bad_topic", str(exc))
             return
-        if kind in ("task", "model", "result") or cid == COORDINATOR_ID or not item.payload:
+        if kind in ("task", "model", "result", "extras") or cid == COORDINATOR_ID or not item.payload:
             return
         msg = None
         try:

@@ -271,7 +271,6 @@ class Component:
         (FedBM installs the frozen concept head a freshly built edge model lacks). Called every round,
         so it must be a no-op on a model it already shaped; extras that do not fit the model raise a
         :class:`~trainer.errors.NeuroFedError` naming the mismatch (nothing is trained on them)."""
-        return None
 
     def local_round(self, model: nn.Module, kept: Mapping[str, Tensor] | None, inputs: RoundInputs) -> LocalHook | None:
         """The hook for one round; ``kept`` is what this component stored on the client last time."""
