@@ -27,6 +27,7 @@ from broker.config import FederationConfig
 from broker.protocol import (
     COORDINATOR_ID,
     ErrorMsg,
+    ExtrasMsg,
     ModelMsg,
     ProtocolError,
     ResultMsg,
@@ -48,7 +49,13 @@ from broker.validation import Rejected, UpdateRules, check_envelope, check_join,
 from trainer.errors import NeuroFedError
 from trainer.experiments.runner import init_server_state
 from trainer.fl.api import GROUP_MARK
-from trainer.fl.server import RoundAggregator, ServerState, downlink, select_clients, server_extras_for_clients
+from trainer.fl.server import (
+    RoundAggregator,
+    ServerState,
+    downlink,
+    select_clients,
+    server_extras_for_clients,
+)
 from trainer.models import build_model
 
 
@@ -104,7 +111,10 @@ class Coordinator:
         self.models = initial_models(cfg)
         self.model = self.models[min(self.models)]
         self.profile_specs = {p: cfg.model_spec(p) for p in self.models if p}
-        self.server = ServerState(init_server_state(self.models, self.strategy.group_prefixes))
+        setup_extras: dict[str, torch.Tensor] = {}
+        for p in sorted(self.models):  # e.g. FedBM's frozen head (also on resume: it edits the models), as the runner
+            setup_extras = self.strategy.setup(self.models[p]) or setup_extras
+        self.server = ServerState(init_server_state(self.models, self.strategy.group_prefixes), extras=setup_extras)
         self.registry = Registry()
         self.metrics: list[dict[str, Any]] = []
         self.rejections: Counter[str] = Counter()
@@ -120,6 +130,8 @@ class Coordinator:
         self._task_payload: bytes | None = None
         self._model_payload: bytes | None = None
         self._profile_payloads: dict[str, bytes] = {}  # retained topic -> payload of each profile's model
+        self._extras_payload: bytes | None = None  # retained cached extras (Strategy.cached_prefixes)
+        self._extras_sha = ""
         self.max_bytes = int(cfg.validation.max_message_mb * (1 << 20))
         self.fingerprint = cfg.model_dump_json()
         if self.fed.secure_aggregation:
@@ -194,6 +206,8 @@ class Coordinator:
             self._pub(self.topics.model, self._model_payload, retain=True, wait=None)
         for topic, payload in self._profile_payloads.items():
             self._pub(topic, payload, retain=True, wait=None)
+        if self._extras_payload is not None:
+            self._pub(self.topics.extras, self._extras_payload, retain=True, wait=None)
         if self._task_payload is not None:
             self._pub(self.topics.task, self._task_payload, retain=True, wait=None)
 
@@ -223,7 +237,7 @@ class Coordinator:
         except ProtocolError as exc:
             self._reject("?", "bad_topic", str(exc))
             return
-        if kind in ("task", "model", "result") or cid == COORDINATOR_ID or not item.payload:
+        if kind in ("task", "model", "result", "extras") or cid == COORDINATOR_ID or not item.payload:
             return
         msg = None
         try:
@@ -306,6 +320,16 @@ class Coordinator:
                 self.handle(item)
         return True
 
+    def _publish_cached_extras(self, cached: dict[str, torch.Tensor], r: int) -> int:
+        """Publish the strategy's cached extras (retained) if their content changed; returns the bytes sent."""
+        if not cached or (h := state_sha256(cached)) == self._extras_sha:
+            return 0
+        self._extras_sha = h
+        self._extras_payload = encode(ExtrasMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=r,
+                                                run_id=self.run_id), cached, compress=self.fed.compress)
+        self._pub(self.topics.extras, self._extras_payload, retain=True)
+        return len(self._extras_payload)
+
     # ------------------------------------------------------------------ rounds
     def _open_round(self) -> RoundState:
         r = self.server.round
@@ -314,6 +338,10 @@ class Coordinator:
         extras = server_extras_for_clients(self.server, self.strategy)
         profiles = {c: p for c, p in self.registry.profiles().items() if c in chosen} if self.profile_specs else {}
         views = {p: self.strategy.client_view(self.server.global_state, p) for p in self.profile_specs}
+        cached = {k: v for k, v in extras.items() if k.startswith(self.strategy.cached_prefixes)}
+        extras = {k: v for k, v in extras.items() if k not in cached}
+        new_extras = self._publish_cached_extras(cached, r)
+        sent = {**extras, **(cached if new_extras else {})}  # on the wire this round
         task = TaskMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=r, rounds_total=self.fed.rounds,
                        task_id=new_id(), selected=chosen, deadline_s=self.fed.round_deadline_s, seed=self.fed.seed,
                        strategy=self.fed.strategy, strategy_overrides=dict(self.fed.strategy_overrides),
@@ -321,7 +349,8 @@ class Coordinator:
                        model_sha256=state_sha256(self.server.global_state), profiles=profiles,
                        profile_models={p: state_sha256(v) for p, v in views.items()},
                        secagg=secagg_spec(self.cfg, {c: i.n_trials for c, i in self.registry.clients.items()}, chosen)
-                       if self.fed.secure_aggregation else None)
+                       if self.fed.secure_aggregation else None,
+                       extras_sha256=self._extras_sha if cached else "")
         rules = UpdateRules(
             round=r, task_id=task.task_id, base_sha256=state_sha256(down), selected=frozenset(chosen),
             state_specs=tensor_specs(self.server.global_state), extra_specs=self.strategy.upload_specs(self.model),
@@ -353,7 +382,10 @@ class Coordinator:
                                         graph_seed=int(task.task_id[:15], 16),
                                         send=lambda t, p: self._pub(t, p, wait=None))
         rs.bytes_down = (len(self._task_payload) + len(self._model_payload or b"")
-                         + sum(map(len, self._profile_payloads.values())))
+                         + sum(map(len, self._profile_payloads.values())) + new_extras)
+        for k, v in sent.items():  # raw tensor bytes per component (`fedbm_gen`: the generator), before zlib
+            key = k.split(".", 1)[0]
+            rs.bytes_extras[key] = rs.bytes_extras.get(key, 0) + v.numel() * v.element_size()
         self.current = rs
         self._pub(self.topics.task, self._task_payload, retain=True)
         logger.info("[ROUND %d/%d] task %s to %s", r + 1, self.fed.rounds, task.task_id[:8], ", ".join(chosen))
@@ -383,7 +415,7 @@ class Coordinator:
         loss = [u.metrics.get("loss") for _, u in updates if "loss" in u.metrics]
         m = {"round": self.server.round, "selected": rs.selected, "participants": [c for c, _ in updates],
              "stragglers": rs.missing(), "rejected": rejected, "bytes_down": rs.bytes_down,
-             "bytes_up": rs.bytes_up, "seconds": time.monotonic() - t0,
+             "bytes_up": rs.bytes_up, "bytes_extras": rs.bytes_extras, "seconds": time.monotonic() - t0,
              "loss": float(sum(loss) / len(loss)) if loss else None}
         if isinstance(rs, SecAggRound):
             m["secagg"] = rs.report()
@@ -437,13 +469,14 @@ class Coordinator:
         The coordinator's retained ``status`` stays: ``done`` with this run's id tells a client that
         reconnects after the end that its run finished. The final model is in ``global_model.safetensors``.
         """
-        topics = [self.topics.task, self.topics.result] + ([self.topics.model] if model else [])
+        topics = [self.topics.task, self.topics.result, self.topics.extras] + ([self.topics.model] if model else [])
         if model:
             topics += [self.topics.profile_model(p) for p in self.profile_specs]
             self._profile_payloads = {}
         for t in topics:
             self._pub(t, b"", retain=True)
-        self._task_payload = None
+        self._task_payload = self._extras_payload = None
+        self._extras_sha = ""
         if model:
             self._model_payload = None
 

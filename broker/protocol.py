@@ -28,7 +28,7 @@ from torch import Tensor
 
 from trainer.errors import NeuroFedError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: device profiles, secure aggregation, cached extras (a v1 peer gets a clear error)
 MAGIC = b"NF"
 FLAG_ZLIB = 0x01
 FLAG_DELTA = 0x02
@@ -81,6 +81,10 @@ class Topics:
     def result(self) -> str:
         return f"{self.root}/result"
 
+    @property
+    def extras(self) -> str:
+        return f"{self.root}/extras"
+
     def status(self, client_id: str) -> str:
         return f"{self.root}/status/{_checked(client_id)}"
 
@@ -113,7 +117,7 @@ class Topics:
         if len(parts) < 3 or parts[0] != "neurofed" or parts[1] != self.federation:
             raise ProtocolError(f"topic {topic!r} is not in federation {self.federation!r}")
         rest = parts[2:]
-        if len(rest) == 1 and rest[0] in ("task", "model", "result"):
+        if len(rest) == 1 and rest[0] in ("task", "model", "result", "extras"):
             return rest[0], None
         if len(rest) == 2 and rest[0] == "model" and _is_name(rest[1]):
             return "model", rest[1]  # a device profile's model (the second part names the profile)
@@ -138,7 +142,7 @@ def _checked(client_id: str) -> str:
 class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=False)
 
-    v: Literal[1] = SCHEMA_VERSION
+    v: Literal[2] = SCHEMA_VERSION
     federation: Name
     sender: Name
     msg_id: str = Field(default_factory=lambda: uuid.uuid4().hex, pattern=r"^[0-9a-f]{32}$")
@@ -222,6 +226,7 @@ class TaskMsg(_Msg):
     profiles: dict[Name, Name] = Field(default_factory=dict, max_length=1_000_000)
     profile_models: dict[Name, Annotated[str, Field(pattern=HEX64)]] = Field(default_factory=dict, max_length=64)
     secagg: SecAggSpec | None = None  # set: secure aggregation round (updates go masked on `secagg/<id>`)
+    extras_sha256: str = Field(default="", pattern=HEX64)  # the retained cached extras the round needs ("" none)
 
 
 class UpdateMsg(_Msg):
@@ -267,6 +272,14 @@ class ModelMsg(_Msg):
     round: int = Field(ge=0)
     final: bool = False
     meta: ModelSpec
+
+
+class ExtrasMsg(_Msg):
+    """Retained strategy extras that are large and change rarely (e.g. FedBM's generator): published only
+    when their content changes; a task names the body hash it needs (``TaskMsg.extras_sha256``)."""
+
+    kind: Literal["extras"] = "extras"
+    round: int = Field(ge=0)
 
 
 # ----------------------------------------------------------------------------- secure aggregation
@@ -341,13 +354,14 @@ class SaRevealMsg(_SaMsg):
 SECAGG_UP = ("sa_keys", "sa_shares", "sa_masked", "sa_reveal")
 SECAGG_DOWN = ("sa_roster", "sa_inbox", "sa_unmask")
 
-Message = Annotated[JoinMsg | StatusMsg | TaskMsg | UpdateMsg | ErrorMsg | ResultMsg | ModelMsg | SaKeysMsg | SaRosterMsg
-                    | SaSharesMsg | SaInboxMsg | SaMaskedMsg | SaUnmaskMsg | SaRevealMsg, Field(discriminator="kind")]
+Message = Annotated[JoinMsg | StatusMsg | TaskMsg | UpdateMsg | ErrorMsg | ResultMsg | ModelMsg | ExtrasMsg | SaKeysMsg
+                    | SaRosterMsg | SaSharesMsg | SaInboxMsg | SaMaskedMsg | SaUnmaskMsg | SaRevealMsg,
+                    Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
 #: message kind -> must carry a safetensors body (True), must not (False), may (None: a task carries
 #: strategy extras such as SCAFFOLD's ``c`` only; the weights come from the retained ``model``)
 BODY_REQUIRED: dict[str, bool | None] = {"join": False, "status": False, "task": None, "update": True,
-                                         "error": False, "result": False, "model": True, "sa_keys": False,
+                                         "error": False, "result": False, "model": True, "extras": True, "sa_keys": False,
                                          "sa_roster": False, "sa_shares": False, "sa_inbox": False, "sa_masked": True,
                                          "sa_unmask": False, "sa_reveal": False}
 

@@ -53,6 +53,7 @@ class RoundState:
     offline: set[str] = field(default_factory=set)
     bytes_up: int = 0
     bytes_down: int = 0
+    bytes_extras: dict[str, int] = field(default_factory=dict)  # strategy extras sent this round, per component
     aggregator: RoundAggregator | None = None  # the round's aggregation (trainer.fl.server)
     stream: bool = False  # add each update to the aggregator on arrival and keep only its metrics
 

@@ -159,6 +159,8 @@ class EdgeClient:
         self.finished_run: str | None = None    # a run that had already ended when we saw its model
         self.global_state: dict[str, Tensor] = {}
         self.global_hash = ""                   # SHA-256 of the global model we hold (= ModelMsg body hash)
+        self.cached: dict[str, Tensor] = {}     # the strategy's cached extras (retained `extras`, e.g. a generator)
+        self.cached_hash = ""                   # their SHA-256 (= ExtrasMsg body hash; a task names the one it needs)
         self.sent: deque[str] = deque(maxlen=1024)  # our recent msg_ids: replies about others' messages are forged
         self.montage = montage
         self.profile: str | None = None        # our device profile in a hierarchical federation
@@ -186,12 +188,14 @@ class EdgeClient:
         """The retained model we train from: our device profile's in a hierarchical federation, else ``model``."""
         return self.topics.profile_model(self.profile) if self.profile else self.topics.model
 
-    def _want_model(self, want: bool) -> None:
-        """Subscribe to the retained model only while we need it (saves a model download per round)."""
+    def _want_model(self, want: bool, topic: str | None = None) -> None:
+        """Subscribe to the retained model we train from (or to ``topic``, e.g. ``extras``) only while we need it
+        (saves a model download per round)."""
         assert self.transport is not None
-        topic = self._model_topic()
-        for t in [t for t in self.transport.subscriptions if t.startswith(self.topics.model) and t != topic]:
-            self.transport.unsubscribe(t)  # the federation-wide `model` once we know our profile, or vice versa
+        if topic is None:
+            topic = self._model_topic()
+            for t in [t for t in self.transport.subscriptions if t.startswith(self.topics.model) and t != topic]:
+                self.transport.unsubscribe(t)  # the federation-wide `model` once we know our profile, or vice versa
         if want and topic not in self.transport.subscriptions:
             self.transport.subscribe(topic)
         elif not want and topic in self.transport.subscriptions:
@@ -264,6 +268,7 @@ class EdgeClient:
             if self.run_id is not None:
                 logger.info("%s: the coordinator started a new run %s (was %s)", self.cid, msg.run_id[:8], self.run_id[:8])
             self.run_id = msg.run_id
+            self.cached, self.cached_hash = {}, ""
             if self.state.run_id != msg.run_id:  # state of another run must not seed this one
                 self.state = EdgeState(run_id=msg.run_id)
         self.spec = msg.meta
@@ -304,10 +309,14 @@ class EdgeClient:
             self.pending = (task, tensors or {})
             self._want_model(True)  # the retained model this task trains from
             return
+        if task.extras_sha256 != self.cached_hash and task.extras_sha256:
+            self.pending = (task, tensors or {})
+            self._want_model(True, self.topics.extras)  # the retained extras it names (sent only when changed)
+            return
         self.pending = None
         strategy = get_strategy(task.strategy, **task.strategy_overrides)
         down = downlink(self.global_state, strategy, self._build_model(), self.profile or "")
-        extras = unpack(tensors or {}, ("extra",))["extra"]
+        extras = {**(self.cached if task.extras_sha256 else {}), **unpack(tensors or {}, ("extra",))["extra"]}
         base = state_sha256(down)
         st = self.state
         if task.round < st.last_round:
@@ -413,6 +422,11 @@ class EdgeClient:
                 self._run_task(task, t)
         elif kind == "task" and msg.kind == "task":
             self._run_task(msg, tensors)
+        elif kind == "extras" and msg.kind == "extras" and msg.run_id == self.run_id and self.run_id is not None:
+            self.cached, self.cached_hash = tensors or {}, msg.body_sha256
+            self._want_model(False, self.topics.extras)
+            if self.pending is not None and self.pending[0].extras_sha256 == self.cached_hash:
+                self._run_task(*self.pending)
         elif kind == "result" and msg.kind == "result" and msg.final and msg.run_id == self.run_id:
             self.finished = True
         elif kind == "secagg_down" and who == self.cid and msg.kind in SECAGG_DOWN:

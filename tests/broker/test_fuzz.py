@@ -16,7 +16,18 @@ import torch
 
 from broker.config import config_from_dict
 from broker.coordinator import Coordinator
-from broker.protocol import ErrorMsg, JoinMsg, StatusMsg, Topics, UpdateMsg, decode, encode, new_id, pack
+from broker.protocol import (
+    SCHEMA_VERSION,
+    ErrorMsg,
+    JoinMsg,
+    StatusMsg,
+    Topics,
+    UpdateMsg,
+    decode,
+    encode,
+    new_id,
+    pack,
+)
 from broker.transport import MqttTransport
 from tests.broker.conftest import child_env, kill_all, start_edge, wait_all
 from tests.broker.test_equivalence import reference_state
@@ -43,19 +54,19 @@ def _payload(rng: random.Random, seeds: list[bytes]) -> bytes:
         return rng.randbytes(rng.randrange(0, 2000))
     if kind == 1:  # valid frame prefix, random header
         h = rng.randbytes(rng.randrange(0, 300))
-        return b"NF\x01\x00" + struct.pack(">I", len(h)) + h
+        return b"NF" + bytes([SCHEMA_VERSION, 0]) + struct.pack(">I", len(h)) + h
     if kind == 2:  # valid JSON, wrong schema
-        h = json.dumps({"kind": rng.choice(["update", "join", "status", "x"]), "v": 1, rng.choice("abc"): 1}).encode()
-        return b"NF\x01\x00" + struct.pack(">I", len(h)) + h
+        h = json.dumps({"kind": rng.choice(["update", "join", "status", "x"]), "v": SCHEMA_VERSION, rng.choice("abc"): 1}).encode()
+        return b"NF" + bytes([SCHEMA_VERSION, 0]) + struct.pack(">I", len(h)) + h
     if kind == 3:  # lying header length / version / flags
         return b"NF" + bytes([rng.randrange(256), rng.randrange(256)]) + struct.pack(">I", rng.randrange(2**32))
     if kind == 4:  # zlib bomb claiming to be a body
         s = seeds[3]
         hlen = struct.unpack(">I", s[4:8])[0]
-        return b"NF\x01\x01" + s[4:8 + hlen] + _BOMB
+        return b"NF" + bytes([SCHEMA_VERSION, 1]) + s[4:8 + hlen] + _BOMB
     if kind == 5:  # deeply nested JSON
         h = b"[" * 5000 + b"]" * 5000
-        return b"NF\x01\x00" + struct.pack(">I", len(h)) + h
+        return b"NF" + bytes([SCHEMA_VERSION, 0]) + struct.pack(">I", len(h)) + h
     if kind == 6:  # truncations
         s = rng.choice(seeds)
         return s[: rng.randrange(len(s))]

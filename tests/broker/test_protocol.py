@@ -10,6 +10,7 @@ import torch
 from pydantic import ValidationError
 
 from broker.protocol import (
+    SCHEMA_VERSION,
     JoinMsg,
     ModelSpec,
     ProtocolError,
@@ -81,7 +82,7 @@ def test_join_never_carries_samples():
                 classes=["left_fist", "right_fist"])
     with pytest.raises(ProtocolError, match="must not carry"):
         hdr = j.model_copy(update={"body_len": 4, "body_sha256": "0" * 64}).model_dump_json().encode()
-        decode(b"NF\x01\x00" + struct.pack(">I", len(hdr)) + hdr + b"abcd")
+        decode(b"NF" + bytes([SCHEMA_VERSION, 0]) + struct.pack(">I", len(hdr)) + hdr + b"abcd")
 
 
 def test_topics_parse_and_validate():
@@ -107,3 +108,11 @@ def test_model_spec_is_strict():
     with pytest.raises(ValidationError):
         ModelSpec(model="resnet", n_channels=21, n_classes=2, n_times=320, sfreq=80, bn_mode="standard",
                   ch_names=[], classes=[])
+
+
+def test_a_peer_of_another_schema_version_gets_a_clear_error():
+    """Schema 2 added device profiles, secure aggregation and cached extras: a v1 frame is refused by name."""
+    frame = encode(_update(), {"state.w": torch.ones(3)})
+    old = frame[:2] + bytes([1]) + frame[3:]
+    with pytest.raises(ProtocolError, match=f"unsupported schema version 1 \\(this build speaks {SCHEMA_VERSION}\\)"):
+        decode(old)

@@ -15,7 +15,11 @@ from safetensors.torch import load_file
 from broker.protocol import ProtocolError, Topics, decode, delta_reference, tensors_to_bytes
 from broker.transport import MqttTransport
 from tests.broker.conftest import child_env, kill_all, start_coordinator, start_edge, wait_all, write_toml
-from tests.broker.test_equivalence import reference_state
+from tests.broker.test_equivalence import GEN, overrides_toml, reference_state
+
+#: FedBS, and FedBM (its generator on the retained `extras` topic must survive a coordinator resume and a
+#: broker restart that wipes retained messages)
+STRATEGIES = pytest.mark.parametrize(("strategy", "overrides"), [("fedbs", {}), ("fedbm", GEN)], ids=["fedbs", "fedbm"])
 
 pytestmark = pytest.mark.slow
 
@@ -98,8 +102,11 @@ def test_killed_edge_client_does_not_block_the_round_and_no_eeg_on_the_wire(subj
             assert t.numel() < 5000 and subjects4[0].X.shape[2] not in t.shape, (topic, name, tuple(t.shape))
 
 
-def test_coordinator_kill9_then_resume_gives_the_same_weights(subjects4, mosquitto, fed_name, tmp_path):
-    cfg = write_toml(tmp_path / "f.toml", fed_name, rounds=3, fraction=0.67, min_clients=3, deadline=60)
+@STRATEGIES
+def test_coordinator_kill9_then_resume_gives_the_same_weights(subjects4, mosquitto, fed_name, tmp_path, strategy,
+                                                               overrides):
+    cfg = write_toml(tmp_path / "f.toml", fed_name, rounds=3, fraction=0.67, min_clients=3, deadline=60,
+                     strategy=strategy, extra=overrides_toml(overrides))
     w = Watcher(mosquitto.url, fed_name)
     env, out = _env(), tmp_path / "out"
     coord = start_coordinator(mosquitto.url, cfg, out, tmp_path / "c.log", env)
@@ -117,11 +124,14 @@ def test_coordinator_kill9_then_resume_gives_the_same_weights(subjects4, mosquit
         w.t.close()
     assert "resumed" in (tmp_path / "c2.log").read_text()
     got = load_file(str(out / "global_model.safetensors"))
-    assert _diff(got, reference_state(subjects4[:3], 3, 0.67, 7, "fedbs")) <= 1e-6
+    assert _diff(got, reference_state(subjects4[:3], 3, 0.67, 7, strategy, overrides)) <= 1e-6
 
 
-def test_broker_restart_mid_training_reconnects_without_double_aggregation(subjects4, mosquitto, fed_name, tmp_path):
-    cfg = write_toml(tmp_path / "f.toml", fed_name, rounds=3, fraction=1.0, min_clients=3, deadline=90)
+@STRATEGIES
+def test_broker_restart_mid_training_reconnects_without_double_aggregation(subjects4, mosquitto, fed_name, tmp_path,
+                                                                           strategy, overrides):
+    cfg = write_toml(tmp_path / "f.toml", fed_name, rounds=3, fraction=1.0, min_clients=3, deadline=90,
+                     strategy=strategy, extra=overrides_toml(overrides))
     w = Watcher(mosquitto.url, fed_name)
     env, out = _env(), tmp_path / "out"
     coord = start_coordinator(mosquitto.url, cfg, out, tmp_path / "c.log", env)
@@ -138,4 +148,4 @@ def test_broker_restart_mid_training_reconnects_without_double_aggregation(subje
         w.t.close()
     assert "reconnected to the broker" in (tmp_path / "c.log").read_text()
     got = load_file(str(out / "global_model.safetensors"))
-    assert _diff(got, reference_state(subjects4[:3], 3, 1.0, 7, "fedbs")) <= 1e-6
+    assert _diff(got, reference_state(subjects4[:3], 3, 1.0, 7, strategy, overrides)) <= 1e-6

@@ -23,7 +23,7 @@ import torch
 
 from broker.config import ConfigError, config_from_dict
 from broker.coordinator import Coordinator
-from broker.protocol import SaKeysMsg, SaMaskedMsg, SaSharesMsg, Topics, decode, encode
+from broker.protocol import SCHEMA_VERSION, SaKeysMsg, SaMaskedMsg, SaSharesMsg, Topics, decode, encode
 from broker.transport import MqttTransport
 from edge.federation import EdgeClient
 from trainer.fl.secagg import masked_keys
@@ -188,7 +188,7 @@ def _inject(coord, url, name):
                                                 mask_pk="4" * 64))),                    # not_selected
         (t.secagg(target), encode(SaSharesMsg(sender=target, **head, shares={"S002": "AAAA"}))),  # secagg_phase
         (t.secagg(target), encode(SaMaskedMsg(sender=target, **head), {"masked": torch.zeros(3, dtype=torch.int32)})),
-        (t.secagg(target), b"NF\x01\x00" + (40).to_bytes(4, "big") + b'{"kind": "sa_keys", "channel_pk": "zz"}'),
+        (t.secagg(target), b"NF" + bytes([SCHEMA_VERSION, 0]) + (40).to_bytes(4, "big") + b'{"kind": "sa_keys", "channel_pk": "zz"}'),
         (t.secagg(target), encode(SaKeysMsg(sender="S004", **head, channel_pk="5" * 64, mask_pk="6" * 64))),  # spoofed
     ]
     for topic, payload in bad:

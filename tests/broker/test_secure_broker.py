@@ -69,7 +69,7 @@ def test_client_cannot_publish_as_another_or_as_coordinator(secured):
     b.subscribe(t.task)
     b.subscribe(t.update("A"))
     time.sleep(0.3)
-    for topic in (t.update("B"), t.status("B"), t.join("B"), t.task, t.model):  # all forbidden for A
+    for topic in (t.update("B"), t.status("B"), t.join("B"), t.task, t.model, t.extras):  # all forbidden for A
         a.publish(topic, b"forged", wait=5)
     a.publish(t.update("A"), b"mine", wait=5)
     seen = _messages(coord)
@@ -77,6 +77,9 @@ def test_client_cannot_publish_as_another_or_as_coordinator(secured):
     assert t.update("A") not in _messages(b, 0.5)  # B cannot read A's update either
     coord.publish(t.task, b"task", wait=5)
     assert _messages(b) == [t.task]
+    b.subscribe(t.extras)  # a strategy's cached extras (FedBM's generator) are for every client
+    coord.publish(t.extras, b"extras", wait=5)
+    assert _messages(b) == [t.extras]
     b.subscribe(t.result)  # per-round participants and loss are for the coordinator only
     coord.publish(t.result, b"result", wait=5)
     assert _messages(b, 0.5) == []

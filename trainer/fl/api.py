@@ -266,6 +266,12 @@ class Component:
         return {}
 
     # client side
+    def prepare_model(self, model: nn.Module, server_extras: Mapping[str, Tensor]) -> None:
+        """Shape a client's model from the downlinked extras before the global state is loaded into it
+        (FedBM installs the frozen concept head a freshly built edge model lacks). Called every round,
+        so it must be a no-op on a model it already shaped; extras that do not fit the model raise a
+        :class:`~trainer.errors.NeuroFedError` naming the mismatch (nothing is trained on them)."""
+
     def local_round(self, model: nn.Module, kept: Mapping[str, Tensor] | None, inputs: RoundInputs) -> LocalHook | None:
         """The hook for one round; ``kept`` is what this component stored on the client last time."""
         return None
@@ -282,6 +288,12 @@ class Component:
     def downlink_extras(self, server_extras: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """Server-side tensors this component sends to the clients."""
         return {}
+
+    def cached_extras(self) -> tuple[str, ...]:
+        """Name prefixes of :meth:`downlink_extras` that are large and change rarely (FedBM's generator). Over
+        MQTT they travel on a retained topic only when their content changes and a task names their hash; a
+        client keeps the last copy. In process they are passed every round like the others (same values)."""
+        return ()
 
     def server_round(self, server_extras: Mapping[str, Tensor], n_clients_total: int) -> ServerRound | None:
         return None
@@ -414,6 +426,11 @@ class Strategy:
             out.update(c.setup(model))
         return out
 
+    def prepare_model(self, model: nn.Module, server_extras: Mapping[str, Tensor]) -> None:
+        """Every component's :meth:`Component.prepare_model` (client side, before the downlink is loaded)."""
+        for c in self.components:
+            c.prepare_model(model, server_extras)
+
     # ------------------------------------------------------------------ wire
     def upload_specs(self, model: nn.Module) -> dict[str, TensorSpec]:
         """Extra tensors a client must upload (besides its state dict)."""
@@ -421,6 +438,11 @@ class Strategy:
         for c in self.components:
             out.update(c.upload_specs(model))
         return out
+
+    @property
+    def cached_prefixes(self) -> tuple[str, ...]:
+        """Prefixes of the downlink extras sent only when they change (:meth:`Component.cached_extras`)."""
+        return tuple(dict.fromkeys(p for c in self.components for p in c.cached_extras()))
 
     def downlink_extras(self, server_extras: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """Server-side tensors the clients need this round."""

@@ -125,6 +125,7 @@ def client_update(
     -------
     ClientUpdate, ClientState
     """
+    strategy.prepare_model(model, server_extras or {})  # e.g. FedBM's head on a freshly built edge model
     keys = set(model.state_dict())
     full = {k: v.clone() for k, v in down.items()}
     missing = keys - full.keys()

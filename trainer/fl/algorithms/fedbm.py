@@ -88,12 +88,16 @@ def concept_extras(stats: ConceptStats, temperature: float) -> dict[str, Tensor]
 
 def install_head(model: nn.Module, extras: Mapping[str, Tensor]) -> ConceptHead:
     """Give ``model`` a concept head from the classifier extras (validated against the model)."""
+    missing = [k for k in ("mean", "var", "temperature") if f"{CLS}.{k}" not in extras]
+    if missing:
+        raise ConceptError(f"frozen concept classifier incomplete: no {', '.join(f'{CLS}.{k}' for k in missing)}")
     mean, var, t = extras[f"{CLS}.mean"], extras[f"{CLS}.var"], extras[f"{CLS}.temperature"]
+    if mean.ndim != 2 or var.shape != mean.shape or t.numel() != 1:
+        raise ConceptError(f"frozen classifier of shapes {tuple(mean.shape)}, {tuple(var.shape)}, "
+                           f"{tuple(t.shape)}: need (C, D) twice and a scalar temperature")
     n_classes = getattr(model, "n_classes", None)
     if n_classes is not None and mean.shape[0] != n_classes:
         raise ConceptError(f"the frozen classifier has {mean.shape[0]} classes, the model {n_classes}")
-    if mean.ndim != 2 or var.shape != mean.shape:
-        raise ConceptError(f"frozen classifier of shapes {tuple(mean.shape)}, {tuple(var.shape)}: need (C, D) twice")
     old = model.classifier
     in_features = old.projection.in_features if isinstance(old, ConceptHead) else old.in_features
     head = ConceptHead(in_features, mean, var, float(t))
@@ -177,6 +181,14 @@ class ConceptClassifier(Component):
     def downlink_extras(self, server_extras: Mapping[str, Tensor]) -> dict[str, Tensor]:
         return {k: v for k, v in server_extras.items() if k.startswith(CLS + ".")}
 
+    def prepare_model(self, model: nn.Module, server_extras: Mapping[str, Tensor]) -> None:
+        """A freshly built (edge) model gets the task's frozen head; it must fit the model's class count."""
+        if f"{CLS}.mean" not in server_extras:
+            raise ConceptError(f"FedBM round without the frozen concept classifier ({CLS}.*) in the task extras")
+        if not isinstance(model.classifier, ConceptHead):
+            install_head(model, server_extras)
+        check_head(model, server_extras)
+
     def local_round(self, model: nn.Module, kept, inputs: RoundInputs) -> LocalHook:
         check_head(model, inputs.server_extras)
         return _ClassifierHook(model.classifier)
@@ -189,7 +201,9 @@ class ConceptClassifier(Component):
 class ConditionalGenerator(nn.Module):
     """``x = G(e, n)``: concept embedding ``e`` (D) and noise ``n`` -> a pseudo trial (channels, times)."""
 
-    def __init__(self, embed_dim: int, n_channels: int, n_times: int, hidden: int, noise_dim: int = 16) -> None:
+    NOISE_DIM = 16
+
+    def __init__(self, embed_dim: int, n_channels: int, n_times: int, hidden: int, noise_dim: int = NOISE_DIM) -> None:
         super().__init__()
         self.noise_dim, self.n_channels, self.n_times = noise_dim, n_channels, n_times
         self.net = nn.Sequential(nn.Linear(embed_dim + noise_dim, hidden), nn.ELU(),
@@ -337,22 +351,43 @@ class ConceptGenerator(Component):
         keep = (f"{GEN}.net.", f"{GEN}.ready", f"{GEN}.concept_")
         return {k: v for k, v in server_extras.items() if k.startswith(keep)}
 
+    def cached_extras(self) -> tuple[str, ...]:
+        return (f"{GEN}.net.", f"{GEN}.concept_")  # over MQTT: sent when retrained, not every round
+
+    def check_payload(self, model: nn.Module, extras: Mapping[str, Tensor]) -> None:
+        """Refuse a downlinked generator (and its concept statistics) that does not fit ``model`` and
+        ``fedbm_gen_hidden``: a clear :class:`ConceptError` naming the shapes (no RNG is drawn)."""
+        missing = [k for k in (f"{GEN}.ready", f"{GEN}.concept_mean", f"{GEN}.concept_var") if k not in extras]
+        if missing:
+            raise ConceptError(f"FedBM CGDE round without {', '.join(missing)} in the task extras")
+        mean, var = extras[f"{GEN}.concept_mean"], extras[f"{GEN}.concept_var"]
+        n_classes = getattr(model, "n_classes", mean.shape[0] if mean.ndim else 0)
+        if mean.ndim != 2 or var.shape != mean.shape or mean.shape[0] != n_classes:
+            raise ConceptError(f"generator concept statistics of shapes {tuple(mean.shape)}, {tuple(var.shape)} "
+                               f"do not fit the model: need ({n_classes}, D) twice")
+        d_in, d_out = mean.shape[1] + ConditionalGenerator.NOISE_DIM, model.n_channels * model.n_times
+        want = {"0.weight": (self.hidden, d_in), "0.bias": (self.hidden,), "2.weight": (d_out, self.hidden),
+                "2.bias": (d_out,)}
+        got = {k: tuple(v.shape) for k, v in _gen_params(extras).items()}
+        if want != got:
+            raise ConceptError(f"generator payload of shapes {got} does not fit the model "
+                               f"({model.n_channels} x {model.n_times}, fedbm_gen_hidden {self.hidden}): "
+                               f"expected {want}")
+
+    def prepare_model(self, model: nn.Module, server_extras: Mapping[str, Tensor]) -> None:
+        self.check_payload(model, server_extras)
+
     def _generator_from(self, model: nn.Module, extras: Mapping[str, Tensor]) -> ConditionalGenerator:
+        self.check_payload(model, extras)
         mean = extras[f"{GEN}.concept_mean"]
         gen = ConditionalGenerator(mean.shape[1], model.n_channels, model.n_times, self.hidden)
-        params = _gen_params(extras)
-        want = {k: tuple(v.shape) for k, v in gen.net.state_dict().items()}
-        got = {k: tuple(v.shape) for k, v in params.items()}
-        if want != got:
-            raise ConceptError(f"generator payload of shapes {got} does not fit the model: expected {want}")
-        gen.net.load_state_dict(params)
+        gen.net.load_state_dict(_gen_params(extras))
         gen.eval()
         return gen
 
     def local_round(self, model: nn.Module, kept, inputs: RoundInputs) -> LocalHook | None:
         ex = inputs.server_extras
-        if f"{GEN}.ready" not in ex:
-            raise ConceptError("FedBM CGDE round without the generator in the task extras")
+        self.check_payload(model, ex)
         if not int(ex[f"{GEN}.ready"]):
             return None  # not trained yet
         gen = self._generator_from(model, ex)
