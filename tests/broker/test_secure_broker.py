@@ -78,6 +78,7 @@ def test_client_cannot_publish_as_another_or_as_coordinator(secured):
     coord.publish(t.task, b"task", wait=5)
     assert _messages(b) == [t.task]
     b.subscribe(t.extras)  # a strategy's cached extras (FedBM's generator) are for every client
+    time.sleep(0.3)  # the SUBSCRIBE and the coordinator's PUBLISH travel on different connections
     coord.publish(t.extras, b"extras", wait=5)
     assert _messages(b) == [t.extras]
     b.subscribe(t.result)  # per-round participants and loss are for the coordinator only
