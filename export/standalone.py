@@ -5,8 +5,9 @@ an explicit state; everything NeuroFed does between the amplifier and the class 
 happens inside the graph:
 
 * **unit** -> microvolts (one constant factor);
-* **input guard** (non-finite, flat, saturated channels; ``edge.guard``'s rules and default
-  thresholds) -> the ``guard`` output, and a rejected window leaves the state untouched;
+* **input guard** (non-finite, flat, saturated channels; ``edge.guard``'s rules, with the kinds
+  and thresholds of ``trainer.data.guard``, the one definition both use) -> the ``guard`` output,
+  and a rejected window leaves the state untouched;
 * **band-pass + resampling** as one exact matrix ``P`` (``y = x @ P``): ``sosfiltfilt`` on a
   fixed-length window (odd extension and steady-state initial conditions included) followed by
   ``resample_poly`` is a linear map of the window, so ``P`` is the pipeline applied to the
@@ -26,7 +27,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from trainer.atomic import atomic_write_bytes
 from trainer.data.config import PreprocessConfig
+from trainer.data.guard import GUARD_KINDS, GuardConfig
+from trainer.data.guard import guard_reason as reason_text
 from trainer.data.preprocess import n_times_for, preprocess_epochs
 from trainer.errors import DataError, NeuroFedError
 from trainer.models.eegnet import EEGNet
@@ -58,16 +61,6 @@ HASH_WORDS = 4
 NS_ITERS = 24
 INPUTS = ("window", "state")
 OUTPUTS = ("probs", "next_state", "guard")
-GUARD_KINDS = ("non_finite", "flat", "saturated")
-
-
-@dataclass(frozen=True)
-class GuardThresholds:
-    """The input guard's thresholds in microvolts (the defaults of ``edge.guard.GuardConfig``)."""
-
-    flat_std_uv: float = 0.1
-    saturation_uv: float = 3000.0
-    clip_fraction: float = 0.05
 
 
 class StandaloneInfo(BaseModel):
@@ -289,7 +282,8 @@ class StandaloneDecoder(nn.Module):
         The device's sampling rate in Hz.
     unit : str
         The device's unit (a key of :data:`UNITS`).
-    guard : GuardThresholds
+    guard : trainer.data.guard.GuardConfig, optional
+        The input guard's thresholds (default: ``GuardConfig()``, the same definition as ``edge.guard``'s).
     """
 
     def __init__(
@@ -299,7 +293,7 @@ class StandaloneDecoder(nn.Module):
         model_hash: str,
         rate: float,
         unit: str = "uV",
-        guard: GuardThresholds = GuardThresholds(),
+        guard: GuardConfig | None = None,
     ) -> None:
         super().__init__()
         if unit not in UNITS:
@@ -321,7 +315,7 @@ class StandaloneDecoder(nn.Module):
         self.n_classes = int(ckpt_meta.n_classes)
         self.k = max(int(ckpt_meta.test_batch_size) - 1, 0) if self.batch_specific else 0
         self.scale = float(UNITS[unit])
-        self.g = guard
+        self.g = guard if guard is not None else GuardConfig()
         self.register_buffer("p", torch.from_numpy(p).to(torch.float32))
         self.register_buffer("hash", torch.tensor(hash_words(model_hash), dtype=torch.float64))
         # EEGNet with batch-specific BN: the context's temporal-convolution work lives in the state
@@ -552,8 +546,7 @@ def guard_reason(flags: np.ndarray, ch_names: list[str]) -> tuple[str, dict[str,
         for kind, row in zip(GUARD_KINDS, np.asarray(flags))
         if (row > 0).any()
     }
-    parts = [f"{k.replace('_', '-')} channel{'s' if len(c) > 1 else ''} {', '.join(c)}" for k, c in bad.items()]
-    return "; ".join(parts), bad
+    return reason_text(bad), bad
 
 
 class StandaloneModel:

@@ -207,3 +207,31 @@ def test_edge_engine_runs_the_standalone_graph(standalone, sessions, pipeline):
     assert got[-1].n_context == sm.info.context_windows and got[-1].ea_windows == len(got)
     with pytest.raises(NeuroFedError, match="export it again with --rate 250"):
         StandaloneStep(sm, 250.0)
+
+
+def test_graph_guard_and_edge_guard_are_one_definition(standalone, sessions):
+    """The graph's guard and edge.guard share trainer.data.guard (kinds, thresholds, reason) and flag the
+    same channels on real windows with injected faults."""
+    from dataclasses import asdict
+
+    from edge.guard import GuardConfig, check_window
+    from trainer.data import guard as rules
+
+    m = StandaloneModel(standalone[1])
+    assert GuardConfig is rules.GuardConfig
+    assert m.info.guard == asdict(rules.GuardConfig()) and tuple(m.info.guard_kinds) == rules.GUARD_KINDS
+    names = list(m.meta.ch_names)
+    w = sessions[0][1][0].astype(np.float32)
+    faults = []
+    for ch, edit in [(3, lambda x: x.__setitem__((3, 7), np.inf)), (0, lambda x: x.__setitem__(0, 5.0)),
+                     (10, lambda x: x.__setitem__((10, slice(0, 100)), 4000.0)),
+                     (5, lambda x: x.__setitem__((5, slice(0, 64)), x[5].max()))]:  # a clipping plateau
+        x = w.copy()
+        edit(x)
+        faults.append((ch, x))
+    for ch, x in faults:
+        want = check_window(x.astype(np.float64), names)
+        with pytest.raises(WindowRejected) as exc:
+            m.run(x, m.initial_state())
+        assert not want.ok and exc.value.bad_channels == want.bad_channels and str(exc.value) == want.reason
+        assert names[ch] in str(exc.value)
