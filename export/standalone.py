@@ -230,8 +230,8 @@ class EEGNetContext(nn.Module):
     def temporal_moments(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-filter row sums (F1, C) and Gram matrices (F1, C, C) of ``t_f(y)``, float64."""
         yp = F.pad(y.to(torch.float32).view(1, 1, self.n_ch, self.n_t), (self.left, self.right))
-        g = F.conv2d(yp, self.wt.unsqueeze(2))[0].to(torch.float64)  # (F1, C, T)
-        return g.sum(-1), g @ g.transpose(1, 2)
+        g = F.conv2d(yp, self.wt.unsqueeze(2))[0]  # (F1, C, T)
+        return g.sum(-1).to(torch.float64), (g @ g.transpose(1, 2)).to(torch.float64)
 
     def forward(
         self, batch: torch.Tensor, sums: torch.Tensor, grams: torch.Tensor, mask: torch.Tensor,
