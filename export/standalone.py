@@ -332,9 +332,10 @@ class StandaloneDecoder(nn.Module):
         self.register_buffer("p", torch.from_numpy(p).to(torch.float32))
         self.register_buffer("hash", torch.tensor(hash_words(model_hash), dtype=torch.float64))
         # EEGNet with batch-specific BN: the context's temporal-convolution work lives in the state
+        # (exactly EEGNet: a subclass could change the forward pass the cache rewrites)
         self.cache = (
             EEGNetContext(self.net, self.n_ch, self.n_t)
-            if context_cache and self.k and isinstance(model, EEGNet) and not self.net.bnorm_temporal.standard
+            if context_cache and self.k and type(model) is EEGNet and not self.net.bnorm_temporal.standard
             else None
         )
         self.layout = self._layout()
