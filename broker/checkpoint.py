@@ -16,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from trainer.atomic import save_safetensors
-from trainer.checkpoint import ModelMeta, save_checkpoint
+from trainer.checkpoint import save_checkpoint
 from trainer.errors import NeuroFedError
 from trainer.fl.server import ServerState
 
@@ -62,7 +62,4 @@ def load_server_checkpoint(out_dir: str | os.PathLike) -> tuple[ServerState, dic
 def save_final_model(path: str | os.PathLike, state: dict[str, Tensor], spec: ModelSpec, test_batch_size: int,
                      extra: dict[str, Any]) -> Path:
     """The federation's final global model as a :func:`trainer.checkpoint.save_checkpoint` file."""
-    meta = ModelMeta(spec.model, spec.n_channels, spec.n_classes, spec.n_times, spec.sfreq, spec.bn_mode,
-                     list(spec.ch_names), list(spec.classes), dict(spec.preprocess), spec.strategy, test_batch_size,
-                     {}, extra)
-    return save_checkpoint(path, state, meta)
+    return save_checkpoint(path, state, spec.to_meta(test_batch_size, extra))

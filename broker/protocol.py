@@ -12,20 +12,22 @@ See ``docs/protocol.md``.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import struct
 import time
 import uuid
 import zlib
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor
 
+from trainer.checkpoint import MODEL_FIELDS, ModelMeta, meta_fields
 from trainer.errors import NeuroFedError
 
 SCHEMA_VERSION = 2  # 2: device profiles, secure aggregation, cached extras (a v1 peer gets a clear error)
@@ -152,26 +154,68 @@ class _Msg(BaseModel):
     run_id: str = Field(default="", pattern=HEX32_OR_EMPTY)  # the coordinator run this message belongs to
 
 
-class ModelSpec(BaseModel):
-    """How to build the federation's model and feed it (a subset of :class:`trainer.checkpoint.ModelMeta`)."""
+#: Wire bounds of the model description. Its fields, types and defaults are those of
+#: ``trainer.checkpoint.ModelMeta`` named in ``MODEL_FIELDS`` (one description, defined there); each
+#: bound here must narrow ModelMeta's type, and every model field needs one (both checked at import).
+MODEL_BOUNDS: dict[str, Any] = {
+    "model": Literal["eegnet", "shallow", "deep", "fleeg_eegnet"],
+    "n_channels": Annotated[int, Field(ge=0, le=1024)],  # 0 only in the federation-wide spec of a multi-profile federation
+    "n_classes": Annotated[int, Field(ge=2, le=64)],
+    "n_times": Annotated[int, Field(ge=1, le=100_000)],
+    "sfreq": Annotated[float, Field(gt=0, le=100_000)],
+    "bn_mode": Literal["standard", "batch_specific"],
+    "ch_names": Annotated[list[Annotated[str, Field(max_length=32)]], Field(max_length=1024)],
+    "classes": Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=64)],
+    "preprocess": dict[str, Any],
+    "strategy": Annotated[str, Field(max_length=32)],
+}
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    model: Literal["eegnet", "shallow", "deep", "fleeg_eegnet"]
-    n_channels: int = Field(ge=0, le=1024)  # 0 only in the federation-wide spec of a multi-profile federation
-    n_classes: int = Field(ge=2, le=64)
-    n_times: int = Field(ge=1, le=100_000)
-    sfreq: float = Field(gt=0, le=100_000)
-    bn_mode: Literal["standard", "batch_specific"]
-    ch_names: list[Annotated[str, Field(max_length=32)]] = Field(max_length=1024)
-    classes: list[Annotated[str, Field(max_length=64)]] = Field(max_length=64)
-    preprocess: dict[str, Any] = Field(default_factory=dict)
-    strategy: str = Field(default="", max_length=32)
+def _kind(t: Any) -> Any:
+    """The plain type behind ``Annotated``/``Literal``/generic aliases (``list[str]`` -> list)."""
+    while get_origin(t) is Annotated:
+        t = get_args(t)[0]
+    if get_origin(t) is Literal:
+        return type(get_args(t)[0])
+    return get_origin(t) or t
+
+
+def _model_fields() -> dict[str, Any]:
+    """ModelMeta's model fields with their wire bounds; a TypeError if the two disagree."""
+    card = meta_fields(MODEL_FIELDS)
+    if set(MODEL_BOUNDS) != set(card):
+        raise TypeError(f"MODEL_BOUNDS names {sorted(MODEL_BOUNDS)}, trainer.checkpoint.MODEL_FIELDS {sorted(card)}")
+    for name, (hint, _) in card.items():
+        if _kind(MODEL_BOUNDS[name]) is not _kind(hint):
+            raise TypeError(f"ModelSpec.{name}: wire type {MODEL_BOUNDS[name]} does not narrow ModelMeta's {hint}")
+    return {name: (MODEL_BOUNDS[name], default) for name, (_, default) in card.items()}
+
+
+_ModelFields = create_model(  # type: ignore[call-overload]
+    "_ModelFields", __config__=ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False), **_model_fields()
+)
+
+
+class ModelSpec(_ModelFields):  # type: ignore[misc, valid-type]
+    """How to build the federation's model and feed it: the model fields of
+    :class:`trainer.checkpoint.ModelMeta` (``MODEL_FIELDS``), bounded for the wire, plus the wire-only device
+    profiles of a hierarchical federation (a checkpoint keeps them in ``extra["device_profiles"]``)."""
+
     #: the device profile this spec is for ("" = one architecture for every client)
     profile: str = Field(default="", pattern=r"^([A-Za-z0-9_.\-]{1,64})?$")
     #: device profiles of a hierarchical federation (:meth:`trainer.data.profiles.DeviceProfile.to_dict`):
     #: every profile in the federation-wide spec, the one profile in a profile's spec
     profiles: list[dict[Annotated[str, Field(max_length=32)], Any]] = Field(default_factory=list, max_length=64)
+
+    def to_meta(self, test_batch_size: int = 8, extra: dict[str, Any] | None = None) -> ModelMeta:
+        """The checkpoint description of this model (no training-data hashes: the coordinator holds no data)."""
+        own = {k: copy.deepcopy(getattr(self, k)) for k in MODEL_FIELDS}
+        return ModelMeta(**own, test_batch_size=test_batch_size, extra=dict(extra or {}))
+
+    @classmethod
+    def from_meta(cls, meta: ModelMeta) -> ModelSpec:
+        """The wire description of a checkpoint's model (validated against the bounds)."""
+        return cls(**{k: getattr(meta, k) for k in MODEL_FIELDS})
 
 
 class JoinMsg(_Msg):

@@ -2,7 +2,8 @@
 
 Checks the raw window (microvolts, before filtering) channel by channel: non-finite samples,
 flat channels (electrode off, amplifier dead), saturated channels (amplitude beyond the
-amplifier's range, or clipping plateaus at the channel's extreme values).
+amplifier's range, or clipping plateaus at the channel's extreme values). The kinds, thresholds
+and reason text are ``trainer.data.guard``'s, shared with the standalone ONNX graph.
 """
 
 from __future__ import annotations
@@ -12,29 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trainer.data.guard import GuardConfig, guard_reason
 
-@dataclass(frozen=True)
-class GuardConfig:
-    """Thresholds of the input guard (microvolts).
-
-    Parameters
-    ----------
-    flat_std_uv : float
-        A channel whose standard deviation over the window is below this is flat.
-    saturation_uv : float
-        A channel with any ``|sample| >= saturation_uv`` is saturated.
-    clip_fraction : float
-        A channel with more than this fraction of samples sitting exactly at its min or max
-        value (a clipping plateau) is saturated.
-    """
-
-    flat_std_uv: float = 0.1
-    saturation_uv: float = 3000.0
-    clip_fraction: float = 0.05
-
-    def __post_init__(self) -> None:
-        if self.flat_std_uv < 0 or self.saturation_uv <= 0 or not 0 < self.clip_fraction < 1:
-            raise ValueError("guard thresholds: flat_std_uv >= 0, saturation_uv > 0, 0 < clip_fraction < 1")
+__all__ = ["GuardConfig", "GuardResult", "check_window"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +27,7 @@ class GuardResult:
     bad_channels: dict[str, list[str]] = field(default_factory=dict)
 
 
-def check_window(x: np.ndarray, ch_names: Sequence[str], cfg: GuardConfig = GuardConfig()) -> GuardResult:
+def check_window(x: np.ndarray, ch_names: Sequence[str], cfg: GuardConfig | None = None) -> GuardResult:
     """Check one raw window ``(n_channels, n_times)`` in microvolts.
 
     Returns
@@ -55,6 +36,7 @@ def check_window(x: np.ndarray, ch_names: Sequence[str], cfg: GuardConfig = Guar
         ``ok=False`` with a reason naming the problem and the channels (non-finite first, then
         flat, then saturated) when the window must be rejected.
     """
+    cfg = cfg if cfg is not None else GuardConfig()
     x = np.asarray(x)
     if x.ndim != 2 or x.shape[0] != len(ch_names):
         return GuardResult(False, f"window shape {x.shape} does not match {len(ch_names)} channels", {})
@@ -80,8 +62,4 @@ def check_window(x: np.ndarray, ch_names: Sequence[str], cfg: GuardConfig = Guar
         bad["saturated"] = [names[i] for i in np.flatnonzero(sat)]
     if not bad:
         return GuardResult(True)
-    parts = [
-        f"{kind.replace('_', '-')} channel{'s' if len(chs) > 1 else ''} {', '.join(chs)}"
-        for kind, chs in bad.items()
-    ]
-    return GuardResult(False, "; ".join(parts), bad)
+    return GuardResult(False, guard_reason(bad), bad)

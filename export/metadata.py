@@ -14,14 +14,14 @@ import importlib.metadata
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import MISSING, asdict, fields
-from typing import Any, get_type_hints
+from dataclasses import asdict, fields
+from typing import Any
 
 import onnx
 import torch
 from pydantic import ConfigDict, ValidationError, create_model, field_validator
 
-from trainer.checkpoint import ModelMeta
+from trainer.checkpoint import ModelMeta, meta_fields
 from trainer.errors import NeuroFedError
 
 META_KEY = "neurofed"
@@ -29,24 +29,9 @@ INPUT_NAME = "x"
 OUTPUT_NAME = "logits"
 
 
-def _card_fields() -> dict[str, Any]:
-    """The checkpoint's model description (:class:`trainer.checkpoint.ModelMeta`) as pydantic fields."""
-    hints = get_type_hints(ModelMeta)
-    out: dict[str, Any] = {}
-    for f in fields(ModelMeta):
-        if f.default is not MISSING:
-            default: Any = f.default
-        elif f.default_factory is not MISSING:
-            default = f.default_factory()
-        else:
-            default = ...
-        out[f.name] = (hints[f.name], default)
-    return out
-
-
 #: The model card: exactly the checkpoint's fields, validated (one description, not a copy).
 ModelCard = create_model(  # type: ignore[call-overload]
-    "ModelCard", __config__=ConfigDict(extra="allow", protected_namespaces=()), **_card_fields()
+    "ModelCard", __config__=ConfigDict(extra="allow", protected_namespaces=()), **meta_fields()
 )
 
 

@@ -5,8 +5,9 @@ an explicit state; everything NeuroFed does between the amplifier and the class 
 happens inside the graph:
 
 * **unit** -> microvolts (one constant factor);
-* **input guard** (non-finite, flat, saturated channels; ``edge.guard``'s rules and default
-  thresholds) -> the ``guard`` output, and a rejected window leaves the state untouched;
+* **input guard** (non-finite, flat, saturated channels; ``edge.guard``'s rules, with the kinds
+  and thresholds of ``trainer.data.guard``, the one definition both use) -> the ``guard`` output,
+  and a rejected window leaves the state untouched;
 * **band-pass + resampling** as one exact matrix ``P`` (``y = x @ P``): ``sosfiltfilt`` on a
   fixed-length window (odd extension and steady-state initial conditions included) followed by
   ``resample_poly`` is a linear map of the window, so ``P`` is the pipeline applied to the
@@ -26,7 +27,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +36,16 @@ import onnx
 import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
+from torch.nn import functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from trainer.atomic import atomic_write_bytes
 from trainer.data.config import PreprocessConfig
+from trainer.data.guard import GUARD_KINDS, GuardConfig
+from trainer.data.guard import guard_reason as reason_text
 from trainer.data.preprocess import n_times_for, preprocess_epochs
 from trainer.errors import DataError, NeuroFedError
+from trainer.models.eegnet import EEGNet
 
 logger = logging.getLogger("neurofed.export")
 
@@ -56,16 +61,6 @@ HASH_WORDS = 4
 NS_ITERS = 24
 INPUTS = ("window", "state")
 OUTPUTS = ("probs", "next_state", "guard")
-GUARD_KINDS = ("non_finite", "flat", "saturated")
-
-
-@dataclass(frozen=True)
-class GuardThresholds:
-    """The input guard's thresholds in microvolts (the defaults of ``edge.guard.GuardConfig``)."""
-
-    flat_std_uv: float = 0.1
-    saturation_uv: float = 3000.0
-    clip_fraction: float = 0.05
 
 
 class StandaloneInfo(BaseModel):
@@ -170,6 +165,117 @@ def _plain_bn(model: nn.Module) -> tuple[nn.Module, list[PlainBatchNorm]]:
     return net, swapped
 
 
+class MaxExpELU(nn.Module):
+    """``ELU(x) = max(x, exp(min(x, 0)) - 1)`` (alpha 1; exact since ``e^x >= 1 + x``).
+
+    onnxruntime's Elu kernel is scalar; Min/Exp/Sub/Max are vectorised (several times faster here).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.maximum(x, torch.exp(torch.clamp(x, max=0.0)) - 1.0)
+
+
+def _fast_elu(seq: nn.Sequential) -> nn.Sequential:
+    """``seq`` with every alpha-1 ELU replaced by :class:`MaxExpELU`."""
+    return nn.Sequential(*(MaxExpELU() if isinstance(m, nn.ELU) and m.alpha == 1.0 else m for m in seq))
+
+
+class EEGNetContext(nn.Module):
+    """EEGNet over (context + new window) with the context's temporal-convolution work cached.
+
+    Batch-specific BN makes every layer depend on the whole batch (the new window and the last
+    ``k`` accepted windows), and online EA changes the alignment ``A`` with every window, so no
+    layer's *output* for a context window can be kept. What can be kept is exact:
+
+    * The temporal convolution ``t_f`` (filter ``f``, along time, per channel) commutes with the
+      channel mix: ``t_f(A x) = A t_f(x)``. For every window the state keeps its per-filter row
+      sums ``r_f = t_f(x) 1`` (F1 x C) and Gram matrices ``G_f = t_f(x) t_f(x)^T`` (F1 x C x C),
+      computed once when the window arrives. The first BN's batch statistics over the aligned
+      batch then follow for any ``A``: ``sum A t_f(x) = 1^T A r_f`` and
+      ``sum (A t_f(x))^2 = tr(A G_f A^T)``.
+    * With the first BN's scale ``s_f`` and shift ``b_f``, the depthwise spatial convolution
+      (weights ``w_o``, output ``o`` reading filter ``f(o)``) of the BN output is
+      ``s_f t_f(w_o^T A x) + b_f sum(w_o)``: ``A`` and ``s_f`` fold into the spatial weights and
+      the temporal filter runs on the F1*D spatially mixed rows instead of the C channel rows
+      (F1*D = 16 rows instead of F1*C = 168 per window for 21 channels).
+
+    What is still recomputed for every window of the batch: the mixed rows ``(s_f w_o^T A) x``,
+    their temporal filtering, and everything after the spatial convolution (the second and third
+    BN's statistics depend on the ELU of the current batch). The new window's full temporal
+    convolution is done once, for its ``r_f`` and ``G_f``.
+    """
+
+    def __init__(self, net: nn.Module, n_ch: int, n_t: int) -> None:
+        super().__init__()
+        pad, conv = net.temporal[0], net.temporal[1]
+        self.left, self.right = int(pad.padding[0]), int(pad.padding[1])
+        wt = conv.weight.detach()[:, 0, 0, :]  # (F1, K)
+        ws = net.conv_spatial.weight.detach()[:, 0, :, 0]  # (F1 * D, C)
+        self.f1, self.fd = wt.shape[0], ws.shape[0]
+        self.d = self.fd // self.f1
+        self.n_ch, self.n_t = n_ch, n_t
+        self.register_buffer("wt", wt[:, None, :].contiguous())  # (F1, 1, K)
+        self.register_buffer("wt_rep", wt.repeat_interleave(self.d, 0)[:, None, :].contiguous())  # (F1*D, 1, K)
+        self.register_buffer("ws", ws.to(torch.float64))
+        self.register_buffer("ws_sum", ws.to(torch.float64).sum(1))
+        bn = net.bnorm_temporal
+        self.eps = bn.eps
+        self.register_buffer("bn_w", bn.weight.detach().to(torch.float64))
+        self.register_buffer("bn_b", bn.bias.detach().to(torch.float64))
+        self.tail = nn.Sequential(
+            net.bnorm_1, _fast_elu(net.pool_1), net.conv_separable, net.bnorm_2, _fast_elu(net.pool_2)
+        )
+        self.classifier = net.classifier
+
+    def temporal_moments(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-filter row sums (F1, C) and Gram matrices (F1, C, C) of ``t_f(y)``, float64."""
+        yp = F.pad(y.to(torch.float32).view(1, 1, self.n_ch, self.n_t), (self.left, self.right))
+        # the Grams in float64: whitening by A amplifies their rounding (float32 Grams miss the
+        # first BN's variance by more than the 1e-6 relative that tests/export checks)
+        g = F.conv2d(yp, self.wt.unsqueeze(2))[0].to(torch.float64)  # (F1, C, T)
+        return g.sum(-1), g @ g.transpose(1, 2)
+
+    def temporal_bn_stats(
+        self, sums: torch.Tensor, grams: torch.Tensor, mask: torch.Tensor, a: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch mean and (biased) variance per filter of ``t_f(A x)`` over the rows where ``mask`` is 1,
+        from the rows' cached moments (``sums`` (N, F1, C), ``grams`` (N, F1, C, C)), float64."""
+        m = mask.to(torch.float64)
+        denom = m.sum() * (self.n_ch * self.n_t)
+        r = (sums * m.view(-1, 1, 1)).sum(0)  # (F1, C)
+        gsum = (grams * m.view(-1, 1, 1, 1)).sum(0)  # (F1, C, C)
+        if a is None:
+            mean = r.sum(-1) / denom
+            sq = (gsum * torch.eye(self.n_ch, dtype=torch.float64)).sum((-2, -1)) / denom
+        else:
+            mean = (r @ a.sum(0)) / denom  # 1^T A r_f
+            sq = (torch.matmul(a, gsum) * a).sum((-2, -1)) / denom  # tr(A G_f A^T)
+        return mean, sq - mean * mean
+
+    def forward(
+        self, batch: torch.Tensor, sums: torch.Tensor, grams: torch.Tensor, mask: torch.Tensor,
+        a: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Logits of every row of ``batch`` (N, C, T) (unaligned, float64) given each row's moments.
+
+        ``sums`` (N, F1, C) and ``grams`` (N, F1, C, C) are :meth:`temporal_moments` of the rows;
+        ``mask`` (N,) marks the rows that count in the BN statistics; ``a`` is the EA matrix (or None).
+        """
+        mean, var = self.temporal_bn_stats(sums, grams, mask, a)
+        mix = self.ws if a is None else self.ws @ a
+        scale = self.bn_w / torch.sqrt(var + self.eps)  # (F1,)
+        shift = self.bn_b - mean * scale
+        scale_o = scale.view(-1, 1).expand(self.f1, self.d).reshape(-1)  # filter f(o) of each output o
+        shift_o = shift.view(-1, 1).expand(self.f1, self.d).reshape(-1)
+        u = (mix * scale_o.view(-1, 1)).to(torch.float32)  # (F1*D, C): s_f w_o^T A
+        v = torch.matmul(u, batch.to(torch.float32))  # (N, F1*D, T)
+        # a 2-D depthwise Conv (N, F1*D, 1, T): onnxruntime runs it with its blocked (NCHWc) kernel
+        z = F.conv2d(F.pad(v.unsqueeze(2), (self.left, self.right)), self.wt_rep.unsqueeze(2), groups=self.fd)
+        z = z + (shift_o * self.ws_sum).to(torch.float32).view(1, -1, 1, 1)
+        x = self.tail(z)
+        return self.classifier(x.flatten(1))
+
+
 class StandaloneDecoder(nn.Module):
     """``(window, state) -> (probs, next_state, guard)``; see the module docstring.
 
@@ -184,7 +290,12 @@ class StandaloneDecoder(nn.Module):
         The device's sampling rate in Hz.
     unit : str
         The device's unit (a key of :data:`UNITS`).
-    guard : GuardThresholds
+    guard : trainer.data.guard.GuardConfig, optional
+        The input guard's thresholds (default: ``GuardConfig()``, the same definition as ``edge.guard``'s).
+    context_cache : bool
+        For EEGNet with batch-specific BN, keep each context window's temporal-convolution moments
+        in the state (:class:`EEGNetContext`); False runs the whole batch through the network
+        (the reference the cache is tested against).
     """
 
     def __init__(
@@ -194,7 +305,8 @@ class StandaloneDecoder(nn.Module):
         model_hash: str,
         rate: float,
         unit: str = "uV",
-        guard: GuardThresholds = GuardThresholds(),
+        guard: GuardConfig | None = None,
+        context_cache: bool = True,
     ) -> None:
         super().__init__()
         if unit not in UNITS:
@@ -216,9 +328,16 @@ class StandaloneDecoder(nn.Module):
         self.n_classes = int(ckpt_meta.n_classes)
         self.k = max(int(ckpt_meta.test_batch_size) - 1, 0) if self.batch_specific else 0
         self.scale = float(UNITS[unit])
-        self.g = guard
+        self.g = guard if guard is not None else GuardConfig()
         self.register_buffer("p", torch.from_numpy(p).to(torch.float32))
         self.register_buffer("hash", torch.tensor(hash_words(model_hash), dtype=torch.float64))
+        # EEGNet with batch-specific BN: the context's temporal-convolution work lives in the state
+        # (exactly EEGNet: a subclass could change the forward pass the cache rewrites)
+        self.cache = (
+            EEGNetContext(self.net, self.n_ch, self.n_t)
+            if context_cache and self.k and type(model) is EEGNet and not self.net.bnorm_temporal.standard
+            else None
+        )
         self.layout = self._layout()
         self.state_size = sum(int(np.prod(e["shape"])) for e in self.layout)
 
@@ -234,6 +353,14 @@ class StandaloneDecoder(nn.Module):
             parts.append(
                 ("context", [self.k, self.n_ch, self.n_t], "last accepted preprocessed (unaligned) windows, oldest first")
             )
+        if self.cache is not None:
+            f1, c = self.cache.f1, self.n_ch
+            parts += [
+                ("context_temporal_sums", [self.k, f1, c],
+                 "per context window: time sums of each temporal filter's output, per channel"),
+                ("context_temporal_grams", [self.k, f1, c, c],
+                 "per context window: Gram matrix over time of each temporal filter's output"),
+            ]
         out, off = [], 0
         for name, shape, what in parts:
             out.append({"name": name, "offset": off, "shape": shape, "meaning": what})
@@ -256,8 +383,9 @@ class StandaloneDecoder(nn.Module):
         std = torch.sqrt(((xf - mu) ** 2).mean(dim=1))
         flat = (std < g.flat_std_uv) & finite
         over = (xf.abs() >= g.saturation_uv).any(dim=1)
-        at_max = (xf == xf.amax(dim=1, keepdim=True)).sum(dim=1)
-        at_min = (xf == xf.amin(dim=1, keepdim=True)).sum(dim=1)
+        # counted in float32: onnxruntime's int64 ReduceSum is several times slower
+        at_max = (xf == xf.amax(dim=1, keepdim=True)).to(torch.float32).sum(dim=1)
+        at_min = (xf == xf.amin(dim=1, keepdim=True)).to(torch.float32).sum(dim=1)
         clipped = (torch.maximum(at_max, at_min) > g.clip_fraction * self.n_in) & ~flat & finite
         sat = (over | clipped) & finite
         flags = torch.stack([~finite, flat, sat])
@@ -283,7 +411,9 @@ class StandaloneDecoder(nn.Module):
             off += c2
             parts.append(cov.reshape(-1))
         if self.k:
-            ctx = state[off:].view(self.k, self.n_ch, self.n_t)
+            n = self.k * self.n_ch * self.n_t
+            ctx = state[off : off + n].view(self.k, self.n_ch, self.n_t)
+            off += n
             batch = torch.cat([ctx, y.unsqueeze(0)])
             parts.append(batch[1:].reshape(-1))
             slot = torch.arange(self.k + 1, dtype=torch.float64)
@@ -291,12 +421,23 @@ class StandaloneDecoder(nn.Module):
         else:
             batch = y.unsqueeze(0)
             mask = torch.ones(1)
-        if self.ea:
-            a = newton_schulz_inv_sqrt(cov / count)
-            batch = torch.matmul(a, batch)
+        a = newton_schulz_inv_sqrt(cov / count) if self.ea else None
         for bn in self._bns:
             bn.mask = mask
-        logits = self.net(batch.to(torch.float32))[-1]
+        if self.cache is not None:
+            f1, c = self.cache.f1, self.n_ch
+            n_s = self.k * f1 * c
+            sums = state[off : off + n_s].view(self.k, f1, c)
+            grams = state[off + n_s :].view(self.k, f1, c, c)
+            r_new, g_new = self.cache.temporal_moments(y)
+            sums = torch.cat([sums, r_new.unsqueeze(0)])
+            grams = torch.cat([grams, g_new.unsqueeze(0)])
+            parts += [sums[1:].reshape(-1), grams[1:].reshape(-1)]
+            logits = self.cache(batch, sums, grams, mask, a)[-1]
+        else:
+            if a is not None:
+                batch = torch.matmul(a, batch)
+            logits = self.net(batch.to(torch.float32))[-1]
         probs = torch.softmax(logits, dim=0)
         accept = ok & hash_ok
         nan = torch.full_like(probs, float("nan"))
@@ -419,8 +560,7 @@ def guard_reason(flags: np.ndarray, ch_names: list[str]) -> tuple[str, dict[str,
         for kind, row in zip(GUARD_KINDS, np.asarray(flags))
         if (row > 0).any()
     }
-    parts = [f"{k.replace('_', '-')} channel{'s' if len(c) > 1 else ''} {', '.join(c)}" for k, c in bad.items()]
-    return "; ".join(parts), bad
+    return reason_text(bad), bad
 
 
 class StandaloneModel:

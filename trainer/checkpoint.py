@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import torch
 from safetensors import safe_open
@@ -73,6 +74,40 @@ class ModelMeta:
 
         return build_model(self.model, self.n_channels, self.n_classes, self.n_times, self.sfreq, self.bn_mode,
                            **dict(self.extra.get("model_kwargs", {})))
+
+
+#: The fields of :class:`ModelMeta` that describe the model itself (what to build and how to feed
+#: it), as opposed to provenance (test batch size, training data hashes, extras, format version).
+#: The federation's wire description of its model (``broker.protocol.ModelSpec``) is exactly these
+#: fields, with ModelMeta's types and defaults; the wire only adds bounds.
+MODEL_FIELDS: tuple[str, ...] = (
+    "model", "n_channels", "n_classes", "n_times", "sfreq", "bn_mode", "ch_names", "classes", "preprocess", "strategy",
+)
+
+
+def meta_fields(names: Sequence[str] | None = None) -> dict[str, tuple[Any, Any]]:
+    """``{name: (type hint, default)}`` of :class:`ModelMeta`'s fields (all, or ``names`` in that order).
+
+    The default is ``...`` for required fields (pydantic's marker) and a fresh value for
+    ``default_factory`` fields, so validated models of the same description (the ONNX model card,
+    the wire ``ModelSpec``) are built from this one definition rather than copied field by field.
+    """
+    hints = get_type_hints(ModelMeta)
+    by_name = {f.name: f for f in fields(ModelMeta)}
+    unknown = [n for n in (names or ()) if n not in by_name]
+    if unknown:
+        raise NeuroFedError(f"ModelMeta has no fields {unknown}")
+    out: dict[str, tuple[Any, Any]] = {}
+    for name in names if names is not None else list(by_name):
+        f = by_name[name]
+        if f.default is not MISSING:
+            default: Any = f.default
+        elif f.default_factory is not MISSING:
+            default = f.default_factory()
+        else:
+            default = ...
+        out[name] = (hints[name], default)
+    return out
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, torch.Tensor], meta: ModelMeta) -> Path:

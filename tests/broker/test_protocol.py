@@ -116,3 +116,37 @@ def test_a_peer_of_another_schema_version_gets_a_clear_error():
     old = frame[:2] + bytes([1]) + frame[3:]
     with pytest.raises(ProtocolError, match=f"unsupported schema version 1 \\(this build speaks {SCHEMA_VERSION}\\)"):
         decode(old)
+
+
+def test_model_spec_is_modelmeta_s_model_fields(tmp_path):
+    """One description: the wire spec's fields, types and defaults are ModelMeta's; a checkpoint written
+    from a spec reads back as the same spec."""
+    import dataclasses
+    import typing
+
+    import broker.protocol as proto
+    from trainer.checkpoint import MODEL_FIELDS, ModelMeta, meta_fields, read_meta, save_checkpoint
+
+    assert tuple(ModelSpec.model_fields)[:len(MODEL_FIELDS)] == MODEL_FIELDS  # + the wire-only device profiles
+    for name, (hint, default) in meta_fields(MODEL_FIELDS).items():
+        assert proto._kind(ModelSpec.model_fields[name].annotation) is (typing.get_origin(hint) or hint)
+        assert ModelSpec.model_fields[name].is_required() == (default is ...)
+    spec = ModelSpec(model="eegnet", n_channels=2, n_classes=2, n_times=64, sfreq=80.0, bn_mode="batch_specific",
+                     ch_names=["C3", "C4"], classes=["left", "right"], preprocess={"ea": True}, strategy="fedbs")
+    path = save_checkpoint(tmp_path / "m.safetensors", {"w": torch.zeros(1)}, spec.to_meta(8, {"round": 3}))
+    meta = read_meta(path)
+    assert isinstance(meta, ModelMeta) and meta.extra == {"round": 3} and meta.test_batch_size == 8
+    assert ModelSpec.from_meta(meta) == spec
+    with pytest.raises(ValidationError):  # the wire bounds still apply to a checkpoint's description
+        ModelSpec.from_meta(dataclasses.replace(meta, n_classes=1))
+
+
+def test_model_bounds_must_match_modelmeta(monkeypatch):
+    import broker.protocol as proto
+
+    monkeypatch.setitem(proto.MODEL_BOUNDS, "n_channels", str)
+    with pytest.raises(TypeError, match="n_channels"):
+        proto._model_fields()
+    monkeypatch.delitem(proto.MODEL_BOUNDS, "n_channels")
+    with pytest.raises(TypeError, match="MODEL_FIELDS"):
+        proto._model_fields()

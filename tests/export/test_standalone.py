@@ -13,6 +13,7 @@ from export.runtime import OnnxModel
 from export.standalone import (
     HASH_WORDS,
     NS_ITERS,
+    StandaloneDecoder,
     StandaloneModel,
     WindowRejected,
     eegmmidb_session_windows,
@@ -207,3 +208,87 @@ def test_edge_engine_runs_the_standalone_graph(standalone, sessions, pipeline):
     assert got[-1].n_context == sm.info.context_windows and got[-1].ea_windows == len(got)
     with pytest.raises(NeuroFedError, match="export it again with --rate 250"):
         StandaloneStep(sm, 250.0)
+
+
+def test_graph_guard_and_edge_guard_are_one_definition(standalone, sessions):
+    """The graph's guard and edge.guard share trainer.data.guard (kinds, thresholds, reason) and flag the
+    same channels on real windows with injected faults."""
+    from dataclasses import asdict
+
+    from edge.guard import GuardConfig, check_window
+    from trainer.data import guard as rules
+
+    m = StandaloneModel(standalone[1])
+    assert GuardConfig is rules.GuardConfig
+    assert m.info.guard == asdict(rules.GuardConfig()) and tuple(m.info.guard_kinds) == rules.GUARD_KINDS
+    names = list(m.meta.ch_names)
+    w = sessions[0][1][0].astype(np.float32)
+    faults = []
+    for ch, edit in [(3, lambda x: x.__setitem__((3, 7), np.inf)), (0, lambda x: x.__setitem__(0, 5.0)),
+                     (10, lambda x: x.__setitem__((10, slice(0, 100)), 4000.0)),
+                     (5, lambda x: x.__setitem__((5, slice(0, 64)), x[5].max()))]:  # a clipping plateau
+        x = w.copy()
+        edit(x)
+        faults.append((ch, x))
+    for ch, x in faults:
+        want = check_window(x.astype(np.float64), names)
+        with pytest.raises(WindowRejected) as exc:
+            m.run(x, m.initial_state())
+        assert not want.ok and exc.value.bad_channels == want.bad_channels and str(exc.value) == want.reason
+        assert names[ch] in str(exc.value)
+
+
+@pytest.mark.parametrize("ea", [True, False])
+def test_eegnet_context_cache_equals_the_whole_batch(eegnet_bs, sessions, ea):
+    """The cached decoder (per-window temporal moments in the state, A and BN folded into the spatial
+    weights) == the whole batch through EEGNet, window by window from an empty context, with and without
+    EA, and a rejected window in between leaves both states unchanged."""
+    from dataclasses import replace
+
+    from trainer.checkpoint import load_checkpoint
+
+    model, cm = load_checkpoint(eegnet_bs[0])
+    cm = replace(cm, preprocess={**cm.preprocess, "ea": ea})
+    fast = StandaloneDecoder(model, cm, "ab" * 32, 160.0)
+    slow = StandaloneDecoder(model, cm, "ab" * 32, 160.0, context_cache=False)
+    assert fast.cache is not None and slow.cache is None and fast.state_size > slow.state_size
+    names = [e["name"] for e in fast.layout]
+    assert names[-2:] == ["context_temporal_sums", "context_temporal_grams"]
+    ws = [w.astype(np.float32) for w in sessions[0][1][:12]]
+    bad = ws[5].copy()
+    bad[2, 3] = np.nan
+    ws.insert(6, bad)
+    sf, ss = (torch.from_numpy(d.initial_state()) for d in (fast, slow))
+    with torch.no_grad():
+        for i, w in enumerate(ws):
+            pf, nf, _ = fast(torch.from_numpy(w), sf)
+            ps, ns, _ = slow(torch.from_numpy(w), ss)
+            if i == 6:
+                assert torch.isnan(pf).all() and torch.equal(nf, sf) and torch.equal(ns, ss)
+            else:
+                assert (pf - ps).abs().max() <= 1e-6 and pf.argmax() == ps.argmax()
+            sf, ss = nf, ns
+
+
+def test_eegnet_cached_moments_give_the_first_bn_statistics(eegnet_bs, sessions):
+    """The first BN's batch statistics from the cached per-window moments == those of EEGNet's temporal
+    convolution run on the aligned batch. Checked directly: in the output, the second (batch-specific) BN
+    cancels the first BN's shift exactly and its scale up to its eps, so errors here barely show there."""
+    from trainer.checkpoint import load_checkpoint
+
+    model, cm = load_checkpoint(eegnet_bs[0])
+    dec = StandaloneDecoder(model, cm, "ab" * 32, 160.0)
+    cfg = PreprocessConfig.from_dict(cm.preprocess)
+    y, _, _ = preprocess_epochs(sessions[0][1][:8], 160.0, list(cfg.channels), cfg)
+    batch = torch.from_numpy(y)  # (8, C, T) float64, unaligned
+    a = newton_schulz_inv_sqrt(torch.einsum("nct,ndt->cd", batch, batch) / (8 * y.shape[-1]))
+    sums, grams = zip(*(dec.cache.temporal_moments(w) for w in batch))
+    mask = torch.tensor([0.0, 0.0, 1, 1, 1, 1, 1, 1])  # two empty context slots
+    with torch.no_grad():
+        for ea in (a, None):
+            mean, var = dec.cache.temporal_bn_stats(torch.stack(sums), torch.stack(grams), mask, ea)
+            x = (batch[2:] if ea is None else torch.matmul(ea, batch[2:])).to(torch.float64).unsqueeze(1)
+            h = model.temporal.double()(x)  # (6, F1, C, T)
+            want_mean, want_var = h.mean((0, 2, 3)), h.var((0, 2, 3), unbiased=False)
+            assert torch.allclose(mean, want_mean, rtol=1e-6, atol=1e-7 * want_var.sqrt().max())
+            assert torch.allclose(var, want_var, rtol=1e-6)

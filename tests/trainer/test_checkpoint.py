@@ -27,3 +27,16 @@ def test_not_a_checkpoint(tmp_path):
     bad.write_bytes(b"\x80\x04pickle")
     with pytest.raises(NeuroFedError, match="x.safetensors"):
         load_checkpoint(bad)
+
+
+def test_meta_fields_follow_modelmeta():
+    from dataclasses import fields
+
+    from trainer.checkpoint import MODEL_FIELDS, meta_fields
+
+    allf = meta_fields()
+    assert list(allf) == [f.name for f in fields(ModelMeta)]
+    assert allf["model"] == (str, ...) and allf["test_batch_size"] == (int, 8) and allf["preprocess"][1] == {}
+    assert list(meta_fields(MODEL_FIELDS)) == list(MODEL_FIELDS)
+    with pytest.raises(NeuroFedError, match="no fields"):
+        meta_fields(["model", "weights"])
