@@ -172,6 +172,10 @@ class StandaloneStep:
         self.model = model
         self.offsets = {e["name"]: int(e["offset"]) for e in info.state_layout}
 
+    #: the graph runs the input guard itself (the default thresholds of trainer.data.guard) and raises
+    #: ``export.standalone.WindowRejected``: the engine need not run the same check in Python first
+    guards = True
+
     def init_state(self) -> np.ndarray:
         return self.model.initial_state()
 
@@ -249,6 +253,8 @@ class InferenceEngine:
         self.cfg = PreprocessConfig.from_dict({**m.preprocess, "channels": list(m.ch_names)})
         self.stream_ch_names, self.stream_sfreq = list(stream_ch_names), float(stream_sfreq)
         self.guard = guard if guard is not None else GuardConfig()
+        # a standalone graph guards the window itself with the default rules: skip the Python copy of the check
+        self.graph_guards = guard is None and bool(getattr(decoder, "guards", False))
         self.layout = check_stream(m, self.stream_ch_names, self.stream_sfreq, stream_units)
         self.window_samples = n_times_for(self.stream_sfreq, self.cfg)
         probe = np.zeros((1, m.n_channels, self.window_samples))
@@ -273,10 +279,18 @@ class InferenceEngine:
                 f"window shape {window.shape}, expected ({len(self.stream_ch_names)}, {self.window_samples})"
             )
         raw = self.layout.select(window.T)
-        verdict: GuardResult = check_window(raw, self.meta.ch_names, self.guard)
-        if not verdict.ok:
-            return Rejection(verdict.reason, float(t_end), verdict.bad_channels, float(t_arrival))
-        p, self.state = self.decoder.step(raw, self.state)
+        if self.graph_guards:
+            from export.standalone import WindowRejected
+
+            try:
+                p, self.state = self.decoder.step(raw, self.state)
+            except WindowRejected as exc:
+                return Rejection(str(exc), float(t_end), exc.bad_channels, float(t_arrival))
+        else:
+            verdict: GuardResult = check_window(raw, self.meta.ch_names, self.guard)
+            if not verdict.ok:
+                return Rejection(verdict.reason, float(t_end), verdict.bad_channels, float(t_arrival))
+            p, self.state = self.decoder.step(raw, self.state)
         p = np.asarray(p, np.float64).reshape(-1)
         k = int(p.argmax())
         n_context, ea_windows = self.decoder.describe(self.state)

@@ -40,6 +40,9 @@ if TYPE_CHECKING:  # edge.infer imports torch and mne: imported when a command r
 #: time is 1.5 s of wall time for a recording replayed at 20x (the demo): a marker delayed by a busy machine
 #: still finds its data (at 10 s, a 0.8 s hiccup under load 15 cost one of 180 cues). 64 ch x 160 Hz: 2.5 MB.
 BUFFER_SECONDS = 30.0
+#: Longest the decoder loop blocks on the EEG inlet when no sample is waiting (it wakes on the first sample:
+#: :meth:`edge.lsl_io.Inlet.pull`); markers are polled between waits, so a cue is seen within this time.
+POLL_SECONDS = 0.001
 
 
 def prediction_outlet(name: str, source_id: str, classes: Sequence[str], model_hash: str):
@@ -91,7 +94,7 @@ def run_loop(
     wanted = {c.lower() for c in cues}
     try:
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            data, ts = eeg.pull()
+            data, ts = eeg.pull(wait=POLL_SECONDS)  # returns as soon as a sample arrives
             now = clock()
             if markers is not None:
                 for t, label in markers.pull_markers():
@@ -112,8 +115,6 @@ def run_loop(
                     counts["rejections"] += 1
                 if max_windows is not None and counts["predictions"] + counts["rejections"] >= max_windows:
                     stop.set()
-            if not len(ts):
-                time.sleep(0.001)
     except KeyboardInterrupt:
         pass
     ms = np.array(lat) * 1e3

@@ -186,14 +186,31 @@ class Inlet:
         except (LslTimeout, LostError):  # keep the last estimate (e.g. while the stream is away); retry soon
             self._next_sync = now + 0.5
 
-    def pull(self) -> tuple[np.ndarray, np.ndarray]:
+    def pull(self, wait: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """Samples available now: ``(data (n, channels) copy in the stream's dtype, timestamps (n,) float64)``.
+
+        ``wait`` > 0 (numeric streams): if nothing is available, block up to ``wait`` seconds for the first
+        sample and return as soon as it arrives (liblsl's ``pull_sample`` wakes on data, whereas
+        ``pull_chunk`` with a timeout waits for the whole timeout), so a decoder loop need not sleep between
+        polls and loses no time to the poll interval.
 
         Raises
         ------
         StreamError
             When the stream is lost for good (not recoverable).
         """
+        if wait > 0 and self._buf is not None and not self._inlet.samples_available():
+            try:
+                first, t0 = self._inlet.pull_sample(timeout=wait)
+            except LostError:
+                raise StreamError(f"stream {self.meta.name!r} ({self.meta.source_id}) was lost") from None
+            except LslTimeout:
+                first, t0 = None, None
+            if t0 is None:
+                return self._buf[:0].copy(), np.empty(0)
+            rest, ts = self.pull()
+            head = np.asarray(first, dtype=self._buf.dtype).reshape(1, -1)
+            return np.concatenate([head, rest]), np.concatenate([self._sync([t0]), ts])
         try:
             if self._buf is None:
                 data, ts = self._inlet.pull_chunk(timeout=0.0, max_samples=self.max_chunk)
