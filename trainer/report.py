@@ -174,7 +174,8 @@ def markdown_table(runs: list[dict], refs: tuple[str, ...] = ("ct", "fedavg"),
         for pm in p_metrics:
             for k in refs:
                 if k in ref_runs:
-                    p = None if ref_runs[k] is r or pm not in r["summary"] else paired_p(r, ref_runs[k], pm)
+                    ref = ref_runs[k]  # a metric only one of the two has (a classical run has no PGD): no test
+                    p = None if ref is r or pm not in r["summary"] or pm not in ref["summary"] else paired_p(r, ref, pm)
                     row.append("-" if p is None else f"{p:.3g}")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)

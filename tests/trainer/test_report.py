@@ -75,6 +75,14 @@ def test_report_p_metrics_adds_robustness_p_values(tmp_path):
     safe = [c.strip() for c in next(ln for ln in lines if ln.startswith("| safe")).strip("|").split("|")]
     want = stats.ttest_rel([0.3, 0.31, 0.32, 0.33], [0.2] * 4).pvalue
     assert safe[-2:] == ["1", f"{want:.3g}"]  # equal benign BCA: p 1; PGD: paired test
+    # a reference without the metric (a classical run has no PGD numbers): its robustness p column is "-"
+    c = _run(tmp_path, "riemann", {"0": {s: {"bca": 0.62 + 0.01 * i} for i, s in enumerate(subs)}})
+    res = CliRunner().invoke(app, ["report", a, b, c, "--refs", "riemann", "--p-metrics", "bca,pgd@0.03",
+                                   "--out", str(tmp_path / "r3")])
+    assert res.exit_code == 0, res.output
+    lines = (tmp_path / "r3" / "report.md").read_text().splitlines()
+    safe = [c.strip() for c in next(ln for ln in lines if ln.startswith("| safe")).strip("|").split("|")]
+    assert safe[-1] == "-" and safe[-2] != "-"
     bad = CliRunner().invoke(app, ["report", a, "--p-metrics", "fgsm@0.1", "--out", str(tmp_path / "r2")])
     assert bad.exit_code != 0 and "no run has it" in bad.output
 
