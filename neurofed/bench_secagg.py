@@ -34,13 +34,12 @@ import numpy as np
 import torch
 import typer
 
+from broker.bench import Swarm
 from broker.config import config_from_dict
 from broker.coordinator import Coordinator
 from broker.protocol import (
-    JoinMsg,
     StatusMsg,
     TaskMsg,
-    Topics,
     UpdateMsg,
     decode,
     delta_reference,
@@ -48,28 +47,20 @@ from broker.protocol import (
     pack,
     state_sha256,
 )
-from broker.transport import MqttTransport
 from edge.secagg_client import SecAggSession
 from trainer.fl.client import ClientUpdate
 from trainer.fl.secagg import SecAggError, graph_params, secure_weighted_mean
 from trainer.fl.server import downlink
 from trainer.fl.strategies import get_strategy
-from trainer.models import build_model
 
 
-class SecAggSwarm:
-    """``n`` simulated clients on one connection: join, answer tasks (plain or masked), follow the secagg steps."""
+class SecAggSwarm(Swarm):
+    """``n`` simulated clients on one connection: join, answer tasks (plain or masked), follow the secagg steps
+    (:class:`broker.bench.Swarm`'s joining and model watching, plus the secure-aggregation steps)."""
 
     def __init__(self, url: str, fed: str, n: int, seed: int = 0, drop_after_shares: frozenset[str] = frozenset()) -> None:
-        self.topics, self.fed = Topics(fed), fed
-        self.ids = [f"sim{i:04d}" for i in range(n)]
-        self.t = MqttTransport(url, f"swarm-{uuid.uuid4().hex[:6]}").connect()
-        for topic in (self.topics.model, self.topics.task, self.topics.result, f"{self.topics.root}/secagg_down/+"):
-            self.t.subscribe(topic)
-        self.rng = torch.Generator().manual_seed(seed)
-        self.global_state: dict[str, torch.Tensor] | None = None
-        self.run_id = ""
-        self.model: torch.nn.Module | None = None
+        super().__init__(url, fed, n, seed)
+        self.t.subscribe(f"{self.topics.root}/secagg_down/+")
         self.sessions: dict[str, SecAggSession] = {}
         self.cpu_s = 0.0
         self.done = False
@@ -77,26 +68,6 @@ class SecAggSwarm:
         self.updates: dict[str, dict[str, torch.Tensor]] = {}  # what each client trained, last round
         self.tasks = 0
         self.refused: list[str] = []  # "client: reason" of every secure-aggregation step a client refused
-
-    def wait_model(self, timeout: float = 120.0) -> None:
-        end = time.monotonic() + timeout
-        while self.global_state is None and time.monotonic() < end:
-            item = self.t.get(0.1)
-            if item is not None and item.event == "message" and item.payload:
-                msg, tensors = decode(item.payload)
-                if msg.kind == "model":
-                    self.global_state, self.run_id = tensors, msg.run_id
-        if self.global_state is None:
-            raise TimeoutError("no model from the coordinator")
-
-    def join(self, spec) -> None:
-        self.model = build_model(spec.model, spec.n_channels, spec.n_classes, spec.n_times, spec.sfreq, spec.bn_mode)
-        for cid in self.ids:
-            self.t.publish(self.topics.status(cid), encode(StatusMsg(federation=self.fed, sender=cid, state="online")),
-                           retain=True, wait=None)
-            self.t.publish(self.topics.join(cid), encode(JoinMsg(
-                federation=self.fed, sender=cid, n_trials=45, n_channels=spec.n_channels, n_times=spec.n_times,
-                sfreq=spec.sfreq, classes=list(spec.classes), run_id=self.run_id)), wait=None)
 
     def _send(self, cid: str, out: list) -> None:
         for m, tensors in out:
@@ -171,7 +142,7 @@ def run_rounds(url: str, n: int, secure: bool, rounds: int, phase_s: float = 60.
     ct = threading.Thread(target=coord.run, kwargs={"stop": stop}, daemon=True)
     ct.start()
     swarm = SecAggSwarm(url, fed, n)
-    swarm.wait_model()
+    swarm.wait_model(120.0)
     swarm.join(coord.spec)
     st = threading.Thread(target=swarm.serve, args=(stop,), daemon=True)
     st.start()
