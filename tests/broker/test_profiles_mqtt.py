@@ -228,6 +228,10 @@ def test_another_profiles_update_and_an_unknown_profile_are_refused(mosquitto, f
     os.environ.setdefault("NEUROFED_CACHE", str(tmp_path / "cache"))
     want, _ = reference({1: "unicorn8"}, rounds=1, fraction=1.0)
     data = profile_subjects({1: "unicorn8"})["S001"]
+    # the forger's models are drawn now, before S001 trains: model init draws from torch's global RNG, which the
+    # client thread's dropout shares (drawing them mid-round made the result differ from the reference)
+    model8 = build_model("fleeg_eegnet", 8, 2, 320, 80.0, "standard")
+    wrong = build_model("fleeg_eegnet", 16, 2, 320, 80.0, "standard").state_dict()  # cyton_daisy16's shapes
     coord = Coordinator(_cfg(fed_name, tmp_path / "out", ["unicorn8"], join_timeout_s=600), mosquitto.url)
     ct = Bg(coord.run)
     edge = EdgeClient(mosquitto.url, fed_name, "S001", lambda spec: data, tmp_path / "st",
@@ -268,9 +272,7 @@ def test_another_profiles_update_and_an_unknown_profile_are_refused(mosquitto, f
         assert state_sha256(view) == task.profile_models["unicorn8"]
         assert not any(k.startswith(GROUP_MARK) for k in view)  # a profile's view: un-prefixed, no other module
         strategy = get_strategy("fleeg")
-        model8 = build_model("fleeg_eegnet", 8, 2, 320, 80.0, "standard")
         down = downlink(view, strategy, model8, "unicorn8")
-        wrong = build_model("fleeg_eegnet", 16, 2, 320, 80.0, "standard").state_dict()  # cyton_daisy16's shapes
         f.send(f.topics.update("X01"), UpdateMsg(federation=fed_name, sender="X01", round=0, task_id=task.task_id,
                                                   n_samples=40, base_sha256=state_sha256(down), run_id=run),
                pack({"state": wrong, "extra": {}}))
