@@ -228,50 +228,47 @@ def infer(
     if mode not in ("cue", "sliding"):
         raise typer.BadParameter(f"mode {mode!r}: use cue or sliding")
     eeg = Inlet(find_stream(name=stream, source_id=source_id, timeout=timeout, unique=False))
+    mk = transport = None
+    # every inlet and connection opened here is closed on any exit, errors included: an inlet left to the garbage
+    # collector while its stream's outlet is destroyed crashed liblsl (a segfault in CI)
     try:
         chosen = pick_model(model, eeg.meta.ch_names, eeg.meta.sfreq)
-    except NeuroFedError:
-        eeg.close()
-        raise
-    standalone = bool(load_model(chosen)[1].standalone)
-    om = StandaloneModel(chosen, threads=threads) if standalone else OnnxModel(chosen, threads=threads)
-    ref = None
-    if ea_reference is not None:
-        try:
-            ref = np.load(ea_reference, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise NeuroFedError(f"{ea_reference}: cannot read an EA reference .npy ({exc})") from None
-    if standalone and (ea_reference is not None or context is not None):
-        raise typer.BadParameter("--ea-reference/--context are fixed inside a standalone model's graph")
-    engine = InferenceEngine(
-        om, eeg.meta.ch_names, eeg.meta.sfreq, context=context, ea_reference=ref, ea_min_windows=ea_warmup,
-        stream_units=eeg.meta.units, decoder=StandaloneStep(om, eeg.meta.sfreq) if standalone else None,
-    )
-    mk = None
-    if mode == "cue":
-        mk = Inlet(find_stream(name=markers or f"{stream}-markers", timeout=timeout, unique=False))
-        check_marker_stream(mk.meta)
-        windower = CueWindower(engine.window_samples, engine.stream_sfreq, engine.cfg.tmin,
-                               marker_timeout=engine.cfg.tmax + BUFFER_SECONDS, source=stream)
-    else:
-        windower = SlidingWindower(engine.window_samples, step, engine.stream_sfreq, source=stream)
-    # the inlets are open (and buffering): now refuse ambiguous names
-    check_unique([(stream, None, source_id)] + ([(mk.meta.name, None, None)] if mk is not None else []))
-    name = out_name or f"{stream}-predictions"
-    outlet = prediction_outlet(name, f"{eeg.meta.source_id}-predictions", om.meta.classes, om.meta.model_hash)
-    sinks = [lsl_sink(outlet)] + ([] if quiet else [log_sink(console)])
-    transport = None
-    if mqtt:
-        from broker.transport import MqttTransport
+        standalone = bool(load_model(chosen)[1].standalone)
+        om = StandaloneModel(chosen, threads=threads) if standalone else OnnxModel(chosen, threads=threads)
+        ref = None
+        if ea_reference is not None:
+            try:
+                ref = np.load(ea_reference, allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise NeuroFedError(f"{ea_reference}: cannot read an EA reference .npy ({exc})") from None
+        if standalone and (ea_reference is not None or context is not None):
+            raise typer.BadParameter("--ea-reference/--context are fixed inside a standalone model's graph")
+        engine = InferenceEngine(
+            om, eeg.meta.ch_names, eeg.meta.sfreq, context=context, ea_reference=ref, ea_min_windows=ea_warmup,
+            stream_units=eeg.meta.units, decoder=StandaloneStep(om, eeg.meta.sfreq) if standalone else None,
+        )
+        if mode == "cue":
+            mk = Inlet(find_stream(name=markers or f"{stream}-markers", timeout=timeout, unique=False))
+            check_marker_stream(mk.meta)
+            windower = CueWindower(engine.window_samples, engine.stream_sfreq, engine.cfg.tmin,
+                                   marker_timeout=engine.cfg.tmax + BUFFER_SECONDS, source=stream)
+        else:
+            windower = SlidingWindower(engine.window_samples, step, engine.stream_sfreq, source=stream)
+        # the inlets are open (and buffering): now refuse ambiguous names
+        check_unique([(stream, None, source_id)] + ([(mk.meta.name, None, None)] if mk is not None else []))
+        name = out_name or f"{stream}-predictions"
+        outlet = prediction_outlet(name, f"{eeg.meta.source_id}-predictions", om.meta.classes, om.meta.model_hash)
+        sinks = [lsl_sink(outlet)] + ([] if quiet else [log_sink(console)])
+        if mqtt:
+            from broker.transport import MqttTransport
 
-        transport = MqttTransport(mqtt, f"neurofed-infer-{eeg.meta.source_id}").connect()
-        sinks.append(mqtt_sink(transport, mqtt_topic or f"neurofed/predictions/{stream}"))
-    console.print(
-        f"decoding {stream!r} ({eeg.meta.n_channels} ch @ {eeg.meta.sfreq:g} Hz) with {om.meta.model} "
-        f"[{mode}], publishing LSL stream {name!r}" + (f" and MQTT {mqtt}" if mqtt else "")
-    )
-    stop = threading.Event()
-    try:
+            transport = MqttTransport(mqtt, f"neurofed-infer-{eeg.meta.source_id}").connect()
+            sinks.append(mqtt_sink(transport, mqtt_topic or f"neurofed/predictions/{stream}"))
+        console.print(
+            f"decoding {stream!r} ({eeg.meta.n_channels} ch @ {eeg.meta.sfreq:g} Hz) with {om.meta.model} "
+            f"[{mode}], publishing LSL stream {name!r}" + (f" and MQTT {mqtt}" if mqtt else "")
+        )
+        stop = threading.Event()
         stats = run_loop(
             engine,
             eeg,
