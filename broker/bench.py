@@ -121,23 +121,30 @@ class Swarm:
             if item is None or item.event != "message" or not item.payload:
                 continue
             msg, tensors = decode(item.payload)
-            if msg.kind == "model":
-                self.global_state = tensors
-                self.model_times.append((msg.round, time.monotonic()))
-            elif msg.kind == "result" and msg.final:
-                self.done = True
-            elif msg.kind == "task":
-                down = downlink(self.global_state or {}, get_strategy(msg.strategy), self.model)
-                base = state_sha256(down)
-                full = {**(self.global_state or {}), **down}
-                for cid in msg.selected:
-                    st = {k: v + 1e-3 * torch.randn(v.shape, generator=self.rng) if v.is_floating_point() else v
-                          for k, v in full.items()}
-                    u = UpdateMsg(federation=self.fed, sender=cid, round=msg.round, task_id=msg.task_id, n_samples=45,
-                                  base_sha256=base, metrics={"loss": 0.69}, run_id=msg.run_id)
-                    body = pack({"state": st, "extra": {}})
-                    self.t.publish(self.topics.update(cid), encode(u, body, compress=msg.compress), wait=None)
-                self.last_sent[msg.round] = time.monotonic()
+            self.handle(item, msg, tensors)
+
+    def handle(self, item, msg, tensors) -> None:
+        """One decoded message: keep the model, stop at the final result, answer tasks (:meth:`_on_task`)."""
+        if msg.kind == "model":
+            self.global_state = tensors
+            self.model_times.append((msg.round, time.monotonic()))
+        elif msg.kind == "result" and msg.final:
+            self.done = True
+        elif msg.kind == "task":
+            self._on_task(msg)
+
+    def _on_task(self, msg) -> None:
+        down = downlink(self.global_state or {}, get_strategy(msg.strategy), self.model)
+        base = state_sha256(down)
+        full = {**(self.global_state or {}), **down}
+        for cid in msg.selected:
+            st = {k: v + 1e-3 * torch.randn(v.shape, generator=self.rng) if v.is_floating_point() else v
+                  for k, v in full.items()}
+            u = UpdateMsg(federation=self.fed, sender=cid, round=msg.round, task_id=msg.task_id, n_samples=45,
+                          base_sha256=base, metrics={"loss": 0.69}, run_id=msg.run_id)
+            body = pack({"state": st, "extra": {}})
+            self.t.publish(self.topics.update(cid), encode(u, body, compress=msg.compress), wait=None)
+        self.last_sent[msg.round] = time.monotonic()
 
     def close(self) -> None:
         self.t.close()

@@ -41,7 +41,6 @@ from broker.protocol import (
     StatusMsg,
     TaskMsg,
     UpdateMsg,
-    decode,
     delta_reference,
     encode,
     pack,
@@ -96,34 +95,26 @@ class SecAggSwarm(Swarm):
             self.cpu_s += time.process_time() - t0
             self._send(cid, out)
 
-    def serve(self, stop: threading.Event) -> None:
-        while not stop.is_set() and not self.done:
-            item = self.t.get(0.1)
-            if item is None or item.event != "message" or not item.payload:
-                continue
-            msg, tensors = decode(item.payload)
-            if msg.kind == "model":
-                self.global_state = tensors
-            elif msg.kind == "result" and msg.final:
-                self.done = True
-            elif msg.kind == "task":
-                self._on_task(msg)
-            elif msg.kind.startswith("sa_") and item.topic.rsplit("/", 1)[-1] in self.sessions:
-                cid = item.topic.rsplit("/", 1)[-1]
-                t0 = time.process_time()
-                try:
-                    out = self.sessions[cid].step(msg)
-                except SecAggError as exc:  # the client refuses the round (as EdgeClient does); the coordinator
-                    self.refused.append(f"{cid}: {exc}")  # recovers without it or re-issues the round
-                    del self.sessions[cid]
-                    continue
-                finally:
-                    self.cpu_s += time.process_time() - t0
-                self._send(cid, out)
-                if cid in self.drop and any(m.kind == "sa_shares" for m, _ in out):
-                    del self.sessions[cid]
-                    self.t.publish(self.topics.status(cid), encode(StatusMsg(federation=self.fed, sender=cid,
-                                                                             state="offline")), retain=True, wait=None)
+    def handle(self, item, msg, tensors) -> None:
+        """:meth:`broker.bench.Swarm.handle`, plus the secure-aggregation steps of each simulated client."""
+        cid = item.topic.rsplit("/", 1)[-1]
+        if not msg.kind.startswith("sa_"):
+            super().handle(item, msg, tensors)
+        elif cid in self.sessions:
+            t0 = time.process_time()
+            try:
+                out = self.sessions[cid].step(msg)
+            except SecAggError as exc:  # the client refuses the round (as EdgeClient does); the coordinator
+                self.refused.append(f"{cid}: {exc}")  # recovers without it or re-issues the round
+                del self.sessions[cid]
+                return
+            finally:
+                self.cpu_s += time.process_time() - t0
+            self._send(cid, out)
+            if cid in self.drop and any(m.kind == "sa_shares" for m, _ in out):
+                del self.sessions[cid]
+                self.t.publish(self.topics.status(cid), encode(StatusMsg(federation=self.fed, sender=cid,
+                                                                         state="offline")), retain=True, wait=None)
 
     def close(self) -> None:
         self.t.close()
