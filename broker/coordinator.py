@@ -434,7 +434,7 @@ class Coordinator:
                         model_sha256=state_sha256(self.server.global_state), run_id=self.run_id)
         self._pub(self.topics.result, encode(res), retain=True)
         logger.info("[ROUND %d/%d] %d updates, %d rejected, loss %s, %.2f s", self.server.round, self.fed.rounds,
-                    len(updates), m["rejected"], m["loss"], m["seconds"])
+                    len(updates), m["rejected"], "-" if m["loss"] is None else f"{m['loss']:.4f}", m["seconds"])
         return m
 
     def _checkpoint_with(self, m: dict[str, Any]) -> None:

@@ -1,7 +1,9 @@
 """Markdown tables of the Byzantine-defence and DP pilots (issue 17) from their results.json files.
 
-Run: python experiments/robustness_table.py   (after bash experiments/queue.sh experiments/byzantine.txt / dp.txt)
-Paired t-tests over the held-out subjects against the clean run (FedAvg, no attacker, no clipping).
+Run: python experiments/robustness_table.py   (after `neurofed grid experiments/byzantine.txt`, byzantine_folds.txt,
+byzantine_frac.txt and dp.txt, each with --backend pool --workers 2)
+Paired t-tests over the held-out subjects against the clean run (FedAvg, no attacker, no clipping); the five-fold
+target check pairs each run with the clean run of the default configuration on all 46 held-out subjects.
 """
 
 from __future__ import annotations
@@ -30,6 +32,42 @@ def row(label: str, r: dict | None, ref: dict, extra: str = "") -> str:
     return f"| {label} | {100 * a.mean():.1f} ± {100 * a.std(ddof=1):.1f} | {100 * (a - b).mean():+.1f} | {p:.2g} |{extra}"
 
 
+DEFENCES = (("mean", "no defence"), ("clip3", "clip 3 x median (default)"), ("median", "median"),
+            ("trim", "trimmed mean 0.2"), ("mkrum", "Multi-Krum f=7"))
+ATTACKS = (("scale", "scale x10"), ("huge", "1000x weights"), ("signflip", "sign flip x4"),
+           ("labelflip", "label flip"))
+
+
+def folds_table() -> None:
+    """The target check on all five folds: default configuration, clean vs 20 % scaled-update attackers."""
+    ref = load("byzantine_folds", "clean_clip3")
+    if ref is None:
+        return
+    n = len(ref["per_subject"])
+    print()
+    print(f"| run (all 5 folds, seed 0, FedAvg) | BCA % (mean ± sample std, {n} held-out subjects) | vs clean | paired p |")
+    print("|---|---|---|---|")
+    print(row("clean, clip 3 x median (default)", ref, ref))
+    print(row("20 % scale x10, clip 3 x median (default)", load("byzantine_folds", "scale_clip3"), ref))
+    print(row("20 % scale x10, no defence", load("byzantine_folds", "scale_mean"), ref))
+
+
+def fraction_table(ref: dict) -> None:
+    """10 % and 30 % attackers (fold 0, seed 0), every attack x defence, against the clean run."""
+    if not (ROOT / "byzantine_frac").is_dir():
+        return
+    print()
+    print("| attack, defence | 10 % attackers: BCA % | vs clean | p | 30 % attackers: BCA % | vs clean | p |")
+    print("|---|---|---|---|---|---|---|")
+    for atk, lab in ATTACKS:
+        for d, dl in DEFENCES:
+            cells = []
+            for pc in (10, 30):
+                r = row("", load("byzantine_frac", f"{atk}_{d}_p{pc}"), ref)
+                cells.append(" | ".join(c.strip() for c in r.strip("|").split("|")[1:4]))
+            print(f"| {lab}, {dl} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     ref = load("byzantine", "clean")
     if ref is None:
@@ -40,11 +78,11 @@ def main() -> None:
     for d, lab in (("clip3", "clip 3 x median (default)"), ("median", "median"), ("trim", "trimmed mean 0.2"),
                    ("mkrum", "Multi-Krum f=7")):
         print(row(f"clean, {lab}", load("byzantine", f"clean_{d}"), ref))
-    for atk, lab in (("scale", "scale x10"), ("huge", "1000x weights"), ("signflip", "sign flip x4"),
-                     ("labelflip", "label flip")):
-        for d, dl in (("mean", "no defence"), ("clip3", "clip 3 x median (default)"), ("median", "median"),
-                      ("trim", "trimmed mean 0.2"), ("mkrum", "Multi-Krum f=7")):
+    for atk, lab in ATTACKS:
+        for d, dl in DEFENCES:
             print(row(f"{lab}, {dl}", load("byzantine", f"{atk}_{d}"), ref))
+    fraction_table(ref)
+    folds_table()
     print()
     print("| DP-FedAvg run | BCA % | vs clean | paired p | epsilon (delta 1e-5) |")
     print("|---|---|---|---|---|")
