@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -218,6 +219,56 @@ def test_mixed_profile_federation_of_real_processes(mosquitto, fed_name, tmp_pat
     diff = _diff(got, want_state)
     print(f"MQTT vs in-process: max abs diff {diff:.3g} over {len(got)} tensors")  # shown by pytest -rP
     assert diff <= 1e-6, f"max abs diff {diff}"
+
+
+@pytest.mark.slow
+def test_profile_federation_resumes_after_coordinator_kill9(mosquitto, fed_name, tmp_path):
+    """`neurofed coordinator` of a mixed-profile federation killed (-9) while round 1 is in flight, then restarted
+    with --resume, with four `edge-client join --profile` processes: the registry keeps each client's profile, the
+    per-profile modules come back from the checkpoint, and the run ends with the in-process simulation's state."""
+    from tests.broker.test_reliability import Watcher
+
+    os.environ.setdefault("NEUROFED_CACHE", str(tmp_path / "cache"))
+    want_state, _ = reference(MIXED, rounds=2, fraction=0.75)  # also fills the cache the processes read
+    cfg = toml(tmp_path / "federation.toml", fed_name, ["unicorn8", "cyton_daisy16"], 2, 0.75, 4)
+    env, out = child_env(Path(os.environ["NEUROFED_CACHE"])), tmp_path / "out"
+    w = Watcher(mosquitto.url, fed_name)
+
+    def coordinator(log: str, resume: bool) -> subprocess.Popen:
+        with open(tmp_path / log, "ab") as fh:
+            return subprocess.Popen([sys.executable, "-c", "from neurofed.cli import main; main()", "coordinator",
+                                     "--broker", mosquitto.url, "--config", str(cfg), "--out", str(out),
+                                     "--keepalive", "5", *(["--resume"] if resume else [])],
+                                    stdout=fh, stderr=subprocess.STDOUT, env=env)
+
+    coord = coordinator("coord.log", False)
+    edges = []
+    for s, p in MIXED.items():
+        with open(tmp_path / f"edge{s}.log", "ab") as fh:
+            edges.append(subprocess.Popen(edge_cmd(mosquitto.url, fed_name, s, p, tmp_path / "state"), env=env,
+                                          stdout=fh, stderr=subprocess.STDOUT))
+    try:
+        w.wait_for(lambda tp, m: m.kind == "task" and m.round == 1, 300)  # round 1 in flight
+        coord.send_signal(signal.SIGKILL)
+        coord.wait(10)
+        assert (out / "server_state.safetensors").exists()
+        coord = coordinator("coord2.log", True)
+        coord.wait(600)
+        for e in edges:
+            e.wait(60)
+    finally:
+        kill_all([coord, *edges])
+        w.t.close()
+    log = (tmp_path / "coord2.log").read_text()
+    assert coord.returncode == 0 and "resumed" in log, log[-3000:]
+    assert [e.returncode for e in edges] == [0] * 4, [(tmp_path / f"edge{s}.log").read_text()[-1500:] for s in MIXED]
+    got = load_file(str(out / "global_model.safetensors"))
+    assert got.keys() == want_state.keys()
+    diff = _diff(got, want_state)
+    print(f"resumed MQTT run vs in-process: max abs diff {diff:.3g} over {len(got)} tensors")  # pytest -rP
+    assert diff <= 1e-6, f"max abs diff {diff}"
+    for p in ("unicorn8", "cyton_daisy16"):
+        assert (out / f"global_model.{p}.safetensors").exists()
 
 
 def _cfg(fed: str, out: Path, profiles: list[str], **kw):
