@@ -149,6 +149,10 @@ class FederationConfig(_Frozen):
     @model_validator(mode="after")
     def _profiles(self) -> FederationConfig:
         fed, grouped = self.federation, bool(self.strategy().group_prefixes)
+        try:
+            self.strategy().model_kwargs(self.model.name)
+        except ValueError as exc:
+            raise ValueError(f"federation.strategy_overrides: {exc}") from None
         if grouped and not fed.profiles:
             raise ValueError(f"federation.strategy {fed.strategy!r} aggregates per device profile: list "
                              "federation.profiles")

@@ -78,11 +78,13 @@ def initial_models(cfg: FederationConfig) -> dict[str, torch.nn.Module]:
     """One initial model per device profile (``{"": model}`` without profiles), each drawn from the seed as
     :func:`trainer.experiments.runner.init_group_models` draws it (architecture: that profile's channels)."""
     names = [p.name for p in cfg.device_profiles()] if cfg.federation.profiles else [""]
+    kwargs = cfg.strategy().model_kwargs(cfg.model.name)
     out = {}
     for name in names:
         spec = cfg.model_spec(name or None)
         torch.manual_seed(cfg.federation.seed)
-        out[name] = build_model(spec.model, spec.n_channels, spec.n_classes, spec.n_times, spec.sfreq, spec.bn_mode)
+        out[name] = build_model(spec.model, spec.n_channels, spec.n_classes, spec.n_times, spec.sfreq, spec.bn_mode,
+                                **kwargs)
     return out
 
 
@@ -505,6 +507,8 @@ class Coordinator:
     def save_final(self) -> Path:
         extra: dict[str, Any] = {"federation": self.fed.name, "rounds": self.server.round, "seed": self.fed.seed,
                                  "transport": "mqtt"}
+        if kwargs := self.strategy.model_kwargs(self.spec.model):  # how to rebuild it (e.g. local_bn_mode)
+            extra["model_kwargs"] = kwargs
         if self.profile_specs:  # the whole server state: shared module + `@<profile>/` modules (export splits it)
             extra["device_profiles"] = list(self.spec.profiles)
         path = save_final_model(self.out / "global_model.safetensors", self.server.global_state, self.spec,
@@ -515,6 +519,7 @@ class Coordinator:
                                   self.strategy.client_view(self.server.global_state, p), spec,
                                   self.cfg.model.test_batch_size,
                                   {"federation": self.fed.name, "rounds": self.server.round, "seed": self.fed.seed,
-                                   "transport": "mqtt", "profile": p, "device": spec.profiles[0]})
+                                   "transport": "mqtt", "profile": p, "device": spec.profiles[0],
+                                   **({"model_kwargs": kwargs} if kwargs else {})})
             logger.info("device profile %s: model saved to %s", p, pp)
         return path

@@ -56,6 +56,7 @@ from trainer.data.dataset import SubjectData
 from trainer.data.profiles import DeviceProfile, ProfileError, match_profile
 from trainer.errors import NeuroFedError
 from trainer.experiments.runner import client_seed
+from trainer.fl.api import Strategy
 from trainer.fl.client import ClientState, ClientUpdate, client_update, init_client_state
 from trainer.fl.local import LocalConfig
 from trainer.fl.secagg import SecAggError
@@ -315,7 +316,7 @@ class EdgeClient:
             return
         self.pending = None
         strategy = get_strategy(task.strategy, **task.strategy_overrides)
-        down = downlink(self.global_state, strategy, self._build_model(), self.profile or "")
+        down = downlink(self.global_state, strategy, self._build_model(strategy), self.profile or "")
         extras = {**(self.cached if task.extras_sha256 else {}), **unpack(tensors or {}, ("extra",))["extra"]}
         base = state_sha256(down)
         st = self.state
@@ -340,17 +341,19 @@ class EdgeClient:
         self._upload(task, upd, base)
         self._pub(self.topics.status(self.cid), self._status("idle", task.round), retain=True, wait=None)
 
-    def _build_model(self) -> torch.nn.Module:
+    def _build_model(self, strategy: Strategy) -> torch.nn.Module:
+        """The model of our spec, as the task's strategy builds it (e.g. fleeg_eegnet's ``local_bn_mode``)."""
         assert self.spec is not None
         s = self.spec
-        return build_model(s.model, s.n_channels, s.n_classes, s.n_times, s.sfreq, s.bn_mode)
+        return build_model(s.model, s.n_channels, s.n_classes, s.n_times, s.sfreq, s.bn_mode,
+                           **strategy.model_kwargs(s.model))
 
     def _train(self, task: TaskMsg, down: dict[str, Tensor], extras: dict[str, Tensor],
                start: ClientState | None) -> tuple[ClientUpdate, ClientState]:
         assert self.spec is not None and self.data is not None
         strategy = get_strategy(task.strategy, **task.strategy_overrides)
         cfg = LocalConfig(**task.local)
-        model = self._build_model()
+        model = self._build_model(strategy)
         if start is None:
             start = init_client_state(self.state.init, model, strategy, self.profile or "")
         t0 = time.monotonic()

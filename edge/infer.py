@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -160,6 +160,9 @@ class StandaloneStep:
     model : export.standalone.StandaloneModel
     stream_sfreq : float
         The stream's rate; the graph is exported for one device rate (``--rate``) and must match it.
+
+    The engine hands over microvolts (after its unit conversion); a graph taking another unit (a device
+    profile's, e.g. ADS1299 counts) gets them back in its unit (``/ unit_to_uv``), and converts them itself.
     """
 
     def __init__(self, model: Any, stream_sfreq: float) -> None:
@@ -167,9 +170,8 @@ class StandaloneStep:
         if abs(float(info.rate) - float(stream_sfreq)) > 1e-6:
             raise NeuroFedError(f"the standalone model was exported for {info.rate:g} Hz but the stream runs at "
                                 f"{stream_sfreq:g} Hz: export it again with --rate {stream_sfreq:g}")
-        if info.unit != "uV":  # the engine hands over microvolts (after its unit conversion)
-            raise NeuroFedError(f"the standalone model takes {info.unit}; export it with --unit uV for edge-client")
         self.model = model
+        self.from_uv = None if info.unit_to_uv == 1.0 else 1.0 / float(info.unit_to_uv)
         self.offsets = {e["name"]: int(e["offset"]) for e in info.state_layout}
 
     #: the graph runs the input guard itself (the default thresholds of trainer.data.guard) and raises
@@ -180,7 +182,7 @@ class StandaloneStep:
         return self.model.initial_state()
 
     def step(self, window: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        probs, nxt = self.model.run(window, state)
+        probs, nxt = self.model.run(window if self.from_uv is None else window * self.from_uv, state)
         return np.asarray(probs, np.float64).reshape(-1), nxt
 
     def describe(self, state: np.ndarray) -> tuple[int, int]:
@@ -307,10 +309,20 @@ def check_stream(meta: OnnxModelMeta, ch_names: Sequence[str], sfreq: float,
     """Clear errors when a stream cannot feed the model (missing channels, units, rate); its layout if it can.
 
     Channels, units and the band-pass limit are checked by :func:`edge.stream.match_stream` (the same
-    rules as recording); a model without resampling also needs the stream at its own rate.
+    rules as recording); a model without resampling also needs the stream at its own rate. A model for a
+    device profile that streams ``counts`` (ADS1299 counts) reads a ``counts`` channel with the profile's gain.
     """
+    counts = [i for i, u in enumerate(units or []) if u.strip().lower() == "counts"]
+    dev = meta.profile or {}
+    if counts and dev.get("unit") == "counts":
+        units = ["" if i in counts else u for i, u in enumerate(units or [])]
     layout = match_stream(sfreq, ch_names, units, list(meta.ch_names), fmax=float(meta.preprocess.get("fmax", 0.0)),
                           source=source)
+    if counts and dev.get("unit") == "counts":
+        from trainer.data.profiles import DeviceProfile
+
+        per_uv = DeviceProfile.from_dict(dev, "model metadata").scale  # counts per microvolt
+        layout = replace(layout, scale=np.where(np.isin(layout.idx, counts), layout.scale / per_uv, layout.scale))
     if not meta.preprocess.get("resample") and abs(sfreq - meta.sfreq) > 1e-6:
         raise NeuroFedError(
             f"stream rate {sfreq} Hz differs from the model's {meta.sfreq} Hz (no resampling configured)"

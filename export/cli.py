@@ -53,14 +53,18 @@ def export_cmd(
             help="write ONE self-contained graph instead: raw window + state in, probabilities + next state out",
         ),
     ] = False,
-    rate: Annotated[float, typer.Option(help="--standalone: the device's sampling rate in Hz")] = 160.0,
-    unit: Annotated[str, typer.Option(help="--standalone: the device's unit (V, mV, uV, nV)")] = "uV",
+    rate: Annotated[float | None, typer.Option(
+        help="--standalone: the device's sampling rate in Hz [default: the model's device profile's, else 160]")] = None,
+    unit: Annotated[str | None, typer.Option(
+        help="--standalone: the device's unit (V, mV, uV, nV) [default: the model's device profile's, else uV]")] = None,
     step: Annotated[float, typer.Option(help="--standalone: sliding step in s recorded for apps")] = 0.5,
 ) -> None:
     """Export a checkpoint to ONNX (opset 18, dynamic batch, batch-specific BN kept) and verify it.
 
     With ``--standalone``: one graph doing the guard, band-pass, resampling, online EA and
-    batch-specific BN context itself (``probs, state = run(window, state)``; see docs/apps.md).
+    batch-specific BN context itself (``probs, state = run(window, state)``; see docs/apps.md). A model
+    for a device profile takes that profile's rate and unit; a hierarchical (fleeg) checkpoint gives one
+    graph per profile (``model.<profile>.onnx``).
     """
     from export.onnx_export import export_model, held_out_data, report_dict
     from trainer.checkpoint import load_checkpoint
@@ -71,17 +75,20 @@ def export_cmd(
 
         if int8:
             raise NeuroFedError("--int8 applies to the plain export, not to --standalone")
-        if checkpoint.is_file() and _hierarchical(checkpoint):
-            raise NeuroFedError(f"{checkpoint} holds several device profiles' models: give --standalone one profile's "
-                                "checkpoint (the coordinator writes global_model.<profile>.safetensors)")
+        if checkpoint.is_file() and _hierarchical(checkpoint):  # one graph per device profile, at its rate and unit
+            from export.standalone import export_standalone_profiles
+
+            if rate is not None or unit is not None:
+                raise NeuroFedError("--rate/--unit: each device profile's graph takes its profile's rate and unit")
+            with console.status("exporting one standalone graph per device profile..."):
+                done = export_standalone_profiles(checkpoint, output, step)
+            for path, meta, _ in done.values():
+                _print_standalone(path, meta)
+            _write_json(report, {"profiles": {p: meta.model_dump() for p, (_, meta, _) in done.items()}})
+            return
         with console.status("exporting the standalone graph..."):
             meta, _ = export_standalone(checkpoint, output, rate, unit, step)
-        sa = meta.standalone
-        console.print(
-            f"wrote {output}: window {meta.n_channels} x {sa['window_samples']} ({unit} at {rate:g} Hz), "
-            f"state {sa['state_size']} float64, {sa['context_windows']} BN context windows, "
-            f"model_hash {meta.model_hash[:12]}..."
-        )
+        _print_standalone(output, meta)
         _write_json(report, meta.model_dump())
         return
 
@@ -121,6 +128,16 @@ def export_cmd(
             f"{d['size_fp32_bytes']} -> {d['size_int8_bytes']} bytes)"
         )
     _write_json(report, out)
+
+
+def _print_standalone(path: Path, meta) -> None:
+    sa = meta.standalone
+    console.print(
+        f"wrote {path}: window {meta.n_channels} x {sa['window_samples']} ({sa['unit']} at {sa['rate']:g} Hz"
+        + (f", device profile {meta.profile['name']}" if meta.profile else "") + f"), "
+        f"state {sa['state_size']} float64, {sa['context_windows']} BN context windows, "
+        f"model_hash {meta.model_hash[:12]}..."
+    )
 
 
 def _hierarchical(checkpoint: Path) -> bool:

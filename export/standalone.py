@@ -289,13 +289,16 @@ class StandaloneDecoder(nn.Module):
     rate : float
         The device's sampling rate in Hz.
     unit : str
-        The device's unit (a key of :data:`UNITS`).
+        The device's unit (a key of :data:`UNITS`, or any label when ``unit_to_uv`` is given).
     guard : trainer.data.guard.GuardConfig, optional
         The input guard's thresholds (default: ``GuardConfig()``, the same definition as ``edge.guard``'s).
     context_cache : bool
         For EEGNet with batch-specific BN, keep each context window's temporal-convolution moments
         in the state (:class:`EEGNetContext`); False runs the whole batch through the network
         (the reference the cache is tested against).
+    unit_to_uv : float, optional
+        Factor from the device's values to microvolts (default ``UNITS[unit]``); a device profile's
+        ``1 / scale`` (e.g. ADS1299 counts at its gain, :func:`profile_device`).
     """
 
     def __init__(
@@ -307,10 +310,13 @@ class StandaloneDecoder(nn.Module):
         unit: str = "uV",
         guard: GuardConfig | None = None,
         context_cache: bool = True,
+        unit_to_uv: float | None = None,
     ) -> None:
         super().__init__()
-        if unit not in UNITS:
+        if unit_to_uv is None and unit not in UNITS:
             raise NeuroFedError(f"unit {unit!r}: use one of {sorted(UNITS)}")
+        if unit_to_uv is not None and not (np.isfinite(unit_to_uv) and unit_to_uv > 0):
+            raise NeuroFedError(f"unit_to_uv must be a positive number, got {unit_to_uv}")
         cfg = PreprocessConfig.from_dict({**ckpt_meta.preprocess, "channels": list(ckpt_meta.ch_names)})
         try:
             p = preprocess_matrix(cfg, rate)
@@ -327,7 +333,7 @@ class StandaloneDecoder(nn.Module):
         self.n_ch, self.n_in, self.n_t = ckpt_meta.n_channels, p.shape[0], ckpt_meta.n_times
         self.n_classes = int(ckpt_meta.n_classes)
         self.k = max(int(ckpt_meta.test_batch_size) - 1, 0) if self.batch_specific else 0
-        self.scale = float(UNITS[unit])
+        self.scale = float(UNITS[unit] if unit_to_uv is None else unit_to_uv)
         self.g = guard if guard is not None else GuardConfig()
         self.register_buffer("p", torch.from_numpy(p).to(torch.float32))
         self.register_buffer("hash", torch.tensor(hash_words(model_hash), dtype=torch.float64))
@@ -493,7 +499,7 @@ def standalone_info(dec: StandaloneDecoder, rate: float, unit: str, step_s: floa
         },
         rate=rate,
         unit=unit,
-        unit_to_uv=UNITS[unit],
+        unit_to_uv=dec.scale,
         window_samples=dec.n_in,
         step_s=step_s,
         context_windows=dec.k,
@@ -519,22 +525,43 @@ def hash_words_of(dec: StandaloneDecoder) -> list[int]:
     return [int(v) for v in dec.hash.tolist()]
 
 
-def export_standalone(
-    ckpt: str | os.PathLike,
-    out: str | os.PathLike,
-    rate: float,
-    unit: str = "uV",
-    step_s: float = 0.5,
-) -> tuple[Any, StandaloneDecoder]:
-    """``neurofed export --standalone``: checkpoint -> standalone ONNX with metadata; returns (meta, decoder)."""
-    from export.metadata import build_meta, embed_meta
-    from trainer.checkpoint import load_checkpoint
+def profile_device(meta: Any) -> tuple[float, str, float] | None:
+    """``(rate, unit, unit_to_uv)`` of the device profile a checkpoint's model is for, or None.
 
-    if not Path(ckpt).is_file():
-        raise NeuroFedError(f"{ckpt}: checkpoint file not found")
-    model, cmeta = load_checkpoint(ckpt)
+    The profile (:func:`trainer.checkpoint.device_of`) knows what its headset streams: the graph then takes
+    that rate and unit (counts at the profile's gain included) and no ``--rate``/``--unit`` is needed.
+    """
+    from trainer.checkpoint import device_of
+
+    dev = device_of(meta)
+    return None if dev is None else (dev.sfreq, dev.unit, 1.0 / dev.scale)
+
+
+def device_settings(meta: Any, rate: float | None, unit: str | None) -> tuple[float, str, float | None]:
+    """The device a standalone graph is for: the model's device profile, else ``rate``/``unit`` (160 Hz, uV).
+
+    Raises
+    ------
+    NeuroFedError
+        ``rate``/``unit`` given that contradict the model's device profile.
+    """
+    dev = profile_device(meta)
+    if dev is None:
+        return (160.0 if rate is None else float(rate)), (unit or "uV"), None
+    if (rate is not None and abs(float(rate) - dev[0]) > 1e-9) or (unit is not None and unit != dev[1]):
+        raise NeuroFedError(f"the model is for device profile {meta.extra.get('profile')} ({dev[1]} at {dev[0]:g} Hz); "
+                            f"--rate/--unit {rate}/{unit} contradict it (leave them out)")
+    return dev
+
+
+def write_standalone(model: nn.Module, cmeta: Any, out: str | os.PathLike, rate: float | None = None,
+                     unit: str | None = None, step_s: float = 0.5) -> tuple[Any, StandaloneDecoder]:
+    """One model -> standalone ONNX with metadata (device: :func:`device_settings`); returns (meta, decoder)."""
+    from export.metadata import build_meta, embed_meta
+
+    rate, unit, to_uv = device_settings(cmeta, rate, unit)
     meta = build_meta(cmeta, model.state_dict())
-    dec = StandaloneDecoder(model, cmeta, meta.model_hash, rate, unit)
+    dec = StandaloneDecoder(model, cmeta, meta.model_hash, rate, unit, unit_to_uv=to_uv)
     proto = to_standalone_onnx(dec)
     info = standalone_info(dec, rate, unit, step_s)
     meta = meta.model_copy(update={"standalone": info.model_dump(), "input_name": "window", "output_name": "probs"})
@@ -543,6 +570,43 @@ def export_standalone(
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out, proto.SerializeToString())
     return meta, dec
+
+
+def export_standalone(
+    ckpt: str | os.PathLike,
+    out: str | os.PathLike,
+    rate: float | None = None,
+    unit: str | None = None,
+    step_s: float = 0.5,
+) -> tuple[Any, StandaloneDecoder]:
+    """``neurofed export --standalone``: checkpoint -> standalone ONNX with metadata; returns (meta, decoder).
+
+    ``rate``/``unit`` default to the model's device profile, else 160 Hz and microvolts.
+    """
+    from trainer.checkpoint import load_checkpoint
+
+    if not Path(ckpt).is_file():
+        raise NeuroFedError(f"{ckpt}: checkpoint file not found")
+    model, cmeta = load_checkpoint(ckpt)
+    return write_standalone(model, cmeta, out, rate, unit, step_s)
+
+
+def export_standalone_profiles(
+    ckpt: str | os.PathLike, out: str | os.PathLike, step_s: float = 0.5,
+) -> dict[str, tuple[Path, Any, StandaloneDecoder]]:
+    """A hierarchical (``fleeg``) checkpoint -> one standalone graph per device profile, each at its profile's
+    rate and unit, written to :func:`export.onnx_export.profile_output` (``model.onnx`` -> ``model.<profile>.onnx``)."""
+    from export.onnx_export import profile_output
+    from trainer.checkpoint import load_profile_models
+
+    if not Path(ckpt).is_file():
+        raise NeuroFedError(f"{ckpt}: checkpoint file not found")
+    done = {}
+    for p, (model, cmeta) in sorted(load_profile_models(ckpt).items()):
+        path = profile_output(out, p)
+        meta, dec = write_standalone(model, cmeta, path, step_s=step_s)
+        done[p] = (path, meta, dec)
+    return done
 
 
 class WindowRejected(NeuroFedError):

@@ -5,6 +5,10 @@ On every held-out subject's whole sessions (cue-locked windows in time order, st
 across the subject's runs): max |dprob| and class mismatches in onnxruntime and tract (and
 onnx.reference on the first session), BCA of both paths, and per-window p50 latency of the
 standalone graph (onnxruntime, 1 thread) and of the engine.
+
+A checkpoint for a device profile (e.g. ``seed0_fold00.unicorn8.safetensors`` of ``neurofed simulate
+--profiles``) is exported for that profile's rate and unit, and every window is what its headset streams
+(:func:`device_sessions`: the recording through the profile, as ``headset-sim --profile`` plays it).
 """
 
 from __future__ import annotations
@@ -23,21 +27,39 @@ from export.bench import time_calls
 from trainer.bench import BENCH_DIR, write_result
 
 
-def compare_subject(plain: Path, standalone: Path, subject: int, data_dir: str | None, reference: bool) -> dict:
-    """One subject's sessions through the engine, onnxruntime, tract (and onnx.reference on run 1)."""
+def device_sessions(subject: int, meta, data_dir: str | None, profile=None) -> tuple[list, float, list[str] | None]:
+    """The subject's imagery sessions as cue-locked raw windows (``eegmmidb_session_windows``), the rate and the
+    channel units a stream of them has; with a device profile, each window as that headset streams it
+    (:func:`trainer.data.profiles.to_device`: its rate, unit and gain, seeded noise)."""
+    from export.standalone import eegmmidb_session_windows
+    from trainer.data.profiles import noise_rng, to_device
+
+    sessions = eegmmidb_session_windows(subject, list(meta.ch_names), list(meta.classes), *meta.window, data_dir)
+    if profile is None:
+        return sessions, sessions[0][3], None
+    rng = noise_rng(0, subject, profile)
+    out = [(name, to_device(w, rate, list(meta.ch_names), profile, rng), y, profile.sfreq)
+           for name, w, y, rate in sessions]
+    return out, profile.sfreq, [profile.unit] * len(meta.ch_names)
+
+
+def compare_subject(plain: Path, standalone: Path, subject: int, data_dir: str | None, reference: bool,
+                    profile=None) -> dict:
+    """One subject's sessions through the engine, onnxruntime, tract (and onnx.reference on run 1);
+    ``profile``: as that device profile's headset streams them (:func:`device_sessions`)."""
     import onnx
     import tract
     from onnx.reference import ReferenceEvaluator
 
     from edge.infer import InferenceEngine
     from export.runtime import OnnxModel
-    from export.standalone import StandaloneModel, eegmmidb_session_windows
+    from export.standalone import StandaloneModel
     from trainer.evaluate import bca
 
     om, sm = OnnxModel(plain), StandaloneModel(standalone)
     m = sm.meta
-    sessions = eegmmidb_session_windows(subject, list(m.ch_names), list(m.classes), *m.window, data_dir)
-    engine = InferenceEngine(om, m.ch_names, sessions[0][3])
+    sessions, rate, units = device_sessions(subject, m, data_dir, profile)
+    engine = InferenceEngine(om, m.ch_names, rate, stream_units=units)
     tr = tract.onnx().load(str(standalone)).into_model().into_runnable()
     ref = ReferenceEvaluator(onnx.load(str(standalone))) if reference else None
     runners: dict[str, Callable] = {
@@ -129,6 +151,7 @@ def bench_standalone(
     warmup: Annotated[int, typer.Option()] = 50,
     out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
     browser: Annotated[bool, typer.Option(help="also time the page in headless Chromium")] = True,
+    name: Annotated[str, typer.Option(help="result name: OUT_DIR/NAME.json")] = "standalone",
 ) -> None:
     """Standalone graph == Python pipeline on real held-out sessions (ORT, tract, onnx.reference); p50 per window."""
     from rich.console import Console
@@ -136,13 +159,17 @@ def bench_standalone(
     from edge.infer import InferenceEngine
     from export.onnx_export import export_checkpoint
     from export.runtime import OnnxModel
-    from export.standalone import StandaloneModel, eegmmidb_session_windows, export_standalone
-    from trainer.checkpoint import read_meta
+    from export.standalone import StandaloneModel, export_standalone
+    from trainer.checkpoint import device_of, read_meta
     from trainer.cli import parse_subjects
     from trainer.errors import NeuroFedError
 
     console = Console()
     cmeta = read_meta(checkpoint)
+    dev = device_of(cmeta)
+    if dev is not None and browser:
+        raise NeuroFedError(f"{checkpoint} is for device profile {dev.name}: the browser page replays 160 Hz "
+                            "recordings; use --no-browser")
     trained = {n[:4] for n in cmeta.data_hashes}
     subs = parse_subjects(subjects, data_dir)
     overlap = [s for s in subs if f"S{s:03d}" in trained]
@@ -152,11 +179,11 @@ def bench_standalone(
         plain, sa = Path(tmp) / "m.onnx", Path(tmp) / "m.standalone.onnx"
         with console.status("exporting..."):
             export_checkpoint(checkpoint, plain, data_dir, verify=False)
-            export_standalone(checkpoint, sa, 160.0)
+            export_standalone(checkpoint, sa)  # the device profile's rate and unit, else 160 Hz, uV
         rows = []
         for i, s in enumerate(subs):
             with console.status(f"S{s:03d}: engine vs standalone graph..."):
-                rows.append(compare_subject(plain, sa, s, data_dir, reference=(i == 0)))
+                rows.append(compare_subject(plain, sa, s, data_dir, reference=(i == 0), profile=dev))
             r = rows[-1]
             console.print(
                 f"S{s:03d}: " + ", ".join(f"{k} |dp| {v['max_abs_prob_diff']:.1e} ({v['class_mismatches']} mism.)"
@@ -165,8 +192,7 @@ def bench_standalone(
                 f"{100 * r['bca_standalone_onnxruntime']:.1f} %"
             )
         sm, om = StandaloneModel(sa, threads=1), OnnxModel(plain, threads=1)
-        sessions = eegmmidb_session_windows(subs[0], list(sm.meta.ch_names), list(sm.meta.classes),
-                                            *sm.meta.window, data_dir)
+        sessions, rate, units = device_sessions(subs[0], sm.meta, data_dir, dev)
         ws = [w for _, x, _, _ in sessions for w in x]
         state = sm.initial_state()
         for w in ws[:8]:  # a full BN context and a settled EA state
@@ -176,7 +202,7 @@ def bench_standalone(
         with console.status("timing..."):
             lat_graph = time_calls(lambda: sm.session.run(None, feeds), reps, warmup)
             lat_run = time_calls(lambda: sm.run(w32, state), reps, warmup)
-            engine = InferenceEngine(om, om.meta.ch_names, 160.0)
+            engine = InferenceEngine(om, om.meta.ch_names, rate, stream_units=units)
             for w in ws[:8]:
                 engine.process(w, 0.0)
             lat_engine = time_calls(lambda: engine.process(ws[8], 0.0), reps, warmup)
@@ -189,6 +215,7 @@ def bench_standalone(
     result = {
         "checkpoint": {"model": cmeta.model, "bn_mode": cmeta.bn_mode, "strategy": cmeta.strategy,
                        "trained_on": sorted(trained)},
+        "device_profile": dev.to_dict() if dev is not None else None,
         "threads": 1,
         "load_average_1_5_15": list(os.getloadavg()),
         "subjects": rows,
@@ -206,7 +233,7 @@ def bench_standalone(
             "bca_difference_0": bca_s == bca_p,
             "standalone_p50_le_1ms": lat_graph["p50_ms"] <= 1.0},
     }
-    p = write_result("standalone", result, out_dir)
+    p = write_result(name, result, out_dir)
     console.print(
         f"BCA pipeline {100 * bca_p:.2f} % vs standalone {100 * bca_s:.2f} %; p50 per window: graph "
         f"{lat_graph['p50_ms']:.3f} ms, run() {lat_run['p50_ms']:.3f} ms, Python engine {lat_engine['p50_ms']:.3f} ms "

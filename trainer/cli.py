@@ -121,8 +121,6 @@ def build_sim_config(opts: dict):
         raise typer.BadParameter("--only-profile needs --profiles", param_hint="--only-profile")
     if o["profile_channels"] not in ("own", "intersection"):
         raise typer.BadParameter("use own or intersection", param_hint="--profile-channels")
-    if o["local_bn_mode"] not in (None, "standard", "batch_specific"):
-        raise typer.BadParameter("use standard or batch_specific", param_hint="--local-bn-mode")
     try:
         parse_partition(o["partition"])
     except ValueError as exc:
@@ -137,11 +135,12 @@ def build_sim_config(opts: dict):
         byzantine=o["byzantine"], strategy_overrides={k: o[k] for k in PARAMS if o.get(k) is not None},
         data_dir=o["data_dir"], fold_seed=o["fold_seed"], profiles=assignment,
         profile_channels=o["profile_channels"], only_profile=only_profile, noise_seed=o["noise_seed"],
-        local_bn_mode=o["local_bn_mode"], folds=sorted({int(f) for f in folds.split(",")}) if folds else [],
+        folds=sorted({int(f) for f in folds.split(",")}) if folds else [],
         partition=o["partition"],
     )
     try:
         st = cfg.strategy()  # validate overrides before any work
+        st.model_kwargs(cfg.model)  # e.g. --local-bn-mode needs fleeg_eegnet
         if not st.centralised:
             st.check_participation(cfg.fraction)  # GA needs every client in every round
         if o["byzantine"]:
@@ -203,9 +202,6 @@ def simulate(
         help="train and evaluate only this profile's subjects (same folds)", rich_help_panel="Device profiles")] = None,
     noise_seed: Annotated[int, typer.Option(help="seed of the profiles' additive noise",
                                             rich_help_panel="Device profiles")] = 0,
-    local_bn_mode: Annotated[str | None, typer.Option(
-        help="BN of fleeg_eegnet's local module: standard or batch_specific [default: the strategy's]",
-        rich_help_panel="Device profiles")] = None,
     **strategy_params: object,
 ) -> None:
     """Leave-one-subject-out (or k-fold / no held-out) CT or federated training on real EEG.
@@ -257,7 +253,7 @@ def with_strategy_options(func):
     extra = []
     for prm in PARAMS.values():
         decl = prm.flag or f"--{prm.name.replace('_', '-')}"
-        choices = f" ({', '.join(map(str, prm.choices))})" if prm.choices else ""
+        choices = f" ({', '.join(str(c) for c in prm.choices if c != '')})" if prm.choices else ""
         opt = typer.Option(decl, help=f"{prm.help}{choices}", rich_help_panel="Strategy parameters (override the algorithm's)")
         extra.append(inspect.Parameter(prm.name, inspect.Parameter.KEYWORD_ONLY, default=None,
                                        annotation=Annotated[prm.type | None, opt]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -54,17 +55,20 @@ def profile_subjects(assign: dict[int, str]):
     return {f"S{s:03d}": load_profile_subject(s, p, PRE, DATA_DIR, 0) for s, p in assign.items()}
 
 
-def reference(assign: dict[int, str], rounds: int, fraction: float, seed: int = 7):
-    """The in-process simulation of the same federation: (server global state, per-profile models)."""
+def reference(assign: dict[int, str], rounds: int, fraction: float, seed: int = 7, **overrides: str):
+    """The in-process simulation of the same federation: (server global state, per-profile models);
+    ``overrides``: strategy parameters (as ``[federation] strategy_overrides``)."""
     torch.set_num_threads(1)
     clients = profile_subjects(assign)
     groups = {f"S{s:03d}": p for s, p in assign.items()}
-    _, info = run_federated(clients, "fleeg_eegnet", get_strategy("fleeg"), LocalConfig(batch_size=16, local_epochs=1),
-                            rounds, fraction, seed, groups=groups)
+    _, info = run_federated(clients, "fleeg_eegnet", get_strategy("fleeg", **overrides),
+                            LocalConfig(batch_size=16, local_epochs=1), rounds, fraction, seed, groups=groups)
     return info["server"].global_state, info["models"]
 
 
-def toml(path: Path, fed: str, profiles: list[str], rounds: int, fraction: float, min_clients: int) -> Path:
+def toml(path: Path, fed: str, profiles: list[str], rounds: int, fraction: float, min_clients: int,
+         **overrides: str) -> Path:
+    over = ", ".join(f'{k} = "{v}"' for k, v in overrides.items())
     path.write_text(f"""[federation]
 name = "{fed}"
 rounds = {rounds}
@@ -74,6 +78,7 @@ min_clients = {min_clients}
 join_timeout_s = 120
 round_deadline_s = 90
 strategy = "fleeg"
+strategy_overrides = {{{over}}}
 profiles = {profiles!r}
 
 [model]
@@ -149,6 +154,41 @@ def test_mixed_profile_mqtt_federation_matches_in_process(mosquitto, fed_name, t
 
 
 @pytest.mark.slow
+def test_local_bn_mode_travels_with_the_strategy_over_mqtt(mosquitto, fed_name, tmp_path):
+    """A non-default ``local_bn_mode`` (batch-specific BN in the per-device module, standard BN in the shared one)
+    set in ``[federation] strategy_overrides``: coordinator and edge clients build the simulation's model
+    (no running statistics in ``local.``) and end, after 2 rounds of 3 of 4 clients, with its weights (1e-6)."""
+    os.environ.setdefault("NEUROFED_CACHE", str(tmp_path / "cache"))
+    over = {"local_bn_mode": "batch_specific"}
+    want_state, want_models = reference(MIXED, rounds=2, fraction=0.75, **over)
+    cfg = toml(tmp_path / "federation.toml", fed_name, ["unicorn8", "cyton_daisy16"], 2, 0.75, 4, **over)
+    init = init_server_state(initial_models(load_config(cfg)), ("local.",))  # drawn before any client thread trains
+    assert init.keys() == want_state.keys()
+    assert not any(k.startswith("@") and "running_" in k for k in init)  # batch-specific BN in local.*
+    assert any(k.startswith("body.") and "running_mean" in k for k in init)  # standard BN in the shared part
+    out = tmp_path / "out"
+    coord = Coordinator(load_config(cfg), mosquitto.url, out)
+    ct = Bg(coord.run)
+    edges = [EdgeClient(mosquitto.url, fed_name, f"S{s:03d}", make_loader(DATA_DIR, s, None, p), tmp_path / "st",
+                        montage=make_montage(None, p)) for s, p in MIXED.items()]
+    serialise_training(edges)
+    runs = [Bg(lambda e=e: e.run(max_seconds=600)) for e in edges]
+    ct.result(600)
+    assert sum(r.result(60) for r in runs) == 6  # 2 rounds x 3 clients
+    got = load_file(str(out / "global_model.safetensors"))
+    assert got.keys() == want_state.keys()
+    diff = _diff(got, want_state)
+    print(f"MQTT vs in-process (local_bn_mode=batch_specific): max abs diff {diff:.3g} over {len(got)} tensors")
+    assert diff <= 1e-6, f"max abs diff {diff}"
+    for p, want in want_models.items():  # the deployable per-profile models rebuild with the same BN rule
+        model, meta = load_checkpoint(out / f"global_model.{p}.safetensors")
+        assert meta.extra["model_kwargs"] == over and not model.local[1].track_running_stats
+        assert _diff(model.state_dict(), want.state_dict()) <= 1e-6
+    split = load_profile_models(out / "global_model.safetensors")
+    assert all(not m.local[1].track_running_stats for m, _ in split.values())
+
+
+@pytest.mark.slow
 def test_mixed_profile_federation_of_real_processes(mosquitto, fed_name, tmp_path):
     """The same federation as `neurofed coordinator` + four `edge-client join --profile` processes (no shared
     RNG, no shared memory): the in-process simulation's server state within 1e-6."""
@@ -179,6 +219,56 @@ def test_mixed_profile_federation_of_real_processes(mosquitto, fed_name, tmp_pat
     diff = _diff(got, want_state)
     print(f"MQTT vs in-process: max abs diff {diff:.3g} over {len(got)} tensors")  # shown by pytest -rP
     assert diff <= 1e-6, f"max abs diff {diff}"
+
+
+@pytest.mark.slow
+def test_profile_federation_resumes_after_coordinator_kill9(mosquitto, fed_name, tmp_path):
+    """`neurofed coordinator` of a mixed-profile federation killed (-9) while round 1 is in flight, then restarted
+    with --resume, with four `edge-client join --profile` processes: the registry keeps each client's profile, the
+    per-profile modules come back from the checkpoint, and the run ends with the in-process simulation's state."""
+    from tests.broker.test_reliability import Watcher
+
+    os.environ.setdefault("NEUROFED_CACHE", str(tmp_path / "cache"))
+    want_state, _ = reference(MIXED, rounds=2, fraction=0.75)  # also fills the cache the processes read
+    cfg = toml(tmp_path / "federation.toml", fed_name, ["unicorn8", "cyton_daisy16"], 2, 0.75, 4)
+    env, out = child_env(Path(os.environ["NEUROFED_CACHE"])), tmp_path / "out"
+    w = Watcher(mosquitto.url, fed_name)
+
+    def coordinator(log: str, resume: bool) -> subprocess.Popen:
+        with open(tmp_path / log, "ab") as fh:
+            return subprocess.Popen([sys.executable, "-c", "from neurofed.cli import main; main()", "coordinator",
+                                     "--broker", mosquitto.url, "--config", str(cfg), "--out", str(out),
+                                     "--keepalive", "5", *(["--resume"] if resume else [])],
+                                    stdout=fh, stderr=subprocess.STDOUT, env=env)
+
+    coord = coordinator("coord.log", False)
+    edges = []
+    for s, p in MIXED.items():
+        with open(tmp_path / f"edge{s}.log", "ab") as fh:
+            edges.append(subprocess.Popen(edge_cmd(mosquitto.url, fed_name, s, p, tmp_path / "state"), env=env,
+                                          stdout=fh, stderr=subprocess.STDOUT))
+    try:
+        w.wait_for(lambda tp, m: m.kind == "task" and m.round == 1, 300)  # round 1 in flight
+        coord.send_signal(signal.SIGKILL)
+        coord.wait(10)
+        assert (out / "server_state.safetensors").exists()
+        coord = coordinator("coord2.log", True)
+        coord.wait(600)
+        for e in edges:
+            e.wait(60)
+    finally:
+        kill_all([coord, *edges])
+        w.t.close()
+    log = (tmp_path / "coord2.log").read_text()
+    assert coord.returncode == 0 and "resumed" in log, log[-3000:]
+    assert [e.returncode for e in edges] == [0] * 4, [(tmp_path / f"edge{s}.log").read_text()[-1500:] for s in MIXED]
+    got = load_file(str(out / "global_model.safetensors"))
+    assert got.keys() == want_state.keys()
+    diff = _diff(got, want_state)
+    print(f"resumed MQTT run vs in-process: max abs diff {diff:.3g} over {len(got)} tensors")  # pytest -rP
+    assert diff <= 1e-6, f"max abs diff {diff}"
+    for p in ("unicorn8", "cyton_daisy16"):
+        assert (out / f"global_model.{p}.safetensors").exists()
 
 
 def _cfg(fed: str, out: Path, profiles: list[str], **kw):
@@ -307,6 +397,11 @@ def test_profile_config_errors_are_one_line(tmp_path):
         config_from_dict({"federation": {"strategy": "fleeg", "profiles": ["unicorn8"]},
                           "model": {"name": "fleeg_eegnet"}, "preprocess": {"channels": "sensorimotor21",
                                                                              "resample": 80.0}})
+    for over, needle in (({"local_bn_mode": "nope"}, "local_bn_mode must be one of"),
+                         ({"local_bn_mode": "standard"}, "local_bn_mode applies to model fleeg_eegnet only")):
+        with pytest.raises(ConfigError) as exc:
+            config_from_dict({"federation": {"strategy": "fedavg", "strategy_overrides": over}})
+        assert needle in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
     cfg = _cfg("f", tmp_path, ["unicorn8", "cyton_daisy16"])
     assert cfg.model_spec().n_channels == 0 and [p["name"] for p in cfg.model_spec().profiles] == [
         "cyton_daisy16", "unicorn8"]

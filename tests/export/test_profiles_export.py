@@ -138,3 +138,39 @@ def test_infer_cli_decodes_a_profile_stream_and_refuses_a_stranger(fleeg_ckpt, d
         else:
             assert isinstance(r.exception, NeuroFedError), r.output
             assert "matches no device profile (cyton_daisy16, unicorn8)" in str(r.exception)
+
+
+def test_standalone_export_gives_one_graph_per_profile_at_its_rate_and_unit(fleeg_ckpt, data_dir, tmp_path):
+    """`neurofed export CKPT --standalone` of a hierarchical checkpoint: one standalone graph per device profile, each
+    taking its headset's rate and unit (cyton_daisy16: ADS1299 counts at 125 Hz), equal to the Python engine with that
+    profile's plain model on every window of a held-out subject's sessions as the headset streams them (parity as
+    `neurofed bench standalone` checks the single model: <= 1e-4, no class mismatch; onnxruntime and tract)."""
+    from edge.infer import InferenceEngine, StandaloneStep
+    from export.onnx_export import export_profiles
+    from export.runtime import OnnxModel
+    from export.standalone import StandaloneModel
+    from neurofed.bench_standalone import compare_subject, device_sessions
+    from neurofed.cli import app
+
+    ckpt, _ = fleeg_ckpt
+    r = CliRunner().invoke(app, ["export", str(ckpt), "--standalone", "-o", str(tmp_path / "sa.onnx")])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    plain = export_profiles(ckpt, tmp_path / "plain.onnx", verify=False)
+    for p in PROFILES.values():
+        prof = get_profile(p)
+        sm = StandaloneModel(tmp_path / f"sa.{p}.onnx")
+        assert (sm.info.rate, sm.info.unit) == (prof.sfreq, prof.unit) and sm.meta.profile["name"] == p
+        assert sm.info.unit_to_uv == pytest.approx(1.0 / prof.scale)
+        row = compare_subject(plain[p][0], tmp_path / f"sa.{p}.onnx", 3, data_dir, reference=False, profile=prof)
+        print(f"{p}: standalone vs engine on {row['windows']} windows of S003: {row['runtimes']}")  # pytest -rP
+        for rt in row["runtimes"].values():
+            assert rt["max_abs_prob_diff"] <= 1e-4 and rt["class_mismatches"] == 0, (p, row)
+        # edge-client's path: the engine reads the stream's unit, hands microvolts to the graph's step
+        sessions, rate, units = device_sessions(3, sm.meta, data_dir, prof)
+        eng = InferenceEngine(sm, sm.meta.ch_names, rate, stream_units=units, decoder=StandaloneStep(sm, rate))
+        eng_plain = InferenceEngine(OnnxModel(plain[p][0]), sm.meta.ch_names, rate, stream_units=units)
+        for w in sessions[0][1][:10]:
+            a, b = eng.process(w, 0.0).probabilities, eng_plain.process(w, 0.0).probabilities
+            assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-4
+    r = CliRunner().invoke(app, ["export", str(ckpt), "--standalone", "--rate", "250", "-o", str(tmp_path / "x.onnx")])
+    assert r.exit_code != 0 and "each device profile's graph takes its profile's rate and unit" in str(r.exception)

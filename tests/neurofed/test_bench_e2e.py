@@ -43,3 +43,9 @@ def test_bench_e2e_rejects_bad_options(tmp_path: Path) -> None:
                           check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "missing.onnx: ONNX model not found" in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr
+    for args, needle in ((["--profile", "unicorn8"], "--profile needs --model"),
+                         (["--profile", "nope", "--model", str(tmp_path)], "--profile: unknown device profile 'nope'")):
+        proc = subprocess.run([*NEUROFED, "bench", "e2e", "--load", "0", *args], check=False, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 2 and needle in proc.stderr + proc.stdout, proc.stderr + proc.stdout
+        assert "Traceback" not in proc.stderr

@@ -115,3 +115,15 @@ def test_folds_option_runs_a_subset(tmp_path, data_dir):
     assert [p.name for p in (out / "jobs").iterdir()] == ["seed0_fold01.json"]
     job = json.loads((out / "jobs" / "seed0_fold01.json").read_text())
     assert len(job["attackers"]) == 1 and len(job["per_subject"]) == 2
+
+def test_runs_made_when_local_bn_mode_was_a_config_field_still_resume():
+    """fleeg_eegnet's local BN moved from a SimConfig field to the strategy parameter local_bn_mode."""
+    from dataclasses import asdict
+
+    from trainer.experiments.simulate import SimConfig, same_run
+
+    new = asdict(SimConfig(subjects=[1, 2]))
+    assert same_run({**new, "local_bn_mode": None}, new)
+    moved = asdict(SimConfig(subjects=[1, 2], strategy_overrides={"local_bn_mode": "batch_specific"}))
+    assert same_run({**new, "local_bn_mode": "batch_specific"}, moved)
+    assert not same_run({**new, "local_bn_mode": "batch_specific"}, new)

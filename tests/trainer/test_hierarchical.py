@@ -192,7 +192,8 @@ def test_deployment_saves_one_checkpoint_per_profile(data_dir, tmp_path, monkeyp
     prof = {"1": "unicorn8", "2": "cyton_daisy16", "3": "unicorn8", "4": "cyton_daisy16"}
     cfg = SimConfig(algorithm="fleeg", model="fleeg_eegnet", subjects=[1, 2, 3, 4], protocol="none", rounds=1,
                     fraction=1.0, local=CFG.to_dict(), preprocess=PreprocessConfig(resample=80.0).to_dict(),
-                    eval_every=0, data_dir=str(data_dir), profiles=prof, local_bn_mode="batch_specific")
+                    eval_every=0, data_dir=str(data_dir), profiles=prof,
+                    strategy_overrides={"local_bn_mode": "batch_specific"})
     res = run_simulation(cfg, tmp_path / "run")
     assert len(res["checkpoints"]) == 2
     shared = None

@@ -108,7 +108,7 @@ def run_centralised(
 ) -> tuple[nn.Module, dict]:
     """Centralised training (CT) on the pooled trials of ``train``; an epoch is one pass (batch ``cfg.batch_size``)."""
     spec = spec or EvalSpec()
-    model = init_model(model_name, train[0], strategy.bn_mode, seed)
+    model = init_model(model_name, train[0], strategy.bn_mode, seed, **strategy.model_kwargs(model_name))
     X = np.concatenate([sd.X for sd in train])
     y = np.concatenate([sd.y for sd in train])
     one_epoch = LocalConfig(cfg.lr, cfg.momentum, cfg.weight_decay, cfg.batch_size, 1)
@@ -129,7 +129,7 @@ def run_federated(
     fraction: float, seed: int, spec: EvalSpec | None = None, progress: ProgressFn | None = None,
     server: ServerState | None = None, client_states: dict[str, ClientState] | None = None,
     byzantine: Byzantine | None = None,
-    groups: Mapping[str, str] | None = None, model_kwargs: Mapping[str, object] | None = None,
+    groups: Mapping[str, str] | None = None,
 ) -> tuple[nn.Module, dict]:
     """Federated training in process (one client per subject).
 
@@ -150,7 +150,7 @@ def run_federated(
         raise ValueError(f"strategy {strategy.name} aggregates {list(prefixes)} per client group: give each "
                          "client a device profile (--profiles)")
     groups = dict(groups) if prefixes else {cid: "" for cid in ids}
-    models = init_group_models(clients, groups, model_name, strategy.bn_mode, seed, **(model_kwargs or {}))
+    models = init_group_models(clients, groups, model_name, strategy.bn_mode, seed, **strategy.model_kwargs(model_name))
     setup_extras: dict[str, Tensor] = {}
     for g in sorted(models):  # e.g. FedBM's frozen classifier (also on resume: it edits the models)
         setup_extras = strategy.setup(models[g]) or setup_extras

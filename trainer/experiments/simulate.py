@@ -69,14 +69,9 @@ class SimConfig:
     noise_seed: int = 0
     #: run only these fold indices of the protocol (a pilot on a subset of folds); empty = all
     folds: list[int] = field(default_factory=list)
-    #: BN mode of fleeg_eegnet's local module (None: the strategy's bn_mode)
-    local_bn_mode: str | None = None
 
     def strategy(self):
         return get_strategy(self.algorithm, **self.strategy_overrides)
-
-    def model_kwargs(self) -> dict:
-        return {"local_bn_mode": self.local_bn_mode} if self.local_bn_mode else {}
 
     def profile_of(self, subject: int) -> str:
         return self.profiles[str(subject)]
@@ -147,8 +142,7 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
         clients = partition_clients(train, cfg.partition, seed)
         counts = class_counts(clients)
         model, info = run_federated(clients, cfg.model, strategy, local,
-                                    cfg.rounds, cfg.fraction, seed, spec, log_round, byzantine=byz, groups=groups,
-                                    model_kwargs=cfg.model_kwargs())
+                                    cfg.rounds, cfg.fraction, seed, spec, log_round, byzantine=byz, groups=groups)
         info["client_classes"] = counts
     seconds = time.time() - t0
     if strategy.group_prefixes and test:  # each held-out subject decoded by its profile's model
@@ -168,13 +162,14 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
     }
     if not test:  # deployment mode: save the global model (one per device profile under a hierarchical strategy)
         per_group = info.get("models", {}) if strategy.group_prefixes else {"": model}
+        kwargs = strategy.model_kwargs(cfg.model)
         for g, m in sorted(per_group.items()):
             ref = next(sd for sd in train if not g or groups[sd.subject] == g)
             meta = ModelMeta(cfg.model, ref.X.shape[1], len(ref.classes), ref.X.shape[2], ref.sfreq,
                              strategy.bn_mode, list(ref.ch_names), list(ref.classes), pre.to_dict(), cfg.algorithm,
                              cfg.test_batch, result["data_hashes"],
                              {"seed": seed, "rounds": cfg.rounds, **({"profile": g} if g else {}),
-                              **({"model_kwargs": cfg.model_kwargs()} if cfg.model_kwargs() else {})})
+                              **({"model_kwargs": kwargs} if kwargs else {})})
             ckpt = Path(out_path).with_suffix(f".{g}.safetensors" if g else ".safetensors")
             save_checkpoint(ckpt, global_state_of(m), meta)
             result.setdefault("checkpoints", []).append(str(ckpt))
@@ -242,6 +237,10 @@ def same_run(old: dict, new: dict) -> bool:
     Jobs are stored per (seed, fold), so extending ``--seeds 0`` to ``--seeds 0,1,2`` reuses seed 0's jobs.
     """
     a, b = dict(old), dict(new)
+    if "local_bn_mode" in a:  # before it was a strategy parameter, fleeg_eegnet's local BN was a field of its own
+        lbn = a.pop("local_bn_mode")
+        if lbn:
+            a["strategy_overrides"] = {**a.get("strategy_overrides", {}), "local_bn_mode": lbn}
     defaults = asdict(SimConfig())
     for k in [k for k in b if k not in a and b[k] == defaults.get(k)]:  # a field added later, at its default
         b.pop(k)

@@ -394,6 +394,22 @@ class Strategy:
     def bn_sync(self) -> str:
         return self.settings["bn_sync"]
 
+    def model_kwargs(self, model: str) -> dict[str, str]:
+        """Constructor arguments the BN rule gives ``model`` besides ``bn_mode``: ``local_bn_mode`` of
+        ``fleeg_eegnet`` when set (the simulation, the coordinator and the edge clients all build from this).
+
+        Raises
+        ------
+        ValueError
+            ``local_bn_mode`` set for a model without a per-device module.
+        """
+        lbn = self.settings.get("local_bn_mode") or ""
+        if not lbn:
+            return {}
+        if model != "fleeg_eegnet":
+            raise ValueError(f"local_bn_mode applies to model fleeg_eegnet only, not {model!r}")
+        return {"local_bn_mode": lbn}
+
     @property
     def group_prefixes(self) -> tuple[str, ...]:
         """Key prefixes aggregated per client group (empty: one federation-wide average)."""

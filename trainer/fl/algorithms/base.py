@@ -10,6 +10,8 @@ BN_PARAMS = (
           choices=BN_MODES, minimum=None),
     Param("local_bn", bool, False, "BN entries are not sent down: each client trains with its own BN",
           flag="--local-bn/--shared-bn"),
+    Param("local_bn_mode", str, "", "BatchNorm statistics of fleeg_eegnet's per-device module (local.*): standard "
+          "or batch_specific; empty = bn_mode", choices=("", *BN_MODES), minimum=None),
     Param("bn_sync", str, "local", "local (paper): a client keeps its BN; stale_global (authors' code): the last "
           "aggregated BN is sent down", choices=BN_SYNC, minimum=None),
 )
