@@ -9,14 +9,14 @@ seeded random permutation of the clients, i.e. a ring where each client is linke
 side) a client masks and shares only with its ``k`` neighbours: ``O(n k)`` work and bytes instead of ``O(n^2)``.
 ``k = n - 1`` is the complete graph of the original SecAgg. Shares are ``t``-of-``k`` among the neighbours. Cryptography comes from well-kept libraries:
 X25519 key agreement and HKDF-SHA256 from ``cryptography``, ChaCha20 as the mask generator (``cryptography``),
-Shamir t-of-n secret sharing from ``pycryptodome`` (16-byte secrets, so 32-byte values travel as two shares).
+Shamir t-of-n secret sharing in ``pycryptodome``'s GF(2^128) (its field, polynomial and share format;
+:func:`split16` / :func:`combine16` compute them several times faster and are tested equal to its ``Shamir``).
 
 Steps (``n`` clients of a round, threshold ``t``):
 
 1. **advertise**: every client draws an X25519 masking key pair and publishes the public key.
 2. **share**: each client draws a 16-byte self-mask seed ``b_u`` and Shamir-shares ``b_u`` and the 16-byte
-   seed of its masking private key (:func:`mask_key`) among its neighbours (t-of-k; pycryptodome's Shamir
-   works on 16-byte secrets). On the wire each share travels encrypted to its recipient
+   seed of its masking private key (:func:`mask_key`) among its neighbours (t-of-k, 16-byte secrets). On the wire each share travels encrypted to its recipient
    (ChaCha20-Poly1305 under an HKDF key of a second, *channel* X25519 pair: :meth:`SecAggClient.seal` /
    :meth:`SecAggClient.open`), so the server that routes them cannot read them.
 3. **masked input**: the client sends ``y_u = q(w_u) + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv)``
