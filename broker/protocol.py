@@ -30,7 +30,8 @@ from torch import Tensor
 from trainer.checkpoint import MODEL_FIELDS, ModelMeta, meta_fields
 from trainer.errors import NeuroFedError
 
-SCHEMA_VERSION = 2  # 2: device profiles, secure aggregation, cached extras (a v1 peer gets a clear error)
+SCHEMA_VERSION = 3  # 2: device profiles, secure aggregation, cached extras; 3: compact secagg messages
+# (base64 blobs and roster indices instead of hex keys and names); an older peer gets a clear error
 MAGIC = b"NF"
 FLAG_ZLIB = 0x01
 FLAG_DELTA = 0x02
@@ -41,8 +42,8 @@ COORDINATOR_ID = "coordinator"
 NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 HEX64 = r"^([0-9a-f]{64})?$"
 HEX32_OR_EMPTY = r"^([0-9a-f]{32})?$"
-KEY_HEX = r"^[0-9a-f]{64}$"  # an X25519 public key
-B64 = r"^[A-Za-z0-9+/]{4,200}={0,2}$"  # a sealed or revealed secure-aggregation share (base64)
+KEY_B64 = r"^[A-Za-z0-9+/]{43}=$"  # an X25519 public key (32 bytes, base64)
+B64 = r"^[A-Za-z0-9+/]*={0,2}$"  # secure-aggregation keys or shares, concatenated (base64)
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Scalar = bool | int | float | str
@@ -144,7 +145,7 @@ def _checked(client_id: str) -> str:
 class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=False)
 
-    v: Literal[2] = SCHEMA_VERSION
+    v: Literal[3] = SCHEMA_VERSION
     federation: Name
     sender: Name
     msg_id: str = Field(default_factory=lambda: uuid.uuid4().hex, pattern=r"^[0-9a-f]{32}$")
@@ -327,7 +328,11 @@ class ExtrasMsg(_Msg):
 
 
 # ----------------------------------------------------------------------------- secure aggregation
-Share = Annotated[str, Field(pattern=B64)]
+# Compact: keys and shares travel as one base64 blob per message (fixed-size records, concatenated) and
+# neighbours are named by their roster index; which record belongs to whom follows from the order (ascending
+# roster index), so only the blobs' lengths need checking (the receiver does: a wrong length is refused).
+Blob = Annotated[str, Field(pattern=B64, max_length=MAX_HEADER_BYTES)]
+Index = Annotated[int, Field(ge=1, le=1_000_000)]
 SA_MAX = 100_000  # neighbours per client (the complete graph of a very large round)
 
 
@@ -340,37 +345,37 @@ class SaKeysMsg(_SaMsg):
     """Step 1, client: its two fresh X25519 public keys (channel: shares are sealed to it; mask: pairwise masks)."""
 
     kind: Literal["sa_keys"] = "sa_keys"
-    channel_pk: str = Field(pattern=KEY_HEX)
-    mask_pk: str = Field(pattern=KEY_HEX)
+    channel_pk: str = Field(pattern=KEY_B64)
+    mask_pk: str = Field(pattern=KEY_B64)
 
 
 class SaRosterMsg(_SaMsg):
     """Step 1, coordinator to one client: the roster's size, the client's index in it, the graph, and its
-    neighbours' indices and keys (O(k) bytes per client: the roster itself is not sent)."""
+    neighbours' keys (O(k) bytes per client: the roster itself is not sent). The client derives its neighbours'
+    indices from the seeded graph (``size``, ``neighbours``, ``graph_seed``, ``index``)."""
 
     kind: Literal["sa_roster"] = "sa_roster"
     size: int = Field(ge=2, le=1_000_000)     # clients that advertised keys
-    index: int = Field(ge=1, le=1_000_000)    # this client's 1-based rank in the sorted roster (its Shamir x)
+    index: Index                              # this client's 1-based rank in the sorted roster
     graph_seed: int = Field(ge=0, lt=2**63)
     neighbours: int = Field(ge=1, le=SA_MAX)
     threshold: int = Field(ge=1, le=SA_MAX)
-    keys: dict[Name, tuple[Annotated[int, Field(ge=1, le=1_000_000)], Annotated[str, Field(pattern=KEY_HEX)],
-                           Annotated[str, Field(pattern=KEY_HEX)]]] = Field(max_length=SA_MAX)
-    # neighbour -> (its index, channel_pk, mask_pk)
+    keys: Blob  # per neighbour, in ascending index: channel_pk (32 bytes) + mask_pk (32 bytes)
 
 
 class SaSharesMsg(_SaMsg):
     """Step 2, client: its shares for each neighbour, each sealed to that neighbour (the coordinator cannot read them)."""
 
     kind: Literal["sa_shares"] = "sa_shares"
-    shares: dict[Name, Share] = Field(min_length=1, max_length=SA_MAX)  # recipient -> sealed share
+    shares: Blob = Field(min_length=4)  # per neighbour, in ascending index: its sealed share (49 bytes)
 
 
 class SaInboxMsg(_SaMsg):
     """Step 2, coordinator to one client: the sealed shares its neighbours sent it (their senders took part)."""
 
     kind: Literal["sa_inbox"] = "sa_inbox"
-    shares: dict[Name, Share] = Field(min_length=1, max_length=SA_MAX)  # sender -> sealed share
+    senders: list[Index] = Field(min_length=1, max_length=SA_MAX)  # ascending roster indices
+    shares: Blob = Field(min_length=4)  # per sender, in that order: the share it sealed to this client (49 bytes)
 
 
 class SaMaskedMsg(_SaMsg):
@@ -380,19 +385,21 @@ class SaMaskedMsg(_SaMsg):
 
 
 class SaUnmaskMsg(_SaMsg):
-    """Step 4, coordinator to one client: which of its neighbours delivered a masked input and which dropped."""
+    """Step 4, coordinator to one client: which of its neighbours (roster indices, ascending) delivered a masked
+    input and which dropped."""
 
     kind: Literal["sa_unmask"] = "sa_unmask"
-    survivors: list[Name] = Field(max_length=SA_MAX)
-    dropped: list[Name] = Field(max_length=SA_MAX)
+    survivors: list[Index] = Field(max_length=SA_MAX)
+    dropped: list[Index] = Field(max_length=SA_MAX)
 
 
 class SaRevealMsg(_SaMsg):
-    """Step 4, client: self-mask shares of the surviving neighbours, key shares of the dropped ones (never both)."""
+    """Step 4, client: self-mask shares of the surviving neighbours, key shares of the dropped ones (never both),
+    each ``share index (1 byte) + 16 bytes``, in the order of the unmask request's lists."""
 
     kind: Literal["sa_reveal"] = "sa_reveal"
-    b_shares: dict[Name, Share] = Field(max_length=SA_MAX)
-    key_shares: dict[Name, Share] = Field(max_length=SA_MAX)
+    b_shares: Blob
+    key_shares: Blob
 
 
 SECAGG_UP = ("sa_keys", "sa_shares", "sa_masked", "sa_reveal")

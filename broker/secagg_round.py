@@ -6,7 +6,7 @@ With ``[federation] secure_aggregation = true`` every round is a :class:`SecAggR
 1. **keys**: each selected client sends ``sa_keys`` (two fresh X25519 public keys). The phase ends when every
    selected client that is not offline has advertised, or after ``[secagg] phase_s`` (at most the deadline).
    Roster = the advertisers, sorted; each gets ``sa_roster`` (the roster's size, its index, the graph seed,
-   ``k``, ``t`` and its neighbours' indices and keys).
+   ``k``, ``t`` and its neighbours' keys, in ascending index: the client derives who they are from the graph).
 2. **shares**: each roster member sends ``sa_shares`` (one sealed share per neighbour; it has trained by then).
    The phase ends when every member that is not offline delivered, or at the round deadline. Members left with
    fewer than ``t`` sharing neighbours are dropped (repeatedly, until stable); each remaining one gets
@@ -52,15 +52,18 @@ from trainer.fl.aggregate import WeightedSum
 from trainer.fl.client import ClientUpdate
 from trainer.fl.secagg import (
     B_SHARE_LEN,
+    KEY_LEN,
     KEY_SHARE_LEN,
     SEALED_LEN,
     SecAggError,
     Shares,
+    b64,
     decode_update_sum,
     graph_params,
     masked_keys,
     neighbour_graph,
     unb64,
+    unb64_records,
     unmask,
 )
 
@@ -107,17 +110,17 @@ class SecAggRound(RoundState):
     graph_seed: int = 0
     send: Callable[[str, bytes], None] | None = None
     phase: str = "keys"
-    keys: dict[str, tuple[str, str]] = field(default_factory=dict)
+    keys: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)  # client -> (channel_pk, mask_pk)
     roster: list[str] = field(default_factory=list)
     rank: dict[str, int] = field(default_factory=dict)
     k: int = 0
     t: int = 0
     graph: dict[int, frozenset[int]] = field(default_factory=dict)
-    sealed: dict[str, dict[str, str]] = field(default_factory=dict)
+    sealed: dict[str, dict[int, bytes]] = field(default_factory=dict)  # sender -> {recipient index: sealed share}
     sharers: set[str] = field(default_factory=set)
     masked: dict[str, np.ndarray] = field(default_factory=dict)
     asked: dict[str, tuple[frozenset[str], frozenset[str]]] = field(default_factory=dict)
-    reveals: dict[str, Any] = field(default_factory=dict)
+    reveals: dict[str, tuple[dict[str, bytes], dict[str, bytes]]] = field(default_factory=dict)  # b, key shares
     phase_t0: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     failure: str = ""
@@ -146,6 +149,11 @@ class SecAggRound(RoundState):
 
     def _nbrs(self, cid: str) -> set[str]:
         return {self.roster[v - 1] for v in self.graph[self._idx()[cid]]}
+
+    def _ranked(self, names) -> list[int]:
+        """Roster indices of ``names``, ascending (the order of every compact secagg list and blob)."""
+        idx = self._idx()
+        return sorted(idx[c] for c in names)
 
     def _post(self, cid: str, msg: Any) -> None:
         payload = encode(msg)
@@ -199,9 +207,10 @@ class SecAggRound(RoundState):
     def _on_sa_keys(self, msg: Any, tensors: Any) -> None:
         if msg.sender in self.keys:
             raise Rejected("duplicate", f"{msg.sender} already advertised keys this round")
-        if msg.channel_pk == msg.mask_pk or {msg.channel_pk, msg.mask_pk} & {k for p in self.keys.values() for k in p}:
+        pair = (unb64(msg.channel_pk, KEY_LEN, "channel_pk"), unb64(msg.mask_pk, KEY_LEN, "mask_pk"))
+        if pair[0] == pair[1] or set(pair) & {k for p in self.keys.values() for k in p}:
             raise SecAggError("a public key is reused (its own pair, or another client's)")
-        self.keys[msg.sender] = (msg.channel_pk, msg.mask_pk)
+        self.keys[msg.sender] = pair
 
     def _on_sa_shares(self, msg: Any, tensors: Any) -> None:
         cid = msg.sender
@@ -209,11 +218,8 @@ class SecAggRound(RoundState):
             raise Rejected("not_selected", f"{cid} is not in this round's roster")
         if cid in self.sealed:
             raise Rejected("duplicate", f"{cid} already sent its shares")
-        if set(msg.shares) != self._nbrs(cid):
-            raise SecAggError("shares are not addressed to exactly the sender's neighbours")
-        for to, text in msg.shares.items():
-            unb64(text, SEALED_LEN, f"the sealed share for {to}")
-        self.sealed[cid] = dict(msg.shares)
+        to = sorted(self.graph[self._idx()[cid]])
+        self.sealed[cid] = dict(zip(to, unb64_records(msg.shares, SEALED_LEN, len(to), "the sealed shares")))
 
     def _on_sa_masked(self, msg: Any, tensors: dict[str, Tensor] | None) -> None:
         cid = msg.sender
@@ -233,18 +239,19 @@ class SecAggRound(RoundState):
             raise Rejected("not_selected", f"{cid} was not asked to unmask")
         if cid in self.reveals:
             raise Rejected("duplicate", f"{cid} already revealed its shares")
-        surv, drop = self.asked[cid]
-        if set(msg.b_shares) != surv or set(msg.key_shares) != drop:
-            raise SecAggError("revealed shares do not match the unmask request")
         idx = self._idx()
         me = idx[cid]
-        for senders, n, what in ((msg.b_shares, B_SHARE_LEN, "self-mask"), (msg.key_shares, KEY_SHARE_LEN, "key")):
-            for u, text in senders.items():
-                raw = unb64(text, n, f"the {what} share of {u}")
+        got = []
+        for names, text, n, what in zip(self.asked[cid], (msg.b_shares, msg.key_shares), (B_SHARE_LEN, KEY_SHARE_LEN),
+                                        ("self-mask", "key")):
+            senders = self._ranked(names)
+            raw = unb64_records(text, n, len(senders), f"the revealed {what} shares")
+            for u, share in zip(senders, raw):
                 # the holder's Shamir x-coordinate is its rank among the sender's neighbours
-                if raw[0] != sorted(self.graph[idx[u]]).index(me) + 1:
-                    raise SecAggError(f"the {what} share of {u} has index {raw[0]}, not this holder's")
-        self.reveals[cid] = msg
+                if share[0] != sorted(self.graph[u]).index(me) + 1:
+                    raise SecAggError(f"the {what} share of client {u} has index {share[0]}, not this holder's")
+            got.append({self.roster[u - 1]: share for u, share in zip(senders, raw)})
+        self.reveals[cid] = (got[0], got[1])
 
     # ------------------------------------------------------------------ phases
     def complete(self, min_updates: int, now: float | None = None) -> bool:  # type: ignore[override]
@@ -281,12 +288,11 @@ class SecAggRound(RoundState):
         self.k, self.t = graph_params(len(self.roster), self.spec.neighbours, self.spec.threshold)
         self.graph = neighbour_graph(len(self.roster), self.k, self.graph_seed)
         self._next("shares", now)
+        idx = self._idx()
         for c in self.roster:
-            nb = self._nbrs(c)
-            idx = self._idx()
+            keys = b"".join(b"".join(self.keys[self.roster[v - 1]]) for v in sorted(self.graph[idx[c]]))
             self._post(c, SaRosterMsg(**self._head(), size=len(self.roster), index=idx[c], graph_seed=self.graph_seed,
-                                      neighbours=self.k, threshold=self.t,
-                                      keys={v: (idx[v], *self.keys[v]) for v in sorted(nb)}))
+                                      neighbours=self.k, threshold=self.t, keys=b64(keys)))
 
     def _close_shares(self, now: float) -> None:
         u1 = set(self.sealed)
@@ -299,8 +305,11 @@ class SecAggRound(RoundState):
             return self._fail(f"only {len(u1)} client(s) shared with at least t = {self.t} neighbours", now)
         self.sharers = u1
         self._next("masked", now)
+        idx = self._idx()
         for c in sorted(u1):
-            self._post(c, SaInboxMsg(**self._head(), shares={s: self.sealed[s][c] for s in sorted(self._nbrs(c) & u1)}))
+            senders = self._ranked(self._nbrs(c) & u1)
+            self._post(c, SaInboxMsg(**self._head(), senders=senders,
+                                     shares=b64(b"".join(self.sealed[self.roster[s - 1]][idx[c]] for s in senders))))
 
     def _close_masked(self, now: float) -> None:
         u2 = set(self.masked)
@@ -311,22 +320,17 @@ class SecAggRound(RoundState):
             nb = self._nbrs(c) & self.sharers
             surv, drop = frozenset(nb & u2), frozenset(nb - u2)
             self.asked[c] = (surv, drop)
-            self._post(c, SaUnmaskMsg(**self._head(), survivors=sorted(surv), dropped=sorted(drop)))
+            self._post(c, SaUnmaskMsg(**self._head(), survivors=self._ranked(surv), dropped=self._ranked(drop)))
 
     def _close_unmask(self, now: float) -> None:
         idx = self._idx()
         revealed: dict[int, list[Shares]] = {}
-        for cid, msg in self.reveals.items():
-            lst = []
-            for u, text in msg.b_shares.items():
-                raw = unb64(text, B_SHARE_LEN, "share")
-                lst.append(Shares(idx[u], idx[cid], (raw[0], raw[1:]), (0, b"")))
-            for u, text in msg.key_shares.items():
-                raw = unb64(text, KEY_SHARE_LEN, "share")
-                lst.append(Shares(idx[u], idx[cid], (0, b""), (raw[0], raw[1:])))
+        for cid, (b_shares, key_shares) in self.reveals.items():
+            lst = [Shares(idx[u], idx[cid], (raw[0], raw[1:]), (0, b"")) for u, raw in b_shares.items()]
+            lst += [Shares(idx[u], idx[cid], (0, b""), (raw[0], raw[1:])) for u, raw in key_shares.items()]
             revealed[idx[cid]] = lst
         masked = {idx[c]: v for c, v in self.masked.items()}
-        pks = {idx[c]: bytes.fromhex(self.keys[c][1]) for c in self.sharers}
+        pks = {idx[c]: self.keys[c][1] for c in self.sharers}
         try:
             total = unmask(masked, pks, revealed, self.t, bytes.fromhex(self.task_id), self.graph)
             delta, loss, w = decode_update_sum(total, self.spec.bound)

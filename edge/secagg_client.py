@@ -5,8 +5,8 @@ message to :meth:`SecAggSession.step` and publishes what it returns on ``secagg/
 checks everything the coordinator tells it before acting on it (docs/protocol.md, "Secure aggregation"):
 
 * the roster's graph parameters ``(k, t)`` are the ones the task's settings give for the roster size (the
-  coordinator cannot lower the threshold), and the neighbours it names (index, keys) are exactly this client's
-  in the seeded graph, with no index or key repeated;
+  coordinator cannot lower the threshold); the neighbours are this client's in the seeded graph (derived here,
+  not taken from the coordinator), the roster carries exactly one key pair per neighbour, no key repeated;
 * its inbox holds sealed shares from neighbours only, each authenticated (ChaCha20-Poly1305), at least ``t``;
 * the unmask request names only neighbours that shared, survivors and dropped disjoint, at least ``t``
   survivors; it is answered once per round, so no neighbour's self-mask and key shares both leave this client.
@@ -36,6 +36,7 @@ from broker.protocol import (
 from edge import logger
 from trainer.fl.client import ClientUpdate
 from trainer.fl.secagg import (
+    KEY_LEN,
     SEALED_LEN,
     SecAggClient,
     SecAggError,
@@ -44,15 +45,15 @@ from trainer.fl.secagg import (
     encode_update,
     graph_params,
     masked_keys,
-    neighbour_graph,
-    unb64,
+    neighbours_of,
+    unb64_records,
 )
 
 Out = tuple[Any, dict[str, Tensor] | None]
 
 
-def share_aad(federation: str, task_id: str, sender: str, recipient: str) -> bytes:
-    """What a sealed share is bound to: federation, round (task id), sender and recipient."""
+def share_aad(federation: str, task_id: str, sender: int, recipient: int) -> bytes:
+    """What a sealed share is bound to: federation, round (task id), sender and recipient (roster indices)."""
     return f"neurofed-secagg|{federation}|{task_id}|{sender}|{recipient}".encode()
 
 
@@ -73,11 +74,11 @@ class SecAggSession:
             raise SecAggError("not a secure aggregation task")
         self.fed, self.cid, self.task, self.spec = federation, client_id, task, task.secagg
         self.core = SecAggClient(0, bytes.fromhex(task.task_id), rng)
-        self.index: dict[str, int] = {}  # neighbours' (and this client's) roster indices
-        self.neighbours: list[str] = []
-        self.keys: dict[str, tuple[str, str]] = {}
+        self.index = 0  # this client's roster index (0: no roster yet)
+        self.neighbours: list[int] = []  # their roster indices, ascending
+        self.keys: dict[int, tuple[bytes, bytes]] = {}  # neighbour -> (channel_pk, mask_pk)
         self.t = 0
-        self.inbox: dict[str, Shares] = {}
+        self.inbox: dict[int, Shares] = {}
         self.vector: np.ndarray | None = None
         self.clamped = 0
         self.masked_sent = False
@@ -89,8 +90,8 @@ class SecAggSession:
 
     def keys_msg(self) -> SaKeysMsg:
         """Step 1: the two fresh public keys."""
-        return SaKeysMsg(**self._head(), channel_pk=self.core.channel_public_key().hex(),
-                         mask_pk=self.core.public_key().hex())
+        return SaKeysMsg(**self._head(), channel_pk=b64(self.core.channel_public_key()),
+                         mask_pk=b64(self.core.public_key()))
 
     def set_update(self, upd: ClientUpdate, global_state: Mapping[str, Tensor]) -> list[Out]:
         """The trained update is ready: encode it (sent masked once the inbox is in)."""
@@ -121,48 +122,42 @@ class SecAggSession:
         raise SecAggError(f"unexpected {msg.kind} message from the coordinator")
 
     # ------------------------------------------------------------------ steps
+    def _aad(self, sender: int, recipient: int) -> bytes:
+        return share_aad(self.fed, self.task.task_id, sender, recipient)
+
     def _on_roster(self, msg: SaRosterMsg) -> SaSharesMsg:
         if self.index:
             raise SecAggError("a second roster for the same round")
         k, t = graph_params(msg.size, self.spec.neighbours, self.spec.threshold)
         if (msg.neighbours, msg.threshold) != (k, t):
             raise SecAggError(f"roster graph (k={msg.neighbours}, t={msg.threshold}) is not the task's (k={k}, t={t})")
-        if not 1 <= msg.index <= msg.size or self.cid in msg.keys:
-            raise SecAggError(f"this client's roster index {msg.index} is not in 1..{msg.size}, or it is its own neighbour")
-        graph = neighbour_graph(msg.size, k, msg.graph_seed)
-        given = {name: i for name, (i, _, _) in msg.keys.items()}
-        if sorted(given.values()) != sorted(graph[msg.index]):
-            raise SecAggError("the roster's neighbours are not this client's neighbours in the graph")
-        if len({pk for _, c, m in msg.keys.values() for pk in (c, m)}) != 2 * len(msg.keys):
+        if not 1 <= msg.index <= msg.size:
+            raise SecAggError(f"this client's roster index {msg.index} is not in 1..{msg.size}")
+        nb = sorted(neighbours_of(msg.size, k, msg.graph_seed, msg.index))
+        pairs = unb64_records(msg.keys, 2 * KEY_LEN, len(nb), "the roster's neighbour keys")
+        if len({p[:KEY_LEN] for p in pairs} | {p[KEY_LEN:] for p in pairs}) != 2 * len(pairs):
             raise SecAggError("the roster repeats a public key")
-        self.index = {**given, self.cid: msg.index}
-        self.neighbours = sorted(given)
-        self.t, self.keys = t, {name: (c, m) for name, (_, c, m) in msg.keys.items()}
+        self.index, self.neighbours, self.t = msg.index, nb, t
+        self.keys = {v: (p[:KEY_LEN], p[KEY_LEN:]) for v, p in zip(nb, pairs)}
         self.core.cid = msg.index
-        by_index = {i: name for name, i in given.items()}
-        out = {}
-        for s in self.core.shares(sorted(given.values()), t):
-            to = by_index[s.to]
-            sealed = self.core.seal(s, bytes.fromhex(self.keys[to][0]), share_aad(self.fed, self.task.task_id, self.cid, to))
-            out[to] = b64(sealed)
-        return SaSharesMsg(**self._head(), shares=out)
+        sealed = [self.core.seal(s, self.keys[s.to][0], self._aad(msg.index, s.to)) for s in self.core.shares(nb, t)]
+        return SaSharesMsg(**self._head(), shares=b64(b"".join(sealed)))  # in ascending neighbour index
 
     def _on_inbox(self, msg: SaInboxMsg) -> None:
         if not self.index or self.inbox:
             raise SecAggError("an inbox before the roster, or a second inbox")
-        if not set(msg.shares) <= set(self.neighbours):
-            raise SecAggError("the inbox holds shares from clients that are not this client's neighbours")
-        if len(msg.shares) < self.t:
-            raise SecAggError(f"only {len(msg.shares)} neighbours shared, the threshold is {self.t}")
-        for sender, text in msg.shares.items():
-            ct = unb64(text, SEALED_LEN, f"the sealed share from {sender}")
-            self.inbox[sender] = self.core.open(self.index[sender], ct, bytes.fromhex(self.keys[sender][0]),
-                                                share_aad(self.fed, self.task.task_id, sender, self.cid))
+        if not set(msg.senders) <= set(self.neighbours) or msg.senders != sorted(set(msg.senders)):
+            raise SecAggError("the inbox names clients that are not this client's neighbours, or not in ascending order")
+        if len(msg.senders) < self.t:
+            raise SecAggError(f"only {len(msg.senders)} neighbours shared, the threshold is {self.t}")
+        cts = unb64_records(msg.shares, SEALED_LEN, len(msg.senders), "the inbox's sealed shares")
+        self.inbox = {v: self.core.open(v, ct, self.keys[v][0], self._aad(v, self.index))
+                      for v, ct in zip(msg.senders, cts)}
 
     def _maybe_masked(self) -> list[Out]:
         if self.masked_sent or self.vector is None or not self.inbox:
             return []
-        pks = {self.index[v]: bytes.fromhex(self.keys[v][1]) for v in self.inbox}  # mask with the neighbours that shared
+        pks = {v: self.keys[v][1] for v in self.inbox}  # mask with the neighbours that shared
         y = self.core.masked_input(self.vector, pks)
         self.masked_sent = True
         return [(SaMaskedMsg(**self._head()), {"masked": torch.from_numpy(y.view(np.int32).copy())})]
@@ -171,13 +166,13 @@ class SecAggSession:
         if not self.masked_sent or self.revealed:
             raise SecAggError("an unmask request before this client sent its masked input, or a second one")
         surv, drop = set(msg.survivors), set(msg.dropped)
-        if surv & drop or not (surv | drop) <= set(self.inbox) or len(surv) != len(msg.survivors) \
-                or len(drop) != len(msg.dropped):
-            raise SecAggError("the unmask request names a client twice, or clients that did not share with this one")
+        if surv & drop or not (surv | drop) <= set(self.inbox) or msg.survivors != sorted(surv) \
+                or msg.dropped != sorted(drop):
+            raise SecAggError("the unmask request names a client twice, clients that did not share with this one, "
+                              "or is not in ascending order")
         if len(surv) < self.t:
             raise SecAggError(f"only {len(surv)} surviving neighbours, the threshold is {self.t}: not revealing")
         self.revealed = True
-        b = {v: b64(bytes([self.inbox[v].b_share[0]]) + self.inbox[v].b_share[1]) for v in sorted(surv)}
-        k = {v: b64(bytes([self.inbox[v].key_share[0]]) + self.inbox[v].key_share[1]) for v in sorted(drop)}
-        return SaRevealMsg(**self._head(), b_shares=b, key_shares=k)
-
+        b = b"".join(bytes([self.inbox[v].b_share[0]]) + self.inbox[v].b_share[1] for v in msg.survivors)
+        k = b"".join(bytes([self.inbox[v].key_share[0]]) + self.inbox[v].key_share[1] for v in msg.dropped)
+        return SaRevealMsg(**self._head(), b_shares=b64(b), key_shares=b64(k))

@@ -11,6 +11,8 @@ numbers are the protocol's, not training's. Measured per round:
 * ``broker_bytes``: payload bytes through the broker in the round (coordinator + swarm, in and out);
 * ``swarm_cpu_s``: CPU the swarm spent in secure-aggregation client code for all clients (one process plays
   every client in turn, so this is serial: a deployment's clients work in parallel, ``swarm_cpu_s / n`` each);
+  the swarm thread's own CPU time (``time.thread_time``: the coordinator's and paho's threads in the same
+  process are not counted);
 * ``coordinator_cpu_s``: the coordinator's own secure-aggregation work (validation, routing, unmasking);
 * ``secagg_round_s_parallel_clients_est``: an estimate, ``round_s - swarm_cpu_s + swarm_cpu_s / n``: the
   round with each client's secure-aggregation work done in parallel on its own host instead of serially here.
@@ -89,10 +91,10 @@ class SecAggSwarm(Swarm):
                 self.t.publish(self.topics.update(cid), encode(u, pack({"state": st, "extra": {}}),
                                                                compress=task.compress, reference=ref), wait=None)
                 continue
-            t0 = time.process_time()
+            t0 = time.thread_time()
             s = self.sessions[cid] = SecAggSession(self.fed, cid, task)
             out = [(s.keys_msg(), None)] + s.set_update(upd, g)
-            self.cpu_s += time.process_time() - t0
+            self.cpu_s += time.thread_time() - t0
             self._send(cid, out)
 
     def handle(self, item, msg, tensors) -> None:
@@ -101,7 +103,7 @@ class SecAggSwarm(Swarm):
         if not msg.kind.startswith("sa_"):
             super().handle(item, msg, tensors)
         elif cid in self.sessions:
-            t0 = time.process_time()
+            t0 = time.thread_time()
             try:
                 out = self.sessions[cid].step(msg)
             except SecAggError as exc:  # the client refuses the round (as EdgeClient does); the coordinator
@@ -109,7 +111,7 @@ class SecAggSwarm(Swarm):
                 del self.sessions[cid]
                 return
             finally:
-                self.cpu_s += time.process_time() - t0
+                self.cpu_s += time.thread_time() - t0
             self._send(cid, out)
             if cid in self.drop and any(m.kind == "sa_shares" for m, _ in out):
                 del self.sessions[cid]

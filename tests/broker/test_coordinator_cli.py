@@ -73,6 +73,7 @@ def test_broker_config_command_writes_locked_down_files(tmp_path):
     assert r.returncode == 0, r.stderr
     conf = (tmp_path / "m" / "mosquitto.conf").read_text()
     assert "allow_anonymous false" in conf and "listener 18883 127.0.0.1" in conf
+    assert "set_tcp_nodelay true" in conf.splitlines()
     acl = (tmp_path / "m" / "acl").read_text()
     assert "user S001\n" in acl and "topic write neurofed/lab/update/S001" in acl
     assert "topic write neurofed/lab/task" not in acl.split("user S001")[1]

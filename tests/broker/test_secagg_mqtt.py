@@ -26,7 +26,7 @@ from broker.coordinator import Coordinator
 from broker.protocol import SCHEMA_VERSION, SaKeysMsg, SaMaskedMsg, SaSharesMsg, Topics, decode, encode
 from broker.transport import MqttTransport
 from edge.federation import EdgeClient
-from trainer.fl.secagg import masked_keys
+from trainer.fl.secagg import b64, masked_keys, unb64
 from trainer.fl.server import ServerState, server_update
 
 ATOL = 1e-6  # fixed point: 2^-27 per coordinate and client, then float32
@@ -167,8 +167,15 @@ def test_a_client_killed_after_sharing_is_recovered(subjects4, mosquitto, fed_na
     want = _weighted_mean(se, survivors, keys)
     assert _max_diff(sec.server.global_state, want, keys) <= ATOL
     # the dropped client trained but its update is not in the sum, and the survivors revealed its key shares
+    gone_index = sorted(sd.subject for sd in subjects4).index(gone) + 1  # its roster index
+    asks = [decode(p)[0] for _, p in seen if decode(p)[0].kind == "sa_unmask"]
+    assert len(asks) == 3 and all(a.dropped == [gone_index] and gone_index not in a.survivors for a in asks)
     reveals = [decode(p)[0] for _, p in seen if decode(p)[0].kind == "sa_reveal"]
-    assert all(gone in r.key_shares and gone not in r.b_shares for r in reveals) and len(reveals) == 3
+    assert len(reveals) == 3 and all(len(unb64(r.key_shares, 17, "key share")) == 17 for r in reveals)
+
+
+def _key(i: int) -> str:
+    return b64(bytes([i]) * 32)
 
 
 def _inject(coord, url, name):
@@ -183,13 +190,13 @@ def _inject(coord, url, name):
     target = rs.selected[0]
     bad = [
         (t.secagg(target), encode(SaKeysMsg(sender=target, **{**head, "task_id": "0" * 32},
-                                            channel_pk="1" * 64, mask_pk="2" * 64))),   # wrong_task
-        (t.secagg("intruder"), encode(SaKeysMsg(sender="intruder", **head, channel_pk="3" * 64,
-                                                mask_pk="4" * 64))),                    # not_selected
-        (t.secagg(target), encode(SaSharesMsg(sender=target, **head, shares={"S002": "AAAA"}))),  # secagg_phase
+                                            channel_pk=_key(1), mask_pk=_key(2)))),   # wrong_task
+        (t.secagg("intruder"), encode(SaKeysMsg(sender="intruder", **head, channel_pk=_key(3),
+                                                mask_pk=_key(4)))),                    # not_selected
+        (t.secagg(target), encode(SaSharesMsg(sender=target, **head, shares="AAAA"))),  # secagg_phase
         (t.secagg(target), encode(SaMaskedMsg(sender=target, **head), {"masked": torch.zeros(3, dtype=torch.int32)})),
         (t.secagg(target), b"NF" + bytes([SCHEMA_VERSION, 0]) + (40).to_bytes(4, "big") + b'{"kind": "sa_keys", "channel_pk": "zz"}'),
-        (t.secagg(target), encode(SaKeysMsg(sender="S004", **head, channel_pk="5" * 64, mask_pk="6" * 64))),  # spoofed
+        (t.secagg(target), encode(SaKeysMsg(sender="S004", **head, channel_pk=_key(5), mask_pk=_key(6)))),  # spoofed
     ]
     for topic, payload in bad:
         rogue.publish(topic, payload, wait=5)

@@ -133,3 +133,52 @@ def test_cached_combine_equals_pycryptodome_combine():
         shares = Shamir.split(t, n, secret)
         for pick in (shares[:t], shares[-t:], [shares[i] for i in sorted(rng.choice(n, t, replace=False))]):
             assert combine16(pick) == Shamir.combine(pick) == secret
+
+
+def test_fast_field_and_split_match_pycryptodome():
+    """split16/_gf_mul are pycryptodome's Shamir field and polynomial, only faster: shares combine both ways."""
+    import random
+
+    from Crypto.Protocol.SecretSharing import Shamir, _Element
+
+    from trainer.fl.secagg import _gf_mul, _gf_mul_small, combine16, split16
+
+    rnd = random.Random(0)
+    for _ in range(200):
+        a, b = rnd.getrandbits(128), rnd.getrandbits(128)
+        assert _gf_mul(a, b) == int(_Element(a) * _Element(b))
+        x = rnd.randrange(1, 256)
+        assert _gf_mul_small(a, x) == _gf_mul(a, x) == int(_Element(a) * _Element(x))
+    for t, n in ((2, 2), (3, 5), (11, 20), (15, 28)):
+        secret = rnd.randbytes(16)
+        shares = split16(t, n, secret)
+        assert [i for i, _ in shares] == list(range(1, n + 1))
+        pick = rnd.sample(shares, t)
+        assert Shamir.combine(pick) == combine16(pick) == secret
+        assert combine16(pick[:-1]) != secret  # t - 1 shares reveal nothing useful
+    # fixed coefficients: the very shares the library's Horner makes
+    def draw(n: int) -> bytes:
+        return bytes(i % 251 for i in range(n))
+
+    coeffs = [_Element(draw(32)[16 * i:16 * i + 16]) for i in range(2)] + [_Element(b"s" * 16)]
+    lib = []
+    for x in range(1, 6):
+        acc = _Element(0)
+        for c in coeffs:
+            acc = _Element(x) * acc + c
+        lib.append((x, acc.encode()))
+    assert split16(3, 5, b"s" * 16, draw) == lib
+    with pytest.raises(SecAggError, match="16 bytes"):
+        split16(2, 3, b"short")
+    with pytest.raises(SecAggError, match="does not fit"):
+        split16(4, 3, b"s" * 16)
+
+
+def test_one_clients_row_is_its_row_of_the_graph():
+    from trainer.fl.secagg import neighbour_graph, neighbours_of
+
+    for n, k, seed in ((2, 1, 0), (5, 4, 3), (24, 14, 7), (100, 20, 12345), (101, 9, 2**62)):
+        g = neighbour_graph(n, k, seed)
+        assert all(neighbours_of(n, k, seed, c) == g[c] for c in range(1, n + 1))
+    with pytest.raises(SecAggError, match="not in 1..5"):
+        neighbours_of(5, 2, 0, 6)

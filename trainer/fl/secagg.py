@@ -9,14 +9,14 @@ seeded random permutation of the clients, i.e. a ring where each client is linke
 side) a client masks and shares only with its ``k`` neighbours: ``O(n k)`` work and bytes instead of ``O(n^2)``.
 ``k = n - 1`` is the complete graph of the original SecAgg. Shares are ``t``-of-``k`` among the neighbours. Cryptography comes from well-kept libraries:
 X25519 key agreement and HKDF-SHA256 from ``cryptography``, ChaCha20 as the mask generator (``cryptography``),
-Shamir t-of-n secret sharing from ``pycryptodome`` (16-byte secrets, so 32-byte values travel as two shares).
+Shamir t-of-n secret sharing in ``pycryptodome``'s GF(2^128) (its field, polynomial and share format;
+:func:`split16` / :func:`combine16` compute them several times faster and are tested equal to its ``Shamir``).
 
 Steps (``n`` clients of a round, threshold ``t``):
 
 1. **advertise**: every client draws an X25519 masking key pair and publishes the public key.
 2. **share**: each client draws a 16-byte self-mask seed ``b_u`` and Shamir-shares ``b_u`` and the 16-byte
-   seed of its masking private key (:func:`mask_key`) among its neighbours (t-of-k; pycryptodome's Shamir
-   works on 16-byte secrets). On the wire each share travels encrypted to its recipient
+   seed of its masking private key (:func:`mask_key`) among its neighbours (t-of-k, 16-byte secrets). On the wire each share travels encrypted to its recipient
    (ChaCha20-Poly1305 under an HKDF key of a second, *channel* X25519 pair: :meth:`SecAggClient.seal` /
    :meth:`SecAggClient.open`), so the server that routes them cannot read them.
 3. **masked input**: the client sends ``y_u = q(w_u) + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv)``
@@ -40,12 +40,12 @@ from __future__ import annotations
 import base64
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from Crypto.Protocol.SecretSharing import Shamir, _Element
+from Crypto.Protocol.SecretSharing import _Element
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -56,6 +56,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from trainer.errors import NeuroFedError
 
 MOD = 1 << 32
+KEY_LEN = 32          # an X25519 public key
 SEALED_LEN = 33 + 16  # a sealed share: index, b share, key-seed share (33 bytes) + the Poly1305 tag
 B_SHARE_LEN = 17      # a revealed self-mask share: index + 16 bytes
 KEY_SHARE_LEN = 17    # a revealed key-seed share: index + 16 bytes
@@ -84,6 +85,10 @@ def _pair_seed(private: X25519PrivateKey, public: bytes, round_id: bytes, info: 
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=round_id, info=info).derive(shared)
 
 
+def _ring(n: int, seed: int) -> list[int]:
+    return [int(i) + 1 for i in np.random.default_rng(seed).permutation(n)]
+
+
 def neighbour_graph(n: int, k: int, seed: int) -> dict[int, frozenset[int]]:
     """SecAgg+'s communication graph over clients ``1..n``: each client's ``k`` neighbours.
 
@@ -100,13 +105,22 @@ def neighbour_graph(n: int, k: int, seed: int) -> dict[int, frozenset[int]]:
         ids = frozenset(range(1, n + 1))
         return {c: ids - {c} for c in ids}
     h = (k + 1) // 2
-    ring = [int(i) + 1 for i in np.random.default_rng(seed).permutation(n)]
-    out: dict[int, set[int]] = {c: set() for c in ring}
-    for p, c in enumerate(ring):
-        for d in range(1, h + 1):
-            out[c].add(ring[(p + d) % n])
-            out[c].add(ring[(p - d) % n])
-    return {c: frozenset(v) for c, v in out.items()}
+    ring = _ring(n, seed)
+    return {c: frozenset(ring[(p + d) % n] for d in range(-h, h + 1) if d) for p, c in enumerate(ring)}
+
+
+def neighbours_of(n: int, k: int, seed: int, c: int) -> frozenset[int]:
+    """Client ``c``'s row of :func:`neighbour_graph` (what one client needs: ``O(n)`` instead of ``O(n k)``)."""
+    if not 1 <= c <= n:
+        raise SecAggError(f"client index {c} is not in 1..{n}")
+    if k < 1 and n > 1:
+        raise SecAggError(f"neighbours must be >= 1, got {k}")
+    if k + (k % 2) >= n - 1:
+        return frozenset(range(1, n + 1)) - {c}
+    h = (k + 1) // 2
+    ring = _ring(n, seed)
+    p = ring.index(c)
+    return frozenset(ring[(p + d) % n] for d in range(-h, h + 1) if d)
 
 
 def graph_params(n: int, neighbours: int = 0, threshold: float = 0.5) -> tuple[int, int]:
@@ -133,34 +147,89 @@ def mask_key(seed: bytes) -> X25519PrivateKey:
         HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"neurofed-secagg-mask-key").derive(seed))
 
 
+# GF(2^128) as pycryptodome's Shamir uses it (bit i of an int = coefficient of x^i, modulus
+# x^128 + x^7 + x^2 + x + 1, elements as 16 big-endian bytes), with fast multiplication: its ``_Element``
+# multiplies bit by bit through strings (~15 us per multiplication by a share index, ~250 us for a full
+# one), which made Shamir the largest cost of a round on both sides. Same field, same shares (tested equal).
+_M128 = (1 << 128) - 1
+_RED4 = tuple(functools.reduce(lambda acc, i: acc ^ ((0x87 << i) if h >> i & 1 else 0), range(4), 0)
+              for h in range(16))  # h * x^128 mod the modulus, for the 4 bits shifted out at a time
+
+
+def _xtime(a: int) -> int:
+    """``a * x`` (branch-free reduction)."""
+    return ((a << 1) & _M128) ^ (0x87 * (a >> 127))
+
+
+def _gf_mul(a: int, b: int) -> int:
+    """``a * b`` in GF(2^128): 4-bit window over ``b`` with a table of ``a``'s 16 multiples."""
+    tab = [0, a]
+    for i in range(2, 16):
+        tab.append(_xtime(tab[i >> 1]) if i % 2 == 0 else tab[i - 1] ^ a)
+    acc = 0
+    for shift in range(124, -4, -4):
+        acc = ((acc << 4) & _M128) ^ _RED4[acc >> 124] ^ tab[(b >> shift) & 15]
+    return acc
+
+
+def _gf_mul_small(a: int, x: int) -> int:
+    """``a * x`` for a small public ``x`` (a share index): one step per bit of ``x``."""
+    z = 0
+    while x:
+        if x & 1:
+            z ^= a
+        a = ((a << 1) & _M128) ^ (0x87 * (a >> 127))  # _xtime, inlined (the hot loop of split16)
+        x >>= 1
+    return z
+
+
+def split16(t: int, n: int, secret: bytes, draw: Callable[[int], bytes] = os.urandom) -> list[tuple[int, bytes]]:
+    """``Shamir.split(t, n, secret)`` (pycryptodome, ``ssss=False``): ``n`` shares ``(i, 16 bytes)``, any ``t`` recover.
+
+    The same polynomial in the same field (random coefficients, the secret as the constant term, evaluated at
+    ``1..n``; tested to combine with the library's ``Shamir.combine``), with the fast multiplication above.
+    """
+    if len(secret) != 16:
+        raise SecAggError(f"a Shamir secret is 16 bytes, got {len(secret)}")
+    if not 1 <= t <= n <= 255:
+        raise SecAggError(f"threshold {t} does not fit {n} share holders (at most 255)")
+    rnd = draw(16 * (t - 1))
+    coeffs = [int.from_bytes(rnd[16 * i:16 * i + 16], "big") for i in range(t - 1)] + [int.from_bytes(secret, "big")]
+    out = []
+    for x in range(1, n + 1):
+        acc = 0
+        for c in coeffs:  # Horner
+            acc = _gf_mul_small(acc, x) ^ c
+        out.append((x, acc.to_bytes(16, "big")))
+    return out
+
+
 @functools.lru_cache(maxsize=4096)
-def _lagrange0(xs: tuple[int, ...]) -> tuple[_Element, ...]:
-    """Lagrange coefficients at 0 for the points ``xs`` in pycryptodome's GF(2^128) (its Shamir field)."""
+def _lagrange0(xs: tuple[int, ...]) -> tuple[int, ...]:
+    """Lagrange coefficients at 0 for the points ``xs`` in GF(2^128) (pycryptodome's inversion)."""
     out = []
     for j, xj in enumerate(xs):
-        num, den = _Element(1), _Element(1)
+        num, den = 1, 1
         for m, xm in enumerate(xs):
             if m != j:
-                num *= _Element(xm)
-                den *= _Element(xj) + _Element(xm)
-        out.append(num * den.inverse())
+                num = _gf_mul_small(num, xm)
+                den = _gf_mul_small(den, xj ^ xm)
+        out.append(_gf_mul(num, int(_Element(den).inverse())))
     return tuple(out)
 
 
 def combine16(shares: Sequence[tuple[int, bytes]]) -> bytes:
     """``Shamir.combine`` (pycryptodome, ``ssss=False``) with the Lagrange coefficients cached per index set.
 
-    The same maths and field elements as the library's ``combine`` (tested equal); the coefficients' inversions,
+    The same maths and field as the library's ``combine`` (tested equal); the coefficients' inversions,
     which dominate its cost, are computed once per set of share indices instead of once per secret, so a server
     recovering hundreds of secrets from the same holders' shares pays ``t`` multiplications for each.
     """
     coeffs = _lagrange0(tuple(i for i, _ in shares))
-    acc = _Element(0)
+    acc = 0
     for c, (_, y) in zip(coeffs, shares):
-        acc += c * _Element(y)
-    return acc.encode()
-
-
+        acc ^= _gf_mul(c, int.from_bytes(y, "big"))
+    return acc.to_bytes(16, "big")
 
 
 def _check_shares(shares: Sequence[tuple], what: str) -> None:
@@ -222,6 +291,8 @@ class SecAggClient:
         self._key = mask_key(self._kseed)
         self._ckey = X25519PrivateKey.from_private_bytes(draw(32))  # channel key: encrypts shares
         self._b = draw(16)
+        self._draw = draw  # the Shamir polynomials' coefficients
+        self._channels: dict[bytes, ChaCha20Poly1305] = {}
 
     def public_key(self) -> bytes:
         """Step 1: the masking public key to advertise."""
@@ -236,11 +307,15 @@ class SecAggClient:
         n = len(clients)
         if not 1 <= t <= n:
             raise SecAggError(f"threshold {t} does not fit {n} share holders")
-        bs, ks = Shamir.split(t, n, self._b), Shamir.split(t, n, self._kseed)
+        bs, ks = split16(t, n, self._b, self._draw), split16(t, n, self._kseed, self._draw)
         return [Shares(self.cid, v, bs[j], ks[j]) for j, v in enumerate(sorted(clients))]
 
     def _channel(self, peer_channel_pk: bytes) -> ChaCha20Poly1305:
-        return ChaCha20Poly1305(_pair_seed(self._ckey, peer_channel_pk, self.round_id, b"neurofed-secagg-share"))
+        """The AEAD shared with one peer (one X25519 exchange per peer: sealing to it and opening from it)."""
+        if peer_channel_pk not in self._channels:
+            self._channels[peer_channel_pk] = ChaCha20Poly1305(_pair_seed(self._ckey, peer_channel_pk, self.round_id,
+                                                                          b"neurofed-secagg-share"))
+        return self._channels[peer_channel_pk]
 
     def seal(self, share: Shares, peer_channel_pk: bytes, aad: bytes) -> bytes:
         """Encrypt a share to its holder (``share.to``): ChaCha20-Poly1305, the direction in the nonce."""
@@ -264,8 +339,11 @@ class SecAggClient:
             if v == self.cid:
                 continue
             m = prg(_pair_seed(self._key, pk, self.round_id), n)
-            y = y + m if self.cid < v else y - m
-        return y.astype(np.uint32)
+            if self.cid < v:
+                y += m
+            else:
+                y -= m
+        return y
 
 
 def unmask(masked: Mapping[int, np.ndarray], public_keys: Mapping[int, bytes],
@@ -408,6 +486,12 @@ def masked_keys(state: Mapping[str, Any]) -> list[str]:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+def unb64_records(text: str, size: int, count: int, what: str) -> list[bytes]:
+    """Split base64 ``text`` into exactly ``count`` records of ``size`` bytes, else SecAggError naming ``what``."""
+    raw = unb64(text, size * count, f"{what} ({count} x {size} bytes)")
+    return [raw[i:i + size] for i in range(0, len(raw), size)]
 
 
 def unb64(text: str, n: int, what: str) -> bytes:
