@@ -458,30 +458,30 @@ def state_sha256(tensors: dict[str, Tensor]) -> str:
 #: Preset dictionary of the raw-deflated headers (flag bit 3): the schemas' field names and common values,
 #: so that even a 200-byte header compresses. Part of the wire format: changing it is a schema change
 #: (bump SCHEMA_VERSION; tests/broker/test_protocol.py pins its hash).
-HEADER_DICT = "".join((
+HEADER_DICT = (
     # rare: secure aggregation, errors, results, joins, model descriptions
-    '"neighbours":"threshold":"bound":"n_ref":"norm_bound":"channel_pk":"mask_pk":"size":"index":"graph_seed":'
-    '"keys":"shares":"survivors":"dropped":"b_shares":"key_shares":"kind":"sa_keys""kind":"sa_roster"'
-    '"kind":"sa_shares""kind":"sa_inbox""kind":"sa_masked""kind":"sa_unmask""kind":"sa_reveal"',
-    '"code":"message":"reply_to":"kind":"error""participants":"rejected":"bytes_down":"bytes_up":"seconds":'
-    '"loss":"kind":"result""kind":"extras""n_trials":"capabilities":{"torch":"threads":"kind":"join"',
-    '"Fp1","Fpz","Fp2","AF7","AF3","AFz","AF4","AF8","F7","F5","F3","F1","Fz","F2","F4","F6","F8","FT7","FT8",'
-    '"T7","T8","T9","T10","TP7","TP8","P7","P5","P3","P1","Pz","P2","P4","P6","P8","PO7","PO3","POz","PO4","PO8",'
-    '"O1","Oz","O2","Iz"',
-    '"meta":{"model":"eegnet","n_channels":"n_classes":"n_times":"sfreq":"bn_mode":"standard","bn_mode":'
-    '"batch_specific","ch_names":["FC5","FC3","FC1","FCz","FC2","FC4","FC6","C5","C3","C1","Cz","C2","C4","C6",'
-    '"CP5","CP3","CP1","CPz","CP2","CP4","CP6"],"classes":["left_fist","right_fist"],"preprocess":{"fmin":'
-    '"fmax":"tmin":"tmax":"resample":"channels":["FC5","FC3","FC1","FCz","FC2","FC4","FC6","C5","C3","C1","Cz",'
-    '"C2","C4","C6","CP5","CP3","CP1","CPz","CP2","CP4","CP6"],"ea":true,"filter_order":"version":"strategy":'
-    '"profile":"profiles":"kind":"model","final":true',
+    b'"neighbours":"threshold":"bound":"n_ref":"norm_bound":"channel_pk":"mask_pk":"size":"index":"graph_seed":'
+    b'"keys":"shares":"survivors":"dropped":"b_shares":"key_shares":"kind":"sa_keys""kind":"sa_roster"'
+    b'"kind":"sa_shares""kind":"sa_inbox""kind":"sa_masked""kind":"sa_unmask""kind":"sa_reveal"'
+    b'"code":"message":"reply_to":"kind":"error""participants":"rejected":"bytes_down":"bytes_up":"seconds":'
+    b'"loss":"kind":"result""kind":"extras""n_trials":"capabilities":{"torch":"threads":"kind":"join"'
+    b'"Fp1","Fpz","Fp2","AF7","AF3","AFz","AF4","AF8","F7","F5","F3","F1","Fz","F2","F4","F6","F8","FT7","FT8",'
+    b'"T7","T8","T9","T10","TP7","TP8","P7","P5","P3","P1","Pz","P2","P4","P6","P8","PO7","PO3","POz","PO4","PO8",'
+    b'"O1","Oz","O2","Iz"'
+    b'"meta":{"model":"eegnet","n_channels":"n_classes":"n_times":"sfreq":"bn_mode":"standard","bn_mode":'
+    b'"batch_specific","ch_names":["FC5","FC3","FC1","FCz","FC2","FC4","FC6","C5","C3","C1","Cz","C2","C4","C6",'
+    b'"CP5","CP3","CP1","CPz","CP2","CP4","CP6"],"classes":["left_fist","right_fist"],"preprocess":{"fmin":'
+    b'"fmax":"tmin":"tmax":"resample":"channels":["FC5","FC3","FC1","FCz","FC2","FC4","FC6","C5","C3","C1","Cz",'
+    b'"C2","C4","C6","CP5","CP3","CP1","CPz","CP2","CP4","CP6"],"ea":true,"filter_order":"version":"strategy":'
+    b'"profile":"profiles":"kind":"model","final":true'
     # every round: the task, the update, statuses; the envelope last (nearest, cheapest to refer to)
-    '"rounds_total":"selected":["deadline_s":"seed":"strategy":"fedavg","strategy_overrides":{"local":{"lr":'
-    '"momentum":"weight_decay":"batch_size":"local_epochs":"compress":true,"model_sha256":"profile_models":'
-    '"secagg":{"extras_sha256":"kind":"task"',
-    '"n_samples":"base_sha256":"metrics":{"loss":"steps":"kind":"update"',
-    '"state":"online""state":"offline""state":"done""kind":"status","round":',
-    '{"kind":"federation":"sender":"coordinator","msg_id":"sent_at":"body_len":"body_sha256":"run_id":"task_id":',
-)).encode()
+    b'"rounds_total":"selected":["deadline_s":"seed":"strategy":"fedavg","strategy_overrides":{"local":{"lr":'
+    b'"momentum":"weight_decay":"batch_size":"local_epochs":"compress":true,"model_sha256":"profile_models":'
+    b'"secagg":{"extras_sha256":"kind":"task"'
+    b'"n_samples":"base_sha256":"metrics":{"loss":"steps":"kind":"update"'
+    b'"state":"online""state":"offline""state":"done""kind":"status","round":'
+    b'{"kind":"federation":"sender":"coordinator","msg_id":"sent_at":"body_len":"body_sha256":"run_id":"task_id":'
+)
 _ALWAYS_SENT = ("kind", "msg_id", "sent_at")  # their defaults are drawn afresh, so "equal to the default" means nothing
 
 
