@@ -213,9 +213,16 @@ def bytes_per_round(url: str, n_clients: int = 24, fraction: float = 0.5, rounds
     for t in threads:
         t.start()
 
-    def totals() -> tuple[int, int]:
+    topics = Topics(fed)
+
+    def totals() -> tuple[int, int, dict[str, list[int]]]:
         ts = [x.transport for x in (coord, *edges) if x.transport is not None]
-        return sum(t.bytes_in + t.bytes_out for t in ts), sum(t.msgs_in + t.msgs_out for t in ts)
+        kinds: dict[str, list[int]] = {}  # topic kind -> [messages, payload bytes] (legs into and out of the broker)
+        for tr in ts:
+            for topic, (m, b) in tr.traffic().items():
+                row = kinds.setdefault(topics.parse(topic)[0], [0, 0])
+                row[0], row[1] = row[0] + m, row[1] + b
+        return sum(t.bytes_in + t.bytes_out for t in ts), sum(t.msgs_in + t.msgs_out for t in ts), kinds
 
     snaps, seen, model_bytes = [], 0, 0
     while threads[0].is_alive():
@@ -229,10 +236,13 @@ def bytes_per_round(url: str, n_clients: int = 24, fraction: float = 0.5, rounds
         t.join(60)
     stop.set()
     per_round = []
-    for (b0, m0), (b1, m1) in itertools.pairwise(snaps):  # round k+1: from round k's result to round k+1's
+    for (b0, m0, k0), (b1, m1, k1) in itertools.pairwise(snaps):  # round k+1: from round k's result to round k+1's
         # framing: fixed header + topic (~30-40 B) + packet id (+ v5 properties) per PUBLISH leg, PUBACK 4 B per leg
-        framing = (m1 - m0) * (mqtt_publish_overhead(Topics(fed).update("S001"), 8000) + 4)
-        per_round.append({"payload_bytes": b1 - b0, "messages": m1 - m0, "wire_bytes": b1 - b0 + framing})
+        framing = (m1 - m0) * (mqtt_publish_overhead(topics.update("S001"), 8000) + 4)
+        by_kind = {k: {"messages": m - k0.get(k, [0, 0])[0], "payload_bytes": b - k0.get(k, [0, 0])[1]}
+                   for k, (m, b) in sorted(k1.items())}
+        per_round.append({"payload_bytes": b1 - b0, "messages": m1 - m0, "wire_bytes": b1 - b0 + framing,
+                          "by_topic": {k: v for k, v in by_kind.items() if v["messages"]}})
     wire = [r["wire_bytes"] for r in per_round]
     return {"clients": n_clients, "fraction": fraction, "strategy": strategy, "model": "eegnet", "local": local,
             "rounds": rounds, "per_round_after_the_first": per_round,

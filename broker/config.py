@@ -73,7 +73,7 @@ class FederationSection(_Frozen):
     max_round_retries: int = Field(default=3, ge=0)
     strategy: str = "fedbs"
     strategy_overrides: dict[str, bool | int | float | str] = Field(default_factory=dict)
-    compress: bool = Field(default=True, description="zlib-compress tensor bodies (lossless; ~0.93-0.98x for weights)")
+    compress: bool = Field(default=True, description="bit-shuffle and LZMA2-compress tensor bodies (lossless; docs/protocol.md)")
     aggregation: Literal["exact", "streaming"] = Field(
         default="exact", description="exact: server_update over all updates sorted by id (bit-reproducible); "
         "streaming: the same aggregator fed as updates arrive, O(model) memory (same maths, arrival summation order)")

@@ -2,12 +2,12 @@
 
 No other module builds topic strings or message bytes. A message on the wire is::
 
-    b"NF" | version (1 byte) | flags (1 byte) | header length (uint32 big-endian) | header JSON | body
+    b"NF" | version (1 byte) | flags (1 byte) | header length (uint32 big-endian) | header | body
 
-The header is one of the pydantic models below (``extra='forbid'``, no NaN/inf); the body, when
-present, is a safetensors file (``safetensors.torch.save``; never pickle) whose length and
-SHA-256 are in the header. Flag bit 0 means the body is zlib-compressed (hash of the raw body).
-See ``docs/protocol.md``.
+The header is the JSON of one of the pydantic models below (``extra='forbid'``, no NaN/inf) without
+the fields at their defaults, raw-deflated with a preset dictionary; the body, when present, is a
+safetensors file (``safetensors.torch.save``; never pickle) whose length and SHA-256 are in the
+header, possibly delta-coded, bit-shuffled and LZMA2-compressed (flags). See ``docs/protocol.md``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import lzma
 import struct
 import time
 import uuid
@@ -30,11 +31,16 @@ from torch import Tensor
 from trainer.checkpoint import MODEL_FIELDS, ModelMeta, meta_fields
 from trainer.errors import NeuroFedError
 
-SCHEMA_VERSION = 3  # 2: device profiles, secure aggregation, cached extras; 3: compact secagg messages
-# (base64 blobs and roster indices instead of hex keys and names); an older peer gets a clear error
+#: 2: device profiles, secure aggregation, cached extras; 3: compact deflated headers, bit-shuffled bodies,
+#: word-difference delta coding, compact secure-aggregation messages (base64 blobs and roster indices instead
+#: of hex keys and names); an older peer gets a clear "unsupported schema version" error
+SCHEMA_VERSION = 3
 MAGIC = b"NF"
-FLAG_ZLIB = 0x01
-FLAG_DELTA = 0x02
+FLAG_LZMA = 0x01      # body compressed: raw LZMA2 stream (:func:`compress_body`)
+FLAG_DELTA = 0x02     # body delta-coded against a reference both sides hold (:func:`delta_code`)
+FLAG_SHUFFLE = 0x04   # body bit-shuffled after its safetensors header (:func:`shuffle`)
+FLAG_HEADER = 0x08    # header raw-deflated with the preset dictionary HEADER_DICT
+FLAGS = FLAG_LZMA | FLAG_DELTA | FLAG_SHUFFLE | FLAG_HEADER
 _PREFIX = struct.Struct(">2sBBI")
 MAX_HEADER_BYTES = 1 << 20
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
@@ -265,7 +271,7 @@ class TaskMsg(_Msg):
     strategy: Name
     strategy_overrides: dict[Annotated[str, Field(max_length=32)], Scalar] = Field(default_factory=dict, max_length=32)
     local: dict[Annotated[str, Field(max_length=32)], float | int] = Field(default_factory=dict, max_length=16)
-    compress: bool = False  # clients zlib-compress their update bodies too
+    compress: bool = False  # clients compress their update bodies too
     model_sha256: str = Field(default="", pattern=HEX64)  # the retained global model the round trains from
     #: hierarchical federations: each selected client's device profile, and each profile's retained model hash
     profiles: dict[Name, Name] = Field(default_factory=dict, max_length=1_000_000)
@@ -456,55 +462,197 @@ def state_sha256(tensors: dict[str, Tensor]) -> str:
 
 
 # ----------------------------------------------------------------------------- framing
+#: Preset dictionary of the raw-deflated headers (flag bit 3): the schemas' field names and common values,
+#: so that even a 200-byte header compresses. Part of the wire format: changing it is a schema change
+#: (bump SCHEMA_VERSION; tests/broker/test_protocol.py pins its hash).
+HEADER_DICT = (
+    # rare: secure aggregation, errors, results, joins, model descriptions
+    b'"neighbours":"threshold":"bound":"n_ref":"norm_bound":"channel_pk":"mask_pk":"size":"index":"graph_seed":'
+    b'"keys":"shares":"survivors":"dropped":"b_shares":"key_shares":"kind":"sa_keys""kind":"sa_roster"'
+    b'"kind":"sa_shares""kind":"sa_inbox""kind":"sa_masked""kind":"sa_unmask""kind":"sa_reveal"'
+    b'"code":"message":"reply_to":"kind":"error""participants":"rejected":"bytes_down":"bytes_up":"seconds":'
+    b'"loss":"kind":"result""kind":"extras""n_trials":"capabilities":{"torch":"threads":"kind":"join"'
+    b'"Fp1","Fpz","Fp2","AF7","AF3","AFz","AF4","AF8","F7","F5","F3","F1","Fz","F2","F4","F6","F8","FT7","FT8",'
+    b'"T7","T8","T9","T10","TP7","TP8","P7","P5","P3","P1","Pz","P2","P4","P6","P8","PO7","PO3","POz","PO4","PO8",'
+    b'"O1","Oz","O2","Iz"'
+    b'"meta":{"model":"eegnet","n_channels":"n_classes":"n_times":"sfreq":"bn_mode":"standard","bn_mode":'
+    b'"batch_specific","ch_names":["FC5","FC3","FC1","FCz","FC2","FC4","FC6","C5","C3","C1","Cz","C2","C4","C6",'
+    b'"CP5","CP3","CP1","CPz","CP2","CP4","CP6"],"classes":["left_fist","right_fist"],"preprocess":{"fmin":'
+    b'"fmax":"tmin":"tmax":"resample":"channels":["FC5","FC3","FC1","FCz","FC2","FC4","FC6","C5","C3","C1","Cz",'
+    b'"C2","C4","C6","CP5","CP3","CP1","CPz","CP2","CP4","CP6"],"ea":true,"filter_order":"version":"strategy":'
+    b'"profile":"profiles":"kind":"model","final":true'
+    # every round: the task, the update, statuses; the envelope last (nearest, cheapest to refer to)
+    b'"rounds_total":"selected":["deadline_s":"seed":"strategy":"fedavg","strategy_overrides":{"local":{"lr":'
+    b'"momentum":"weight_decay":"batch_size":"local_epochs":"compress":true,"model_sha256":"profile_models":'
+    b'"secagg":{"extras_sha256":"kind":"task"'
+    b'"n_samples":"base_sha256":"metrics":{"loss":"steps":"kind":"update"'
+    b'"state":"online""state":"offline""state":"done""kind":"status","round":'
+    b'{"kind":"federation":"sender":"coordinator","msg_id":"sent_at":"body_len":"body_sha256":"run_id":"task_id":'
+)
+_ALWAYS_SENT = ("kind", "msg_id", "sent_at")  # their defaults are drawn afresh, so "equal to the default" means nothing
+
+
+def encode_header(msg: _Msg) -> bytes:
+    """The compact header JSON of ``msg``: fields equal to their default are left out (:func:`decode` fills
+    them back in; ``kind``, ``msg_id`` and ``sent_at`` are always sent)."""
+    doc = msg.model_dump(mode="json", exclude_defaults=True)
+    doc = {**{k: getattr(msg, k) for k in _ALWAYS_SENT}, **doc}
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def _deflate_header(raw: bytes) -> bytes:
+    c = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, HEADER_DICT)
+    return c.compress(raw) + c.flush()
+
+
+def _inflate_header(data: bytes) -> bytes:
+    try:
+        d = zlib.decompressobj(-15, HEADER_DICT)
+        raw = d.decompress(data, MAX_HEADER_BYTES + 1)
+    except zlib.error as exc:
+        raise ProtocolError(f"compressed header is corrupt ({exc})") from None
+    if len(raw) > MAX_HEADER_BYTES or d.unconsumed_tail:
+        raise ProtocolError(f"compressed header expands beyond {MAX_HEADER_BYTES} bytes")
+    if not d.eof or d.unused_data:
+        raise ProtocolError("compressed header is truncated or followed by stray bytes")
+    return raw
+
+
 def delta_reference(global_state: dict[str, Tensor]) -> bytes:
     """The bytes an update trained from ``global_state`` is delta-coded against (same layout as the update)."""
     return tensors_to_bytes(pack({"state": global_state}))
 
 
 def delta_code(body: bytes, reference: bytes) -> bytes:
-    """XOR ``body`` with ``reference`` (over their common length), then group bytes by position mod 4.
+    """``body`` as differences from ``reference``, 32-bit word by word (lossless; inverse :func:`delta_decode`).
 
-    Lossless and its own inverse's mirror (:func:`delta_decode`). For a trained state dict against the
-    global model it came from (same names, shapes and dtypes, so the same safetensors layout), the
-    float32 sign/exponent/high-mantissa bytes mostly XOR to zero and the grouping puts those zeros
-    together, so zlib then shrinks the body to roughly half (raw float32 weights barely compress).
+    From byte 8 (the safetensors header length before it stays plain: :func:`shuffle` reads it) over their
+    common length in whole words, each little-endian uint32 word becomes the zigzag code of ``word -
+    reference word`` (mod 2**32); left-over bytes are XORed. For a trained state dict against the global
+    model it came from (same names, shapes and dtypes, so the same safetensors layout) the header words
+    are 0 and a float32 weight that moved a little differs from its old bit pattern by a small integer,
+    whose high bits are 0 - which :func:`shuffle` then lines up for the compressor (raw float32 weights barely
+    compress).
     """
     a = np.frombuffer(body, dtype=np.uint8).copy()
     n = min(len(a), len(reference))
-    a[:n] ^= np.frombuffer(reference, dtype=np.uint8, count=n)
-    m = len(a) // 4 * 4
-    a[:m] = a[:m].reshape(-1, 4).T.ravel()
+    w = 8 + max(n - 8, 0) // 4 * 4
+    ref = np.frombuffer(reference, dtype=np.uint8, count=n)
+    d = (a[8:w].view("<u4") - ref[8:w].view("<u4")).view("<i4")
+    a[8:w] = ((d << 1) ^ (d >> 31)).view(np.uint8)
+    a[w:n] ^= ref[w:n]
     return a.tobytes()
 
 
 def delta_decode(coded: bytes, reference: bytes) -> bytes:
     """Inverse of :func:`delta_code`."""
     a = np.frombuffer(coded, dtype=np.uint8).copy()
-    m = len(a) // 4 * 4
-    a[:m] = a[:m].reshape(4, -1).T.ravel()
     n = min(len(a), len(reference))
-    a[:n] ^= np.frombuffer(reference, dtype=np.uint8, count=n)
+    w = 8 + max(n - 8, 0) // 4 * 4
+    ref = np.frombuffer(reference, dtype=np.uint8, count=n)
+    z = a[8:w].view("<u4")
+    a[8:w] = (((z >> 1) ^ (np.uint32(0) - (z & np.uint32(1)))) + ref[8:w].view("<u4")).view(np.uint8)
+    a[w:n] ^= ref[w:n]
     return a.tobytes()
+
+
+def _shuffle_span(data: bytes) -> tuple[int, int]:
+    """``(start, end)``: the bytes :func:`shuffle` permutes, whole groups of eight 32-bit words (so each bit
+    plane is whole bytes) after the safetensors header.
+
+    The header length is read from the first 8 bytes, which neither shuffling nor :func:`delta_code`
+    changes, so both sides agree on the span whatever the bytes are.
+    """
+    start = 8
+    if len(data) >= 8:
+        n = int.from_bytes(data[:8], "little")
+        start = 8 + n if n <= len(data) - 8 else 8
+    start = min(start, len(data))
+    return start, start + (len(data) - start) // 32 * 32
+
+
+def shuffle(data: bytes) -> bytes:
+    """Bit-transpose the 32-bit words after the safetensors header (lossless; inverse :func:`unshuffle`).
+
+    All words' bit 31 first, then all bit 30, ...: float32 sign and exponent bits (and the zero high bits
+    of :func:`delta_code`'s small differences) become long runs that LZMA2 squeezes.
+    """
+    start, end = _shuffle_span(data)
+    if end == start:
+        return bytes(data)
+    words = np.frombuffer(data, dtype="<u4", count=(end - start) // 4, offset=start)
+    bits = np.unpackbits(words.astype(">u4").view(np.uint8).reshape(-1, 4), axis=1)  # (words, 32), MSB first
+    return bytes(data[:start]) + np.packbits(bits.T).tobytes() + bytes(data[end:])
+
+
+def unshuffle(data: bytes) -> bytes:
+    """Inverse of :func:`shuffle`."""
+    start, end = _shuffle_span(data)
+    if end == start:
+        return bytes(data)
+    n = (end - start) // 4
+    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8, count=end - start, offset=start)).reshape(32, n)
+    words = np.ascontiguousarray(np.packbits(bits.T, axis=1)).view(">u4").ravel().astype("<u4")
+    return bytes(data[:start]) + words.tobytes() + bytes(data[end:])
+
+
+#: Body compression (flag bit 0): a raw LZMA2 stream (no container; the header has length and hash). lc=lp=pb=0
+#: suits bit-shuffled words (no byte-position or literal context to learn); a 1 MiB window bounds the
+#: decoder's memory. Part of the wire format.
+LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 6, "dict_size": 1 << 20, "lc": 0, "lp": 0, "pb": 0}]
+
+
+def compress_body(data: bytes) -> bytes:
+    """The compressed form of a (coded) body: a raw LZMA2 stream with :data:`LZMA_FILTERS`."""
+    return lzma.compress(data, format=lzma.FORMAT_RAW, filters=LZMA_FILTERS)
+
+
+def decompress_body(data: bytes, limit: int) -> bytes:
+    """Inverse of :func:`compress_body`, never producing more than ``limit`` bytes (a compression bomb is refused)."""
+    try:
+        d = lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=LZMA_FILTERS)
+        out = d.decompress(data, limit + 1)
+    except lzma.LZMAError as exc:
+        raise ProtocolError(f"compressed body is corrupt ({exc})") from None
+    if len(out) > limit or (not d.eof and not d.needs_input):
+        raise ProtocolError("compressed body expands beyond its declared length")
+    if not d.eof or d.unused_data:
+        raise ProtocolError("compressed body is truncated or followed by stray bytes")
+    return out
+
+
+def transmitted_body(payload: bytes, limit: int = DEFAULT_MAX_MESSAGE_BYTES) -> bytes:
+    """The body of a framed message as coded on the wire but decompressed (delta-coded and shuffled if its
+    flags say so), b"" if ``payload`` is not a frame; nothing is validated (for the wire audit)."""
+    try:
+        magic, _, flags, hlen = _PREFIX.unpack_from(payload)
+        if magic != MAGIC:
+            return b""
+        body = bytes(payload[_PREFIX.size + hlen:])
+        return decompress_body(body, limit) if flags & FLAG_LZMA else body
+    except (struct.error, ProtocolError):
+        return b""
 
 
 def encode(msg: _Msg, tensors: dict[str, Tensor] | None = None, compress: bool = False,
            reference: bytes | None = None) -> bytes:
     """Frame ``msg`` (and its tensors) for the wire; fills ``body_len``/``body_sha256``.
 
+    The header is :func:`encode_header`'s compact JSON, raw-deflated with :data:`HEADER_DICT` (flag bit 3).
     ``reference``: safetensors bytes both sides hold (an update's: the global model it trained from,
     ``tensors_to_bytes(pack({"state": global}))``); the body is sent delta-coded against it
-    (:func:`delta_code`, flag bit 1). Length and hash stay those of the plain body.
+    (:func:`delta_code`, flag bit 1). ``compress``: the body is bit-shuffled (:func:`shuffle`, flag bit 2)
+    and LZMA2-compressed (:func:`compress_body`, flag bit 0). Length and hash stay those of the plain body.
     """
     body = tensors_to_bytes(tensors) if tensors is not None else b""
     if BODY_REQUIRED.get(msg.kind) and tensors is None:  # type: ignore[attr-defined]
         raise ProtocolError(f"a {msg.kind} message needs tensors")  # type: ignore[attr-defined]
     msg = msg.model_copy(update={"body_len": len(body), "body_sha256": sha256(body) if body else ""})
-    header = msg.model_dump_json(exclude_none=False).encode()
-    flags = 0
+    header, flags = _deflate_header(encode_header(msg)), FLAG_HEADER
     if reference is not None and body:
-        body, flags = delta_code(body, reference), FLAG_DELTA
+        body, flags = delta_code(body, reference), flags | FLAG_DELTA
     if compress and body:
-        body, flags = zlib.compress(body, 6), flags | FLAG_ZLIB
+        body, flags = compress_body(shuffle(body)), flags | FLAG_SHUFFLE | FLAG_LZMA
     return _PREFIX.pack(MAGIC, SCHEMA_VERSION, flags, len(header)) + header + body
 
 
@@ -513,7 +661,7 @@ def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     """Parse and verify a framed message: ``(message model, tensors or None)``.
 
     ``reference``: the bytes a delta-coded body (flag bit 1) was coded against; such a body without
-    a reference is refused.
+    a reference is refused. Header fields left out are filled with their defaults.
 
     Raises
     ------
@@ -533,12 +681,14 @@ def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         raise ProtocolError("bad magic: not a NeuroFed message")
     if version != SCHEMA_VERSION:
         raise ProtocolError(f"unsupported schema version {version} (this build speaks {SCHEMA_VERSION})")
-    if flags & ~(FLAG_ZLIB | FLAG_DELTA):
+    if flags & ~FLAGS:
         raise ProtocolError(f"unknown frame flags {flags:#x}")
     if hlen > MAX_HEADER_BYTES or _PREFIX.size + hlen > len(payload):
         raise ProtocolError(f"header length {hlen} does not fit the payload")
     raw = payload[_PREFIX.size:_PREFIX.size + hlen]
     body = payload[_PREFIX.size + hlen:]
+    if flags & FLAG_HEADER:
+        raw = _inflate_header(raw)
     try:
         doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
         msg = _ADAPTER.validate_python(doc)
@@ -550,16 +700,12 @@ def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         raise ProtocolError(f"header fails the schema at {where or '<root>'}: {first.get('msg')}") from None
-    if flags & FLAG_ZLIB:
-        try:
-            d = zlib.decompressobj()
-            body = d.decompress(body, msg.body_len + 1)  # never inflate past what the header declares
-            if d.unconsumed_tail or len(body) > msg.body_len:
-                raise ProtocolError("compressed body expands beyond its declared length")
-        except zlib.error as exc:
-            raise ProtocolError(f"compressed body is corrupt ({exc})") from None
+    if flags & FLAG_LZMA:
+        body = decompress_body(body, msg.body_len)
     if len(body) != msg.body_len:
         raise ProtocolError(f"body is {len(body)} bytes, header says {msg.body_len}")
+    if flags & FLAG_SHUFFLE:
+        body = unshuffle(body)
     if flags & FLAG_DELTA:
         if reference is None:
             raise ProtocolError("delta-coded body, but no reference model to decode it against")
@@ -609,10 +755,12 @@ __all__ = [
     "decode",
     "delta_reference",
     "encode",
+    "encode_header",
     "new_id",
     "pack",
     "sha256",
     "state_sha256",
     "tensors_to_bytes",
+    "transmitted_body",
     "unpack",
 ]

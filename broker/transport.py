@@ -137,6 +137,7 @@ class MqttTransport:
         self.bytes_out = 0
         self.msgs_in = 0
         self.msgs_out = 0
+        self._traffic: dict[str, list[int]] = {}  # topic -> [messages, payload bytes], both directions
         self._client: mqtt.Client | None = None
         self._connected = threading.Event()
         self._refusal: str | None = None
@@ -218,6 +219,7 @@ class MqttTransport:
         _ack_now(client.socket())
         self.bytes_in += len(msg.payload)
         self.msgs_in += 1
+        self._count(msg.topic, len(msg.payload))
         self._put(Incoming("message", msg.topic, bytes(msg.payload), bool(msg.retain)))
 
     def _put(self, item: Incoming) -> None:
@@ -274,6 +276,7 @@ class MqttTransport:
             raise TransportError(f"publish to {topic!r} failed: {exc}") from None
         self.bytes_out += len(payload)
         self.msgs_out += 1
+        self._count(topic, len(payload))
         if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
             raise TransportError(f"publish to {topic!r} failed: {mqtt.error_string(info.rc)}")
         if info.rc == mqtt.MQTT_ERR_NO_CONN:
@@ -290,6 +293,17 @@ class MqttTransport:
             raise TransportError(f"publish to {topic!r} not acknowledged within {wait:.1f} s (queued; "
                                  "sent after reconnecting)")
         return True
+
+    def _count(self, topic: str, n: int) -> None:
+        with self._lock:
+            row = self._traffic.setdefault(topic, [0, 0])
+            row[0] += 1
+            row[1] += n
+
+    def traffic(self) -> dict[str, tuple[int, int]]:
+        """``topic -> (messages, payload bytes)`` published and received so far (a copy)."""
+        with self._lock:
+            return {t: (m, b) for t, (m, b) in self._traffic.items()}
 
     def get(self, timeout: float = 0.1) -> Incoming | None:
         """Next incoming item, or None after ``timeout`` seconds."""

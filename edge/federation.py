@@ -331,15 +331,15 @@ class EdgeClient:
             self._upload(task, st.update, base)
             return
         start = st.previous if task.round == st.last_round else st.current
-        self._pub(self.topics.status(self.cid), self._status("training", task.round), retain=True, wait=None)
         upd, new_state = self._train(task, down, extras, start)
         prev = start if start is not None else new_state
         self.state = EdgeState(init=st.init, current=new_state, previous=prev, last_round=task.round,
                                last_base=base, update=upd, run_id=st.run_id)
         self.state.save(self.path)
         self.rounds_trained += 1
+        # no `training`/`idle` status around it (issue 17): the update itself says the client is done, and
+        # presence (online, offline by last will, done) is all the coordinator reads from statuses
         self._upload(task, upd, base)
-        self._pub(self.topics.status(self.cid), self._status("idle", task.round), retain=True, wait=None)
 
     def _build_model(self, strategy: Strategy) -> torch.nn.Module:
         """The model of our spec, as the task's strategy builds it (e.g. fleeg_eegnet's ``local_bn_mode``)."""

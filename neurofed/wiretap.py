@@ -19,7 +19,6 @@ import logging
 import queue
 import threading
 import time
-import zlib
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,7 +27,6 @@ import numpy as np
 import torch
 
 from broker.protocol import (
-    FLAG_ZLIB,
     SECAGG_DOWN,
     SECAGG_UP,
     ProtocolError,
@@ -36,6 +34,7 @@ from broker.protocol import (
     decode,
     delta_reference,
     tensors_to_bytes,
+    transmitted_body,
 )
 
 
@@ -217,20 +216,6 @@ class EegFingerprint:
         return int(np.count_nonzero(self.found(self.windows(data))))
 
 
-def _body(payload: bytes) -> bytes:
-    """The (decompressed) body of a framed message, or b'' if it is not one."""
-    try:
-        import struct
-
-        magic, _, flags, hlen = struct.unpack_from(">2sBBI", payload)
-        if magic != b"NF":
-            return b""
-        body = payload[8 + hlen:]
-        return zlib.decompress(body) if flags & FLAG_ZLIB else body
-    except Exception:  # noqa: BLE001 - not ours / corrupt: the raw payload is scanned anyway
-        return b""
-
-
 @dataclass
 class Audit:
     messages: int = 0
@@ -296,7 +281,7 @@ def audit(tap: Wiretap, model_specs: dict[str, tuple[tuple[int, ...], str]], fp:
                 res.bad_tensors.append(f"{s.topic}: extra tensor {name} larger than any model tensor")
             n_values += t.numel()
         res.tensor_values_max = max(res.tensor_values_max, n_values)
-        for blob in (s.payload, _body(s.payload), tensors_to_bytes(tensors) if tensors else b""):
+        for blob in (s.payload, transmitted_body(s.payload), tensors_to_bytes(tensors) if tensors else b""):
             scan.append((f"{s.topic}", res.messages, fp.windows(blob)))
     for s in foreign:
         res.foreign_scanned += 1

@@ -19,6 +19,7 @@ from broker.protocol import (
     UpdateMsg,
     decode,
     encode,
+    encode_header,
     new_id,
     pack,
     state_sha256,
@@ -58,14 +59,18 @@ def test_tampered_body_is_rejected():
         decode(bytes(payload))
 
 
+def _frame(header: bytes, flags: int = 0, body: bytes = b"") -> bytes:
+    return b"NF" + bytes([SCHEMA_VERSION, flags]) + struct.pack(">I", len(header)) + header + body
+
+
 def test_unknown_header_field_and_nan_are_rejected():
-    payload = encode(StatusMsg(federation="fed", sender="S001", state="online"))
-    hlen = struct.unpack(">I", payload[4:8])[0]
-    doc = json.loads(payload[8:8 + hlen])
-    for bad in ({**doc, "evil": 1}, {**doc, "sent_at": float("nan")}, {**doc, "v": 1}, {**doc, "sender": "a/b"}):
+    doc = json.loads(encode_header(StatusMsg(federation="fed", sender="S001", state="online")))
+    assert decode(_frame(json.dumps(doc).encode()))[0].state == "online"  # a plain (not deflated) header is fine
+    for bad in ({**doc, "evil": 1}, {**doc, "sent_at": float("nan")}, {**doc, "v": 2}, {**doc, "sender": "a/b"},
+                {k: v for k, v in doc.items() if k != "kind"}):
         raw = json.dumps(bad).encode()
         with pytest.raises(ProtocolError):
-            decode(payload[:4] + struct.pack(">I", len(raw)) + raw)
+            decode(_frame(raw))
 
 
 def test_body_rules_and_limits():
@@ -110,12 +115,15 @@ def test_model_spec_is_strict():
                   ch_names=[], classes=[])
 
 
-def test_a_peer_of_another_schema_version_gets_a_clear_error():
-    """Schema 2 added device profiles, secure aggregation and cached extras: a v1 frame is refused by name."""
-    frame = encode(_update(), {"state.w": torch.ones(3)})
-    old = frame[:2] + bytes([1]) + frame[3:]
-    with pytest.raises(ProtocolError, match=f"unsupported schema version 1 \\(this build speaks {SCHEMA_VERSION}\\)"):
-        decode(old)
+@pytest.mark.parametrize("old", [1, 2])
+def test_a_peer_of_another_schema_version_gets_a_clear_error(old):
+    """Schema 2 added device profiles, secure aggregation and cached extras, schema 3 compact deflated headers
+    and shuffled / word-delta bodies: a v1 or v2 frame is refused by name (a v2 frame as a v2 peer sends it)."""
+    assert SCHEMA_VERSION == 3
+    hdr = _update().model_dump_json(exclude_none=False).replace('"v":3', f'"v":{old}').encode()
+    frame = b"NF" + bytes([old, 0]) + struct.pack(">I", len(hdr)) + hdr
+    with pytest.raises(ProtocolError, match=f"unsupported schema version {old} \\(this build speaks 3\\)"):
+        decode(frame)
 
 
 def test_model_spec_is_modelmeta_s_model_fields(tmp_path):
@@ -150,3 +158,171 @@ def test_model_bounds_must_match_modelmeta(monkeypatch):
     monkeypatch.delitem(proto.MODEL_BOUNDS, "n_channels")
     with pytest.raises(TypeError, match="MODEL_FIELDS"):
         proto._model_fields()
+
+
+# ----------------------------------------------------------------------------- schema 3: compact headers, coded bodies
+def _examples():
+    """One message of every kind, with and without optional parts (nested specs, None fields, empty containers)."""
+    from broker.protocol import (
+        ErrorMsg,
+        ExtrasMsg,
+        ModelMsg,
+        ResultMsg,
+        SaInboxMsg,
+        SaKeysMsg,
+        SaMaskedMsg,
+        SaRevealMsg,
+        SaRosterMsg,
+        SaSharesMsg,
+        SaUnmaskMsg,
+        SecAggSpec,
+        TaskMsg,
+    )
+
+    env = {"federation": "fed", "sender": "coordinator", "run_id": new_id()}
+    sa = {**env, "round": 2, "task_id": new_id()}
+    spec = ModelSpec(model="eegnet", n_channels=2, n_classes=2, n_times=64, sfreq=80.0, bn_mode="standard",
+                     ch_names=["C3", "C4"], classes=["left", "right"], preprocess={"ea": True, "fmin": 8.0},
+                     strategy="fedavg")
+    w = {"w": torch.randn(5, 3)}
+    return [
+        (JoinMsg(federation="fed", sender="S001", n_trials=45, n_channels=21, n_times=320, sfreq=80.0,
+                 classes=["a", "b"], capabilities={"torch": "2.4", "threads": 1}), None),
+        (StatusMsg(federation="fed", sender="S001", state="online"), None),  # round None, run_id ""
+        (StatusMsg(federation="fed", sender="S001", state="done", round=0, run_id=new_id()), None),
+        (TaskMsg(**env, round=0, rounds_total=3, task_id=new_id(), selected=["S001", "S002"], deadline_s=60, seed=0,
+                 strategy="fedavg", local={"lr": 0.05}, compress=True, model_sha256="a" * 64), None),
+        (TaskMsg(**env, round=1, rounds_total=3, task_id=new_id(), selected=["S001"], deadline_s=60, seed=7,
+                 strategy="scaffold", strategy_overrides={"mu": 0.1}, profiles={"S001": "p1"},
+                 profile_models={"p1": "b" * 64}, extras_sha256="c" * 64,
+                 secagg=SecAggSpec(neighbours=0, threshold=0.5, bound=8.0, n_ref=90)), {"extra.c": torch.ones(3)}),
+        (_update(run_id=env["run_id"]), pack({"state": w, "extra": {}})),
+        (ErrorMsg(federation="fed", sender="S001", code="task_failed", message="x", round=None), None),
+        (ResultMsg(**env, round=1, participants=[], rejected=0, bytes_down=1, bytes_up=2, seconds=0.5, loss=None,
+                   model_sha256="d" * 64), None),
+        (ModelMsg(**env, round=0, meta=spec), w),
+        (ModelMsg(**env, round=3, final=True, meta=spec.model_copy(update={"profile": "p1", "profiles": [{"name": "p1"}]})), w),
+        (ExtrasMsg(**env, round=1), w),
+        (SaKeysMsg(**{**sa, "sender": "S001"}, channel_pk="1" * 64, mask_pk="2" * 64), None),
+        (SaRosterMsg(**sa, size=3, index=1, graph_seed=5, neighbours=2, threshold=2,
+                     keys={"S002": (2, "3" * 64, "4" * 64)}), None),
+        (SaSharesMsg(**{**sa, "sender": "S001"}, shares={"S002": "QUJDRA=="}), None),
+        (SaInboxMsg(**sa, shares={"S002": "QUJDRA=="}), None),
+        (SaMaskedMsg(**{**sa, "sender": "S001"}), {"masked": torch.arange(10, dtype=torch.int32)}),
+        (SaUnmaskMsg(**sa, survivors=["S002"], dropped=[]), None),
+        (SaRevealMsg(**{**sa, "sender": "S001"}, b_shares={}, key_shares={"S003": "QUJDRA=="}), None),
+    ]
+
+
+@pytest.mark.parametrize("i", range(18))
+def test_every_header_kind_round_trips_without_its_default_fields(i):
+    """Schema 3 leaves fields at their default (None, "", 0, empty, False) off the wire; decoding fills them in."""
+    msg, tensors = _examples()[i]
+    for compress in (False, True):
+        got, back = decode(encode(msg, tensors, compress=compress))
+        assert got == msg.model_copy(update={"body_len": got.body_len, "body_sha256": got.body_sha256})
+        assert type(got) is type(msg) and got.msg_id == msg.msg_id and got.sent_at == msg.sent_at
+        assert (back is None) == (tensors is None)
+        assert back is None or all(torch.equal(back[k], tensors[k]) for k in tensors)
+    doc = json.loads(encode_header(msg))
+    assert {"kind", "msg_id", "sent_at"} <= doc.keys() and "v" not in doc
+    for k, v in doc.items():  # besides kind/msg_id/sent_at: required fields, and optional ones not at their default
+        field = type(msg).model_fields[k]
+        assert k in ("kind", "msg_id", "sent_at") or field.is_required() or v != field.get_default(
+            call_default_factory=True), k
+
+
+def test_compact_header_is_what_the_schema_fills_back():
+    task = _examples()[3][0]
+    doc = json.loads(encode_header(task))
+    assert not {"secagg", "profiles", "profile_models", "strategy_overrides", "extras_sha256", "body_len"} & doc.keys()
+    full = json.loads(task.model_dump_json())
+    assert {k: v for k, v in full.items() if k in doc} == doc  # the values that are sent are sent as before
+    # a header with every field written out (as schema 2 sent it) still decodes to the same message
+    raw = task.model_dump_json(exclude_none=False).encode()
+    assert decode(_frame(raw))[0] == task
+
+
+def test_header_dictionary_is_pinned():
+    """HEADER_DICT is part of the wire format: changing it is a schema change (bump SCHEMA_VERSION, then this hash)."""
+    import hashlib
+
+    from broker.protocol import HEADER_DICT
+
+    assert SCHEMA_VERSION == 3
+    assert hashlib.sha256(HEADER_DICT).hexdigest() == HEADER_DICT_SHA256
+
+
+HEADER_DICT_SHA256 = "20faa6c3ef840d560de4395acaf8a44aba6ba0f65b51bbf28b5531a4d68036b7"
+
+
+def test_bad_compressed_header_and_body_are_refused():
+    from broker.protocol import FLAG_HEADER, FLAG_LZMA, MAX_HEADER_BYTES, compress_body
+
+    good = encode(_update(), {"state.w": torch.ones(16)}, compress=True)
+    hlen = struct.unpack(">I", good[4:8])[0]
+    with pytest.raises(ProtocolError, match="compressed header"):
+        decode(good[:8] + bytes(hlen) + good[8 + hlen:])  # not a deflate stream
+    with pytest.raises(ProtocolError, match="truncated"):
+        decode(good[:4] + struct.pack(">I", hlen - 3) + good[8:8 + hlen - 3] + good[8 + hlen:])
+    import zlib
+
+    from broker.protocol import HEADER_DICT
+
+    c = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, HEADER_DICT)
+    bomb = c.compress(b" " * (MAX_HEADER_BYTES + 10)) + c.flush()
+    with pytest.raises(ProtocolError, match="expands beyond"):
+        decode(_frame(bomb, FLAG_HEADER))
+    body_bomb = compress_body(b"\x00" * (1 << 20))
+    with pytest.raises(ProtocolError, match="expands beyond its declared length"):
+        decode(good[:3] + bytes([good[3] | FLAG_LZMA]) + good[4:8 + hlen] + body_bomb)
+    with pytest.raises(ProtocolError, match="corrupt|truncated"):
+        decode(good[:-5])
+    with pytest.raises(ProtocolError, match="unknown frame flags"):
+        decode(good[:3] + bytes([0x10]) + good[4:])
+
+
+def test_body_coding_is_lossless_on_any_bytes():
+    """shuffle / delta_code invert exactly for every length and content, incl. a lying safetensors header length."""
+    import numpy as np
+
+    from broker.protocol import delta_code, delta_decode, shuffle, unshuffle
+
+    rng = np.random.default_rng(0)
+    for n in [*range(70), 1001, 4099, 65_543]:
+        b = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        ref = rng.integers(0, 256, max(n - 3, 0), dtype=np.uint8).tobytes()
+        small_hdr = (max(n - 8, 0) // 3).to_bytes(8, "little") + b[8:] if n >= 8 else b
+        for x in (b, small_hdr):
+            assert unshuffle(shuffle(x)) == x and len(shuffle(x)) == len(x)
+            for r in (ref, x + b"xyz", ref[:5], b""):
+                assert delta_decode(delta_code(x, r), r) == x
+                assert unshuffle(shuffle(delta_code(x, r))) == delta_code(x, r)
+
+
+def test_model_and_update_bodies_shrink_and_decode_exactly():
+    """The retained model (shuffled + LZMA2) and an update (word delta against the model + shuffled + LZMA2):
+    exact round trips, each smaller than plain zlib of the same safetensors bytes (the schema-2 model coding)."""
+    import zlib
+
+    from broker.protocol import ModelMsg, delta_reference, tensors_to_bytes
+
+    torch.manual_seed(0)
+    glob = {"conv.weight": 0.1 * torch.randn(16, 1, 21, 1), "fc.weight": 0.05 * torch.randn(2, 160),
+            "bn.running_var": 1 + 0.1 * torch.rand(16), "bn.num_batches_tracked": torch.tensor(40)}
+    spec = ModelSpec(model="eegnet", n_channels=21, n_classes=2, n_times=320, sfreq=80.0, bn_mode="standard",
+                     ch_names=[], classes=["a", "b"])
+    model = encode(ModelMsg(federation="fed", sender="coordinator", round=1, meta=spec), glob, compress=True)
+    msg, got = decode(model)
+    assert all(torch.equal(got[k], glob[k]) for k in glob) and msg.body_sha256 == state_sha256(glob)
+    hlen = struct.unpack(">I", model[4:8])[0]
+    assert len(model) - 8 - hlen < len(zlib.compress(tensors_to_bytes(glob), 6))
+    trained = {k: v + 1e-3 * torch.randn(v.shape) if v.is_floating_point() else v + 5 for k, v in glob.items()}
+    ref = delta_reference(glob)
+    up = encode(_update(), pack({"state": trained}), compress=True, reference=ref)
+    _, back = decode(up, reference=ref)
+    assert all(torch.equal(back[f"state.{k}"], trained[k]) for k in trained)
+    raw = tensors_to_bytes(pack({"state": trained}))
+    assert len(up) - 8 - struct.unpack(">I", up[4:8])[0] < 0.8 * len(zlib.compress(raw, 6))
+    with pytest.raises(ProtocolError, match="SHA-256"):  # decoded against another model: caught by the body hash
+        decode(up, reference=delta_reference(trained))
