@@ -203,14 +203,13 @@ def _examples():
         (ModelMsg(**env, round=0, meta=spec), w),
         (ModelMsg(**env, round=3, final=True, meta=spec.model_copy(update={"profile": "p1", "profiles": [{"name": "p1"}]})), w),
         (ExtrasMsg(**env, round=1), w),
-        (SaKeysMsg(**{**sa, "sender": "S001"}, channel_pk="1" * 64, mask_pk="2" * 64), None),
-        (SaRosterMsg(**sa, size=3, index=1, graph_seed=5, neighbours=2, threshold=2,
-                     keys={"S002": (2, "3" * 64, "4" * 64)}), None),
-        (SaSharesMsg(**{**sa, "sender": "S001"}, shares={"S002": "QUJDRA=="}), None),
-        (SaInboxMsg(**sa, shares={"S002": "QUJDRA=="}), None),
+        (SaKeysMsg(**{**sa, "sender": "S001"}, channel_pk="A" * 43 + "=", mask_pk="B" * 43 + "="), None),
+        (SaRosterMsg(**sa, size=3, index=1, graph_seed=5, neighbours=2, threshold=2, keys="QUJDRA=="), None),
+        (SaSharesMsg(**{**sa, "sender": "S001"}, shares="QUJDRA=="), None),
+        (SaInboxMsg(**sa, senders=[2], shares="QUJDRA=="), None),
         (SaMaskedMsg(**{**sa, "sender": "S001"}), {"masked": torch.arange(10, dtype=torch.int32)}),
-        (SaUnmaskMsg(**sa, survivors=["S002"], dropped=[]), None),
-        (SaRevealMsg(**{**sa, "sender": "S001"}, b_shares={}, key_shares={"S003": "QUJDRA=="}), None),
+        (SaUnmaskMsg(**sa, survivors=[2], dropped=[]), None),
+        (SaRevealMsg(**{**sa, "sender": "S001"}, b_shares="", key_shares="QUJDRA=="), None),
     ]
 
 
