@@ -1,7 +1,8 @@
 """Cut raw trials out of a live EEG stream at cue markers (pure logic on arrays; no pylsl here).
 
 :class:`TrialCutter` validates the stream with :func:`edge.stream.match_stream` (rate, units, channels: the
-same rules ``edge-client infer`` applies), and cuts each cue's ``[tmin, tmax)`` window with
+same rules ``edge-client infer`` applies; a stream in raw ``counts`` is read with the gain of the device profile
+it matches, :func:`edge.stream.stream_profile`), and cuts each cue's ``[tmin, tmax)`` window with
 :class:`edge.windowing.CueWindower` once all its samples are in the :class:`~edge.buffer.RingBuffer` (the
 decoder's windower and buffer too). Trials keep the raw microvolts so preprocessing can change later;
 :func:`preprocess_trials` applies exactly trainer's ``preprocess_epochs``.
@@ -16,10 +17,11 @@ import numpy as np
 
 from edge import logger
 from edge.buffer import RingBuffer
-from edge.stream import match_stream
+from edge.stream import StreamLayout, match_stream, stream_profile
 from edge.windowing import CueWindower
 from trainer.data.config import PreprocessConfig
 from trainer.data.preprocess import n_times_for, preprocess_epochs
+from trainer.data.profiles import DeviceProfile
 from trainer.errors import DataError
 
 
@@ -97,9 +99,23 @@ def check_stream(sfreq: float, ch_names: Sequence[str], units: Sequence[str], cf
     DataError
         Irregular or unexpected rate, missing channels (all listed), unknown units.
     """
-    lay = match_stream(sfreq, ch_names, units, cfg.channels, cfg.preprocess.channels or (), cfg.preprocess.fmax,
-                       cfg.expected_sfreq, source)
+    lay, _ = capture_layout(sfreq, ch_names, units, cfg, source)
     return lay.idx, lay.names, lay.scale
+
+
+def capture_layout(sfreq: float, ch_names: Sequence[str], units: Sequence[str], cfg: CaptureConfig,
+                   source: str = "stream") -> tuple[StreamLayout, DeviceProfile | None]:
+    """The stream's layout for capture and the device profile whose gain reads its ``counts`` channels (if any).
+
+    Raises
+    ------
+    DataError
+        As :func:`check_stream`; a ``counts`` stream matching no device profile in counts (one line).
+    """
+    prof = stream_profile(sfreq, ch_names, units, source=source)
+    lay = match_stream(sfreq, ch_names, units, cfg.channels, cfg.preprocess.channels or (), cfg.preprocess.fmax,
+                       cfg.expected_sfreq, source, profile=prof)
+    return lay, prof
 
 
 class TrialCutter:
@@ -112,13 +128,18 @@ class TrialCutter:
     ch_names, units : sequence of str
         Stream channel labels and units (from its XML description).
     cfg : CaptureConfig
+
+    Attributes
+    ----------
+    profile : DeviceProfile or None
+        The device profile whose gain turned the stream's raw ``counts`` into microvolts (None: the stream
+        declares a physical unit).
     """
 
     def __init__(self, sfreq: float, ch_names: Sequence[str], units: Sequence[str], cfg: CaptureConfig,
                  source: str = "stream") -> None:
         self.cfg, self.sfreq, self.source = cfg, float(sfreq), source
-        self.layout = match_stream(sfreq, ch_names, units, cfg.channels, cfg.preprocess.channels or (),
-                                   cfg.preprocess.fmax, cfg.expected_sfreq, source)
+        self.layout, self.profile = capture_layout(sfreq, ch_names, units, cfg, source)
         self.idx, self.ch_names, self.scale = self.layout.idx, self.layout.names, self.layout.scale
         self.n_times = n_times_for(self.sfreq, cfg.preprocess)
         self.windower = CueWindower(self.n_times, self.sfreq, cfg.preprocess.tmin, cfg.marker_timeout,
@@ -230,7 +251,11 @@ class LiveCapture:
         check_marker_stream(self.markers.meta)
         self.reconnect_after = reconnect_after
         self._next_reconnect = 0.0
-        self.cutter = TrialCutter(meta.sfreq, meta.ch_names, meta.units, self.cfg, source=meta.name)
+        try:  # a stream the capture cannot read (units, channels, rate): close the inlets before the error
+            self.cutter = TrialCutter(meta.sfreq, meta.ch_names, meta.units, self.cfg, source=meta.name)
+        except DataError:
+            self.close()
+            raise
         capacity = max(int(buffer_seconds * meta.sfreq), 4 * self.cutter.n_times + abs(self.cutter.offset))
         dtype = np.float64 if np.dtype(self.eeg.dtype) == np.float64 else np.float32
         self.buf = RingBuffer(meta.n_channels, capacity, dtype)

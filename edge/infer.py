@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -312,17 +312,11 @@ def check_stream(meta: OnnxModelMeta, ch_names: Sequence[str], sfreq: float,
     rules as recording); a model without resampling also needs the stream at its own rate. A model for a
     device profile that streams ``counts`` (ADS1299 counts) reads a ``counts`` channel with the profile's gain.
     """
-    counts = [i for i, u in enumerate(units or []) if u.strip().lower() == "counts"]
-    dev = meta.profile or {}
-    if counts and dev.get("unit") == "counts":
-        units = ["" if i in counts else u for i, u in enumerate(units or [])]
-    layout = match_stream(sfreq, ch_names, units, list(meta.ch_names), fmax=float(meta.preprocess.get("fmax", 0.0)),
-                          source=source)
-    if counts and dev.get("unit") == "counts":
-        from trainer.data.profiles import DeviceProfile
+    from trainer.data.profiles import DeviceProfile
 
-        per_uv = DeviceProfile.from_dict(dev, "model metadata").scale  # counts per microvolt
-        layout = replace(layout, scale=np.where(np.isin(layout.idx, counts), layout.scale / per_uv, layout.scale))
+    dev = DeviceProfile.from_dict(meta.profile, "model metadata") if meta.profile else None
+    layout = match_stream(sfreq, ch_names, units, list(meta.ch_names), fmax=float(meta.preprocess.get("fmax", 0.0)),
+                          source=source, profile=dev)
     if not meta.preprocess.get("resample") and abs(sfreq - meta.sfreq) > 1e-6:
         raise NeuroFedError(
             f"stream rate {sfreq} Hz differs from the model's {meta.sfreq} Hz (no resampling configured)"

@@ -29,7 +29,11 @@ def register(app: typer.Typer) -> None:
         processing: Annotated[str, typer.Option(help="Inlet processing: none, clocksync, dejitter, all.")] = "clocksync",
         resolve_timeout: Annotated[float, typer.Option(help="Seconds to find the streams.")] = 10.0,
     ) -> None:
-        """Capture trials at cue markers and append them (raw, checksummed) to the store."""
+        """Capture trials at cue markers and append them (raw, checksummed, in microvolts) to the store.
+
+        A stream in raw ``counts`` (e.g. headset-sim --profile cyton_daisy16) is converted with the gain of the
+        device profile its channels and rate match; one matching none is refused.
+        """
         from rich.console import Console
 
         from edge.capture import CaptureConfig, LiveCapture
@@ -50,6 +54,9 @@ def register(app: typer.Typer) -> None:
                           resolve_timeout=resolve_timeout, processing=processing)
         console.print(f"recording {cap.eeg.meta.name} ({cap.eeg.meta.n_channels} ch @ {cap.eeg.meta.sfreq:g} Hz) "
                       f"into {store} ({before} trials already there)")
+        if (prof := cap.cutter.profile) is not None:
+            console.print(f"raw counts: stream matches device profile {prof.name} ({prof.gain:g} counts per µV); "
+                          "trials are stored in microvolts")
 
         def on_trial(tr) -> None:
             seq = st.append(tr)

@@ -5,7 +5,10 @@ One place decides whether an incoming EEG stream can feed a consumer (``edge-cli
 from each channel's declared unit to microvolts. A stream one command accepts, the other accepts too.
 
 Units and labels follow :mod:`trainer.data.units` (the one table: ``microvolts``, ``uV``, ``volts``, mne-lsl's
-``"0"``...; ``Fc5.`` ~ ``FC5``).
+``"0"``...; ``Fc5.`` ~ ``FC5``). A channel in ``counts`` (raw amplifier counts, e.g. an OpenBCI Cyton's ADS1299)
+has no physical unit of its own: it is read with the gain of a device profile whose unit is ``counts``
+(:func:`trainer.data.profiles.to_microvolts`): the model's profile when decoding, the profile the stream matches
+(:func:`stream_profile`) when recording.
 """
 
 from __future__ import annotations
@@ -16,12 +19,45 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainer.data.profiles import DeviceProfile, ProfileError, match_profile, to_microvolts
 from trainer.data.units import norm_label, unit_scale
 from trainer.errors import DataError
 
 #: Name of a sample-counter channel (mne-lsl's tests, firmware_sim); never EEG.
 COUNTER_CHANNEL = "Samples"
 COUNTER_LABEL = COUNTER_CHANNEL.lower()
+#: LSL unit of raw amplifier counts (firmware_sim's spelling of a ``counts`` device profile)
+COUNTS_UNIT = "counts"
+
+
+def is_counts(unit: str) -> bool:
+    """True for a channel in raw amplifier counts."""
+    return unit.strip().lower() == COUNTS_UNIT
+
+
+def stream_profile(sfreq: float, ch_names: Sequence[str], units: Sequence[str] | None,
+                   profiles: Sequence[DeviceProfile] | None = None, source: str = "stream") -> DeviceProfile | None:
+    """The device profile whose gain reads a stream's ``counts`` channels; None when it has none.
+
+    The stream's channels (without the ``Samples`` counter) and rate must match one profile
+    (:func:`trainer.data.profiles.match_profile`; default: the shipped ones) whose unit is ``counts``.
+
+    Raises
+    ------
+    ProfileError
+        The stream sends counts but matches no profile, or one whose unit is not counts (one line).
+    """
+    if not any(is_counts(u) for u in units or []):
+        return None
+    eeg = [c for c in ch_names if norm_label(c) != COUNTER_LABEL]
+    try:
+        prof = match_profile(eeg, sfreq, profiles)
+    except ProfileError as exc:
+        raise ProfileError(f"{source}: raw counts need the gain of a device profile, but the {exc}") from None
+    if prof.unit != COUNTS_UNIT:
+        raise ProfileError(f"{source}: raw counts need the gain of a device profile in counts, but the "
+                           f"stream matches {prof.name}, whose unit is {prof.unit}")
+    return prof
 
 
 @dataclass(frozen=True)
@@ -58,7 +94,8 @@ class StreamLayout:
 
 def match_stream(sfreq: float, ch_names: Sequence[str], units: Sequence[str] | None = None,
                  wanted: Sequence[str] | None = None, also_needed: Sequence[str] = (), fmax: float | None = None,
-                 expected_sfreq: float | None = None, source: str = "stream") -> StreamLayout:
+                 expected_sfreq: float | None = None, source: str = "stream",
+                 profile: DeviceProfile | None = None) -> StreamLayout:
     """Validate a stream's rate, channels and units for a consumer.
 
     Parameters
@@ -77,6 +114,8 @@ def match_stream(sfreq: float, ch_names: Sequence[str], units: Sequence[str] | N
         Refuse another nominal rate.
     source : str
         Stream name for the error messages.
+    profile : DeviceProfile, optional
+        The device profile (unit ``counts``) whose gain reads ``counts`` channels.
 
     Raises
     ------
@@ -101,9 +140,15 @@ def match_stream(sfreq: float, ch_names: Sequence[str], units: Sequence[str] | N
     if missing:
         raise DataError(f"{source}: missing channels {missing} (stream has {ch_names})")
     idx = [index[norm_label(c)] for c in keep]
-    scales = [unit_scale(units[i]) for i in idx]
+    counts = [i for i in idx if is_counts(units[i])]
+    if counts and (profile is None or profile.unit != COUNTS_UNIT):
+        raise DataError(f"{source}: channels {[ch_names[i] for i in counts][:5]} are in raw counts, but no device "
+                        "profile in counts gives their gain")
+    per_count = float(to_microvolts(1.0, profile)) if counts else 1.0  # microvolts per count
+    scales = [per_count if i in counts else unit_scale(units[i]) for i in idx]
     bad = [(ch_names[i], units[i]) for i, f in zip(idx, scales) if f is None]
     if bad:
-        raise DataError(f"{source}: channel units must be microvolts (or volts/millivolts/nanovolts, or "
-                        f"mne-lsl's power of ten of volts); got {bad[:5]}{' ...' if len(bad) > 5 else ''}")
+        raise DataError(f"{source}: channel units must be microvolts (or volts/millivolts/nanovolts, mne-lsl's "
+                        f"power of ten of volts, or counts of a device profile); got {bad[:5]}"
+                        f"{' ...' if len(bad) > 5 else ''}")
     return StreamLayout(idx, keep, np.array(scales, dtype=np.float64))

@@ -9,11 +9,12 @@ import pytest
 from edge.buffer import RingBuffer
 from edge.capture import CaptureConfig, TrialCutter, check_stream
 from edge.infer import InferenceEngine, Prediction
-from edge.stream import match_stream
+from edge.stream import match_stream, stream_profile
 from edge.windowing import CueWindower, SlidingWindower
 from export.runtime import OnnxModel
 from tests.export.conftest import exported_eegnet
 from trainer.data.preprocess import ea_inv_sqrt, ea_matrix, pick_channels
+from trainer.data.profiles import ProfileError, get_profile, to_microvolts
 from trainer.data.units import norm_label, unit_scale
 from trainer.errors import DataError, NeuroFedError
 
@@ -140,3 +141,27 @@ def test_one_ea_inverse_square_root():
     assert np.allclose(m @ r @ m, np.eye(4), atol=1e-10) and np.array_equal(m, ea_matrix(x))
     with pytest.raises(DataError, match="not positive"):
         ea_inv_sqrt(np.zeros((3, 3)))
+
+
+def test_counts_are_read_with_the_matched_profiles_gain():
+    """A stream in raw counts (issue 19): recording reads it with the gain of the shipped profile its channels and
+    rate match (the same conversion as :func:`trainer.data.profiles.to_microvolts`); anything else is one line."""
+    cyton, uni = get_profile("cyton_daisy16"), get_profile("unicorn8")
+    ch = list(cyton.channels)
+    assert stream_profile(125.0, ch, ["microvolts"] * 16) is None  # a physical unit needs no profile
+    assert stream_profile(125.0, ["Samples"] + ch, ["samples"] + ["counts"] * 16) == cyton  # counter ignored
+    x_uv = np.random.default_rng(0).standard_normal((16, 50)) * 30
+    counts = (x_uv * cyton.scale).astype(np.float32)  # what the headset streams
+    cut = TrialCutter(125.0, ch, ["counts"] * 16, CaptureConfig())
+    assert cut.profile == cyton
+    np.testing.assert_allclose(cut.layout.select(counts.T), to_microvolts(counts, cyton), rtol=1e-15)
+    np.testing.assert_allclose(cut.layout.select(counts.T), x_uv, rtol=0, atol=1e-5 * np.abs(x_uv).max())
+    with pytest.raises(ProfileError) as e:  # Cyton channels at another rate: no profile
+        TrialCutter(250.0, ch, ["counts"] * 16, CaptureConfig(), source="s")
+    assert str(e.value).startswith("s: raw counts need the gain of a device profile, but the stream with 16 "
+                                   "channels at 250 Hz (Fp1, Fp2, F7, F3, F4, F8, C3, C4, ...) matches no device profile")
+    with pytest.raises(ProfileError, match="^s: raw counts need the gain of a device profile in counts, but the "
+                                           "stream matches unicorn8, whose unit is uV$"):
+        check_stream(250.0, list(uni.channels), ["counts"] * 8, CaptureConfig(), source="s")
+    with pytest.raises(DataError, match=r"^s: channels \['Fp1'\] are in raw counts, but no device profile"):
+        match_stream(125.0, ch, ["counts"] + ["uV"] * 15, source="s")  # the decoding path without a counts profile
