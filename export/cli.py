@@ -40,7 +40,8 @@ def export_cmd(
         str | None, typer.Option(help="subjects for verification (default: first not trained on)")
     ] = None,
     int8: Annotated[
-        bool, typer.Option("--int8", help="also write a dynamically int8-quantised model")
+        bool, typer.Option("--int8", help="also write a dynamically int8-quantised model (one per device profile "
+                                          "of a hierarchical checkpoint)")
     ] = False,
     int8_ops: Annotated[
         str, typer.Option(help="int8 scope: all (Conv+Gemm) or linear (Gemm/MatMul only)")
@@ -65,6 +66,9 @@ def export_cmd(
     batch-specific BN context itself (``probs, state = run(window, state)``; see docs/apps.md). A model
     for a device profile takes that profile's rate and unit; a hierarchical (fleeg) checkpoint gives one
     graph per profile (``model.<profile>.onnx``).
+
+    With ``--int8``: also ``model.int8.onnx`` (``model.<profile>.int8.onnx`` for each profile of a hierarchical
+    checkpoint), dynamically quantised, with its accuracy change on the held-out trials the export is verified on.
     """
     from export.onnx_export import export_model, held_out_data, report_dict
     from trainer.checkpoint import load_checkpoint
@@ -95,9 +99,7 @@ def export_cmd(
     if not checkpoint.is_file():
         raise NeuroFedError(f"{checkpoint}: checkpoint file not found")
     if _hierarchical(checkpoint):  # a fleeg federation's server state: one model per device profile
-        if int8:
-            raise NeuroFedError("--int8: export the profiles first, then quantise each profile's model")
-        _export_profiles(checkpoint, output, data_dir, verify, verify_subjects, report)
+        _export_profiles(checkpoint, output, data_dir, verify, verify_subjects, report, int8_ops if int8 else None)
         return
     model, cmeta = load_checkpoint(checkpoint)
     X = y = ids = None
@@ -117,17 +119,23 @@ def export_cmd(
         )
     console.print(f"wrote {output} (model_hash {meta.model_hash[:12]}...)")
     if int8:
-        from export.quantize import accuracy_delta, quantize
-
-        q = quantize(output, output.with_suffix(".int8.onnx"), int8_ops)
-        out["int8"] = {"path": str(q), "ops": int8_ops, **accuracy_delta(output, q, X, y)}
-        d = out["int8"]
-        console.print(
-            f"wrote {q}: BCA fp32 {100 * d['bca_fp32']:.1f} % -> int8 {100 * d['bca_int8']:.1f} % "
-            f"(delta {100 * d['bca_delta']:+.1f} pts, agreement {100 * d['agreement']:.1f} %, "
-            f"{d['size_fp32_bytes']} -> {d['size_int8_bytes']} bytes)"
-        )
+        out["int8"] = _int8(output, int8_ops, X, y)
     _write_json(report, out)
+
+
+def _int8(fp32: Path, ops: str, X, y) -> dict:
+    """Quantise an exported model next to it (``model.onnx`` -> ``model.int8.onnx``) and report its accuracy change
+    on ``(X, y)``."""
+    from export.quantize import accuracy_delta, quantize
+
+    q = quantize(fp32, fp32.with_suffix(".int8.onnx"), ops)
+    d = {"path": str(q), "ops": ops, **accuracy_delta(fp32, q, X, y)}
+    console.print(
+        f"wrote {q}: BCA fp32 {100 * d['bca_fp32']:.1f} % -> int8 {100 * d['bca_int8']:.1f} % "
+        f"(delta {100 * d['bca_delta']:+.1f} pts, agreement {100 * d['agreement']:.1f} %, "
+        f"{d['size_fp32_bytes']} -> {d['size_int8_bytes']} bytes)"
+    )
+    return d
 
 
 def _print_standalone(path: Path, meta) -> None:
@@ -156,12 +164,22 @@ def _hierarchical(checkpoint: Path) -> bool:
 
 
 def _export_profiles(checkpoint: Path, output: Path, data_dir: str | None, verify: bool, verify_subjects: str | None,
-                     report: Path | None) -> None:
-    """Export one verified ONNX model per device profile of a hierarchical checkpoint."""
-    from export.onnx_export import export_profiles, report_dict
+                     report: Path | None, int8_ops: str | None = None) -> None:
+    """Export one verified ONNX model per device profile of a hierarchical checkpoint (and, with ``int8_ops``, its
+    int8 copy, scored on the held-out trials recorded through that profile's device)."""
+    from export.onnx_export import export_profiles, held_out_data, report_dict
+    from trainer.checkpoint import load_profile_models
 
+    subjects = _parse_subjects(verify_subjects, data_dir)
+    if int8_ops is not None:
+        from export.quantize import QUANT_OPS
+        from trainer.errors import NeuroFedError
+
+        if int8_ops not in QUANT_OPS:  # before exporting anything
+            raise NeuroFedError(f"quantisation ops {int8_ops!r}: choose from {sorted(QUANT_OPS)}")
     with console.status("exporting and verifying one model per device profile..."):
-        done = export_profiles(checkpoint, output, data_dir, verify, _parse_subjects(verify_subjects, data_dir))
+        done = export_profiles(checkpoint, output, data_dir, verify, subjects)
+    metas = {p: cmeta for p, (_, cmeta) in load_profile_models(checkpoint).items()} if int8_ops else {}
     out = {}
     for p, (path, meta, rep) in done.items():
         worst = max(rep.max_abs_diff.values(), default=float("nan"))
@@ -170,6 +188,9 @@ def _export_profiles(checkpoint: Path, output: Path, data_dir: str | None, verif
                       + (f"; verified on {rep.n_trials} trials of {', '.join(rep.subjects)}, max |dlogit| "
                          f"{worst:.1e}" if verify else ""))
         out[p] = {"path": str(path), **report_dict(meta, rep)}
+        if int8_ops is not None:  # the trials the float model was verified on (preprocessing is cached)
+            X, y, _, _ = held_out_data(metas[p], data_dir, subjects)
+            out[p]["int8"] = _int8(path, int8_ops, X, y)
     _write_json(report, {"profiles": out})
 
 

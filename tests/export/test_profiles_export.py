@@ -79,6 +79,49 @@ def test_one_verified_onnx_model_per_profile(fleeg_ckpt, data_dir, tmp_path):
     assert len(set(h.values())) == 2
 
 
+def test_int8_export_gives_one_quantised_model_per_profile(fleeg_ckpt, data_dir, tmp_path):
+    """`neurofed export CKPT --int8` of a hierarchical checkpoint: besides each profile's verified float model, its
+    dynamically int8-quantised copy (`model.<profile>.int8.onnx`, same profile and model hash in the metadata),
+    scored against the float model on the held-out trials recorded through that profile's device (the bounds of the
+    single-model int8 test, tests/export/test_quantize.py), and picked by `edge-client infer` for its stream."""
+    import onnx
+
+    from export.runtime import OnnxModel
+    from neurofed.cli import app
+
+    ckpt, _ = fleeg_ckpt
+    r = CliRunner().invoke(app, ["export", str(ckpt), "-o", str(tmp_path / "model.onnx"), "--int8", "--data-dir",
+                                 str(data_dir), "--json", str(tmp_path / "rep.json")])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    rep = json.loads((tmp_path / "rep.json").read_text())["profiles"]
+    assert sorted(rep) == sorted(PROFILES.values())
+    for p in PROFILES.values():
+        fp32, q = tmp_path / f"model.{p}.onnx", tmp_path / f"model.{p}.int8.onnx"
+        d = rep[p]["int8"]
+        assert d["path"] == str(q) and d["ops"] == "all" and q.is_file()
+        meta, qmeta = read_onnx_meta(fp32), read_onnx_meta(q)
+        assert qmeta.quantized == "dynamic int8 (all)" and qmeta.profile == meta.profile
+        assert qmeta.model_hash == meta.model_hash and meta.quantized is None
+        types = {n.op_type for n in onnx.load(str(q)).graph.node}
+        assert {"ConvInteger", "MatMulInteger"} <= types and not {"Conv", "Gemm"} & types  # ops="all"
+        # scored on the float model's verification trials: a held-out subject recorded through the profile
+        X = load_profile_subject(3, p, PRE, data_dir, 0).X
+        assert rep[p]["subjects"] == ["S003"] and d["n_trials"] == len(X)
+        assert abs(d["bca_delta"] - (d["bca_int8"] - d["bca_fp32"])) < 1e-12
+        assert d["size_int8_bytes"] < d["size_fp32_bytes"]
+        lf, lq = OnnxModel(fp32).logits(X), OnnxModel(q).logits(X)
+        assert abs(float(abs(lf - lq).max()) - d["max_abs_logit_diff"]) < 1e-6
+        print(f"{p}: int8 vs fp32 on {len(X)} trials of S003: agreement {d['agreement']:.3f}, max |dlogit| "
+              f"{d['max_abs_logit_diff']:.3g}, {d['size_fp32_bytes']} -> {d['size_int8_bytes']} bytes")  # pytest -rP
+        assert d["agreement"] >= 0.8 and d["max_abs_logit_diff"] < 0.5
+        prof = get_profile(p)
+        assert pick_model([q for q in tmp_path.glob("*.int8.onnx")], list(prof.channels), prof.sfreq) == q
+    r = CliRunner().invoke(app, ["export", str(ckpt), "-o", str(tmp_path / "x.onnx"), "--int8", "--int8-ops", "some",
+                                 "--no-verify"])
+    assert isinstance(r.exception, NeuroFedError) and "choose from ['all', 'linear']" in str(r.exception)
+    assert not list(tmp_path.glob("x*.onnx"))  # refused before exporting anything
+
+
 def test_infer_picks_the_model_of_the_streams_profile(fleeg_ckpt, data_dir, tmp_path):
     from export.onnx_export import export_profiles
 
