@@ -116,14 +116,9 @@ def _diff(a, b) -> float:
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in b)
 
 
-@pytest.mark.slow
-def test_mixed_profile_mqtt_federation_matches_in_process(mosquitto, fed_name, tmp_path):
-    """Two device profiles (8 and 16 channels), four real subjects, 3 rounds of 3 clients: the coordinator and
-    the edge clients (each loading its subject through its device as `edge-client join --profile` does) end with
-    the in-process simulation's weights, the shared module and each profile's own."""
-    os.environ.setdefault("NEUROFED_CACHE", str(tmp_path / "cache"))
-    want_state, want_models = reference(MIXED, rounds=3, fraction=0.75)  # also fills the cache for the clients
-    cfg = toml(tmp_path / "federation.toml", fed_name, ["unicorn8", "cyton_daisy16"], 3, 0.75, 4)
+def run_mixed(mosquitto, fed_name: str, cfg: Path, tmp_path: Path) -> tuple[Path, list, int]:
+    """The coordinator and one in-process edge client per subject of ``MIXED`` (each through its device):
+    returns (output folder, the edge clients, the number of updates they delivered)."""
     out = tmp_path / "out"
     coord = Coordinator(load_config(cfg), mosquitto.url, out)
     ct = Bg(coord.run)
@@ -132,7 +127,19 @@ def test_mixed_profile_mqtt_federation_matches_in_process(mosquitto, fed_name, t
     serialise_training(edges)
     runs = [Bg(lambda e=e: e.run(max_seconds=600)) for e in edges]
     ct.result(600)
-    assert sum(r.result(60) for r in runs) == 9  # 3 rounds x 3 clients
+    return out, edges, sum(r.result(60) for r in runs)
+
+
+@pytest.mark.slow
+def test_mixed_profile_mqtt_federation_matches_in_process(mosquitto, fed_name, tmp_path):
+    """Two device profiles (8 and 16 channels), four real subjects, 3 rounds of 3 clients: the coordinator and
+    the edge clients (each loading its subject through its device as `edge-client join --profile` does) end with
+    the in-process simulation's weights, the shared module and each profile's own."""
+    os.environ.setdefault("NEUROFED_CACHE", str(tmp_path / "cache"))
+    want_state, want_models = reference(MIXED, rounds=3, fraction=0.75)  # also fills the cache for the clients
+    cfg = toml(tmp_path / "federation.toml", fed_name, ["unicorn8", "cyton_daisy16"], 3, 0.75, 4)
+    out, edges, n_updates = run_mixed(mosquitto, fed_name, cfg, tmp_path)
+    assert n_updates == 9  # 3 rounds x 3 clients
     assert [e.profile for e in edges] == list(MIXED.values())
 
     got = load_file(str(out / "global_model.safetensors"))  # the whole server state
@@ -166,15 +173,8 @@ def test_local_bn_mode_travels_with_the_strategy_over_mqtt(mosquitto, fed_name, 
     assert init.keys() == want_state.keys()
     assert not any(k.startswith("@") and "running_" in k for k in init)  # batch-specific BN in local.*
     assert any(k.startswith("body.") and "running_mean" in k for k in init)  # standard BN in the shared part
-    out = tmp_path / "out"
-    coord = Coordinator(load_config(cfg), mosquitto.url, out)
-    ct = Bg(coord.run)
-    edges = [EdgeClient(mosquitto.url, fed_name, f"S{s:03d}", make_loader(DATA_DIR, s, None, p), tmp_path / "st",
-                        montage=make_montage(None, p)) for s, p in MIXED.items()]
-    serialise_training(edges)
-    runs = [Bg(lambda e=e: e.run(max_seconds=600)) for e in edges]
-    ct.result(600)
-    assert sum(r.result(60) for r in runs) == 6  # 2 rounds x 3 clients
+    out, _edges, n_updates = run_mixed(mosquitto, fed_name, cfg, tmp_path)
+    assert n_updates == 6  # 2 rounds x 3 clients
     got = load_file(str(out / "global_model.safetensors"))
     assert got.keys() == want_state.keys()
     diff = _diff(got, want_state)
