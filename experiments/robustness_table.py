@@ -49,6 +49,8 @@ def folds_table() -> None:
     print("|---|---|---|---|")
     print(row("clean, clip 3 x median (default)", ref, ref))
     print(row("20 % scale x10, clip 3 x median (default)", load("byzantine_folds", "scale_clip3"), ref))
+    print(row("clean, clip 1.5 x median", load("byzantine_clip", "clean_clip15"), ref))
+    print(row("20 % scale x10, clip 1.5 x median", load("byzantine_clip", "scale_clip15"), ref))
 
 
 def fraction_table(ref: dict) -> None:
@@ -71,7 +73,8 @@ def main() -> None:
     ref = load("byzantine", "clean")
     if ref is None:
         raise SystemExit("run experiments/byzantine.txt first (its 'clean' run is the reference)")
-    print("| run (20 % attackers, FedAvg) | BCA % (mean ± sample std, 9 held-out subjects) | vs clean | paired p |")
+    print(f"| run (20 % attackers, FedAvg) | BCA % (mean ± sample std, {len(ref['per_subject'])} held-out subjects) "
+          "| vs clean | paired p |")
     print("|---|---|---|---|")
     print(row("clean (no attacker, no defence)", ref, ref))
     for d, lab in (("clip3", "clip 3 x median (default)"), ("median", "median"), ("trim", "trimmed mean 0.2"),
@@ -85,9 +88,10 @@ def main() -> None:
     print()
     print("| DP-FedAvg run | BCA % | vs clean | paired p | epsilon (delta 1e-5) |")
     print("|---|---|---|---|---|")
-    for name in ("dp_clip_only", "dp_eps512", "dp_eps64", "dp_eps8"):
+    for name in ("dp_clip_only", "dp_eps512", "dp_eps64", "dp_eps8", "clean_all10", "dp_eps8_all10", "dp_eps8_all5"):
         r = load("dp", name)
-        eps = "" if r is None else f" {r.get('privacy', {}).get('epsilon', float('nan')):.3g} |"
+        eps = ("" if r is None else " no DP |" if "privacy" not in r
+               else f" {r['privacy'].get('epsilon', float('nan')):.3g} |")
         print(row(name, r, ref, eps))
 
 
