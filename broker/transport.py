@@ -205,7 +205,10 @@ class MqttTransport:
             except (OSError, ssl.SSLError) as exc:
                 raise TransportError(f"cannot reach broker {self.url.redacted()}: {exc}") from None
             c.loop_start()
-            deadline = time.monotonic() + (timeout if not v5 or len(versions) == 1 else min(timeout, 3.0))
+            # the whole timeout for v5 too: a 3.1.1-only broker refuses a v5 CONNECT (or closes the connection)
+            # at once, while a CONNACK that is merely slow (a loaded machine) must not make us open a second
+            # session under the same client id over 3.1.1 (the broker then publishes our will on the takeover)
+            deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and not self._connected.is_set() and self._refusal is None:
                 time.sleep(0.01)
             if self._connected.is_set():
@@ -239,6 +242,8 @@ class MqttTransport:
     def _on_disconnect(self, client, userdata, flags, reason_code, properties=None) -> None:
         if client is not self._live:
             return
+        if self._client is None and self._refusal is None and not self._connected.is_set():  # in connect()
+            self._refusal = f"connection closed before CONNACK ({reason_code})"
         if self._connected.is_set():
             self._connected.clear()
             self._put(Incoming("disconnected"))

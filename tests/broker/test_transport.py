@@ -202,3 +202,26 @@ def test_transport_reestablishes_a_session_that_stopped_delivering(mosquitto, fe
     finally:
         t.close()
         o.close()
+
+
+def test_a_slow_connack_does_not_downgrade_to_311(mosquitto):
+    """A v5 CONNACK that is merely late (a loaded machine; here the broker is paused for 4 s) is waited for.
+
+    Before, ``auto`` gave MQTT 5 three seconds, then opened a second session under the same client id over
+    3.1.1: the broker took the first one over and published the client's will ("offline") on the way.
+    """
+    import os
+    import signal
+    import threading
+
+    os.kill(mosquitto.proc.pid, signal.SIGSTOP)
+    resume = threading.Timer(4.0, os.kill, (mosquitto.proc.pid, signal.SIGCONT))
+    resume.start()
+    try:
+        t = MqttTransport(mosquitto.url, "patient").connect(timeout=20)
+    finally:
+        resume.join()
+    try:
+        assert t.mqtt_version == "5"
+    finally:
+        t.close()
