@@ -217,11 +217,13 @@ class MqttTransport:
                 self.mqtt_version = "5" if v5 else "3.1.1"
                 logger.debug("%s connected to %s over MQTT %s", self.client_id, self.url.redacted(), self.mqtt_version)
                 return self
+            refusal, self._live = self._refusal, None  # the abandoned client's callbacks no longer count
             c.loop_stop()
             c.disconnect()
-            last = self._refusal or "no CONNACK in time"
-            if self._refusal and _is_auth_refusal(self._refusal):
-                raise AuthError(f"broker {self.url.redacted()} refused client {self.client_id!r}: {self._refusal}")
+            self._connected.clear()  # in case its CONNACK came in just now
+            last = refusal or "no CONNACK in time"
+            if refusal and _is_auth_refusal(refusal):
+                raise AuthError(f"broker {self.url.redacted()} refused client {self.client_id!r}: {refusal}")
         raise TransportError(f"broker {self.url.redacted()} did not accept client {self.client_id!r}: {last}")
 
     def _on_connect(self, client, userdata, flags, reason_code, properties=None) -> None:  # paho thread
