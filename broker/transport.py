@@ -161,6 +161,7 @@ class MqttTransport:
         self.probe_topic = probe_topic
         self.probe_s = probe_s
         self.restarts = 0  # sessions re-established by the supervision (not paho's own reconnects)
+        self.sessions = 0  # CONNACKs accepted (paho's reconnects and the supervision's restarts included)
         self._last_in = time.monotonic()  # last incoming message (any topic, probes included)
         self._probe: tuple[bytes, float] | None = None  # (payload, sent at) of the probe in flight
         self._next_check = 0.0
@@ -233,6 +234,10 @@ class MqttTransport:
             self._refusal = str(reason_code)
             client.disconnect()
             return
+        self.sessions += 1
+        if self.sessions > 1:
+            logger.info("%s reconnected to %s (session %d); %d subscription(s) renewed", self.client_id,
+                        self.url.redacted(), self.sessions, len(self.subscriptions))
         for topic in list(self.subscriptions):
             self._sub(client, topic)
         if self.probe_topic is not None:
@@ -249,7 +254,7 @@ class MqttTransport:
         if self._connected.is_set():
             self._connected.clear()
             self._put(Incoming("disconnected"))
-            logger.debug("%s lost the broker (%s); reconnecting with backoff", self.client_id, reason_code)
+            logger.info("%s lost the broker (%s); reconnecting with backoff", self.client_id, reason_code)
 
     def _on_puback(self, client, *args) -> None:  # paho thread: a QoS 1 publish of ours was acknowledged
         _ack_now(client.socket())
@@ -422,7 +427,8 @@ class MqttTransport:
         d: dict[str, object] = {"client_id": self.client_id, "connected": self.connected, "mqtt": self.mqtt_version,
                                 "queued": self.queue.qsize(), "msgs_in": self.msgs_in, "msgs_out": self.msgs_out,
                                 "last_in_s_ago": round(time.monotonic() - self._last_in, 1),
-                                "probe_in_flight": self._probe is not None, "restarts": self.restarts}
+                                "probe_in_flight": self._probe is not None, "restarts": self.restarts,
+                                "sessions": self.sessions}
         if c is not None:
             d.update({"loop_alive": _loop_alive(c), "paho_state": _paho_state(c), "socket": c.socket() is not None,
                       "out_in_flight": getattr(c, "_inflight_messages", "?"),
