@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
 
 import pytest
 
+from broker import logger
 from broker.embedded import EmbeddedBroker
 from broker.transport import BrokerURL, MqttTransport, TransportError
 
@@ -181,7 +183,7 @@ def test_transport_replaces_a_network_thread_that_died(mosquitto, fed_name):
         o.close()
 
 
-def test_transport_reestablishes_a_session_that_stopped_delivering(mosquitto, fed_name, caplog):
+def test_transport_reestablishes_a_session_that_stopped_delivering(mosquitto, fed_name):
     """A session that is connected but delivers nothing (here: its subscriptions vanished behind the
     transport's back) is caught by the probe and re-established with the subscriptions renewed."""
     topic, probe = f"neurofed/{fed_name}/x", f"neurofed/{fed_name}/probe/deaf"
@@ -194,10 +196,16 @@ def test_transport_reestablishes_a_session_that_stopped_delivering(mosquitto, fe
         assert _drain(t, 1, timeout=1.0) == [] and t.restarts == 0
         t._client.unsubscribe([topic, probe])  # the broker stops delivering; paho and the transport don't know
         time.sleep(0.5)
-        with caplog.at_level("WARNING", logger="broker"):
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = records.append  # on the package logger itself: a CLI test may have stopped its propagation
+        logger.addHandler(handler)
+        try:
             assert _exchange(o, t, topic, b"after", timeout=20.0)
+        finally:
+            logger.removeHandler(handler)
         assert t.restarts == 1 and t.connected
-        assert any("re-establishing the MQTT session" in r.getMessage() for r in caplog.records)
+        assert any("re-establishing the MQTT session" in r.getMessage() for r in records)
         assert t.traffic().get(probe) is None  # probes are not traffic
     finally:
         t.close()
