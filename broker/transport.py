@@ -6,6 +6,15 @@ incoming messages and connection events go to a thread-safe queue that the calle
 timeout (no application logic runs in paho's network thread). Library errors become
 :class:`TransportError`.
 
+Supervision: paho's network thread ends for good if a callback raises or the client is disconnected
+(for instance after the broker refused a reconnect), and a broker can keep a session open that no
+longer delivers (a full in-flight window of QoS-1 messages it never saw acknowledged is not re-sent
+within a connection). Either way the caller would poll an empty queue forever. :meth:`MqttTransport.get`
+therefore checks, about once a second, that the network thread is alive and, with a ``probe_topic``,
+that a probe published after ``probe_s`` seconds of inbound silence comes back within ``probe_s``;
+otherwise it logs a warning and re-establishes the session with a fresh client (subscriptions renewed,
+a ``connected`` event queued). :meth:`MqttTransport.describe` reports the connection state.
+
 Latency: MQTT's small packets (PUBACKs, short control messages) meet Nagle's algorithm and the peer's
 delayed ACK (40 ms on Linux) on every leg: a small write waits for the ACK of the previous small write,
 which the peer delays because it has nothing to send back. That cost ~40 ms per hop (~90 ms per
@@ -116,12 +125,17 @@ class MqttTransport:
         TLS files (``mqtts://``); the system CA store when ``ca_certs`` is None.
     max_queue : int
         Incoming messages kept before the oldest are dropped (logged).
+    probe_topic : str, optional
+        A topic we may publish and subscribe to and nobody else uses: after ``probe_s`` seconds without
+        an incoming message a small probe is published there (not counted in :meth:`traffic`); if it does
+        not come back within ``probe_s`` seconds the session is re-established (see the module docstring).
+    probe_s : float
     """
 
     def __init__(self, url: str | BrokerURL, client_id: str, *, will: tuple[str, bytes] | None = None,
                  keepalive: int = 10, protocol: Protocol = "auto", ca_certs: str | None = None,
                  certfile: str | None = None, keyfile: str | None = None, max_queue: int = 100_000,
-                 reconnect_max_s: int = 8) -> None:
+                 reconnect_max_s: int = 8, probe_topic: str | None = None, probe_s: float = 20.0) -> None:
         self.url = url if isinstance(url, BrokerURL) else BrokerURL.parse(url)
         self.client_id = client_id
         self.will = will
@@ -142,6 +156,16 @@ class MqttTransport:
         self._connected = threading.Event()
         self._refusal: str | None = None
         self._lock = threading.Lock()
+        self._live: mqtt.Client | None = None  # the client whose callbacks count (a retired one's are ignored)
+        self._v5 = True
+        self.probe_topic = probe_topic
+        self.probe_s = probe_s
+        self.restarts = 0  # sessions re-established by the supervision (not paho's own reconnects)
+        self.sessions = 0  # CONNACKs accepted (paho's reconnects and the supervision's restarts included)
+        self._last_in = time.monotonic()  # last incoming message (any topic, probes included)
+        self._probe: tuple[bytes, float] | None = None  # (payload, sent at) of the probe in flight
+        self._next_check = 0.0
+        self._restart_after = 0.0
 
     # ------------------------------------------------------------------ connection
     def _make(self, v5: bool) -> mqtt.Client:
@@ -166,6 +190,7 @@ class MqttTransport:
         c.on_message = self._on_message
         c.on_socket_open = _no_delay
         c.on_publish = self._on_puback
+        self._live = c
         return c
 
     def connect(self, timeout: float = 10.0) -> Self:
@@ -181,42 +206,69 @@ class MqttTransport:
             except (OSError, ssl.SSLError) as exc:
                 raise TransportError(f"cannot reach broker {self.url.redacted()}: {exc}") from None
             c.loop_start()
-            deadline = time.monotonic() + (timeout if not v5 or len(versions) == 1 else min(timeout, 3.0))
+            # the whole timeout for v5 too: a 3.1.1-only broker refuses a v5 CONNECT (or closes the connection)
+            # at once, while a CONNACK that is merely slow (a loaded machine) must not make us open a second
+            # session under the same client id over 3.1.1 (the broker then publishes our will on the takeover)
+            deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and not self._connected.is_set() and self._refusal is None:
                 time.sleep(0.01)
             if self._connected.is_set():
-                self._client = c
+                self._client, self._v5 = c, v5
+                self._last_in = time.monotonic()
                 self.mqtt_version = "5" if v5 else "3.1.1"
                 logger.debug("%s connected to %s over MQTT %s", self.client_id, self.url.redacted(), self.mqtt_version)
                 return self
+            refusal, self._live = self._refusal, None  # the abandoned client's callbacks no longer count
             c.loop_stop()
             c.disconnect()
-            last = self._refusal or "no CONNACK in time"
-            if self._refusal and _is_auth_refusal(self._refusal):
-                raise AuthError(f"broker {self.url.redacted()} refused client {self.client_id!r}: {self._refusal}")
+            self._connected.clear()  # in case its CONNACK came in just now
+            last = refusal or "no CONNACK in time"
+            if refusal and _is_auth_refusal(refusal):
+                raise AuthError(f"broker {self.url.redacted()} refused client {self.client_id!r}: {refusal}")
         raise TransportError(f"broker {self.url.redacted()} did not accept client {self.client_id!r}: {last}")
 
     def _on_connect(self, client, userdata, flags, reason_code, properties=None) -> None:  # paho thread
+        if client is not self._live:  # a client we gave up on (connect() fallback, supervision restart)
+            return
         if reason_code.is_failure if isinstance(reason_code, ReasonCode) else reason_code != 0:
             self._refusal = str(reason_code)
             client.disconnect()
             return
+        self.sessions += 1
+        if self.sessions > 1:
+            logger.info("%s reconnected to %s (session %d); %d subscription(s) renewed", self.client_id,
+                        self.url.redacted(), self.sessions, len(self.subscriptions))
         for topic in list(self.subscriptions):
             self._sub(client, topic)
+        if self.probe_topic is not None:
+            client.subscribe(self.probe_topic, qos=1)
+        self._probe, self._last_in = None, time.monotonic()
         self._connected.set()
         self._put(Incoming("connected"))
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties=None) -> None:
+        if client is not self._live:
+            return
+        if self._client is None and self._refusal is None and not self._connected.is_set():  # in connect()
+            self._refusal = f"connection closed before CONNACK ({reason_code})"
         if self._connected.is_set():
             self._connected.clear()
             self._put(Incoming("disconnected"))
-            logger.debug("%s lost the broker (%s); reconnecting with backoff", self.client_id, reason_code)
+            logger.info("%s lost the broker (%s); reconnecting with backoff", self.client_id, reason_code)
 
     def _on_puback(self, client, *args) -> None:  # paho thread: a QoS 1 publish of ours was acknowledged
         _ack_now(client.socket())
 
     def _on_message(self, client, userdata, msg) -> None:
         _ack_now(client.socket())
+        if client is not self._live:
+            return
+        self._last_in = time.monotonic()
+        if msg.topic == self.probe_topic:
+            probe = self._probe
+            if probe is not None and msg.payload == probe[0]:
+                self._probe = None
+            return
         self.bytes_in += len(msg.payload)
         self.msgs_in += 1
         self._count(msg.topic, len(msg.payload))
@@ -306,17 +358,89 @@ class MqttTransport:
             return {t: (m, b) for t, (m, b) in self._traffic.items()}
 
     def get(self, timeout: float = 0.1) -> Incoming | None:
-        """Next incoming item, or None after ``timeout`` seconds."""
+        """Next incoming item, or None after ``timeout`` seconds (also runs :meth:`check`)."""
+        self.check()
         try:
             return self.queue.get(timeout=max(timeout, 0.0))
         except queue.Empty:
             return None
+
+    # ------------------------------------------------------------------ supervision
+    def check(self) -> None:
+        """Re-establish the session if it can no longer deliver (caller's thread; at most once a second).
+
+        A network thread that stopped (paho leaves it for good after a callback raised or a refused
+        reconnect) is replaced at once; with a ``probe_topic``, a session that delivered nothing for
+        ``probe_s`` seconds is probed and replaced if the probe does not come back within ``probe_s``.
+        """
+        c, now = self._client, time.monotonic()
+        if c is None or now < self._next_check:
+            return
+        self._next_check = now + 1.0
+        if not _loop_alive(c):
+            if now >= self._restart_after:
+                self._restart(f"its network thread stopped (paho state {_paho_state(c)})")
+            return
+        if self.probe_topic is None or not self.connected:
+            self._probe = None
+            return
+        probe = self._probe
+        if probe is not None:
+            if now - probe[1] > self.probe_s:
+                self._restart(f"the broker delivered nothing for {now - self._last_in:.0f} s and a probe on "
+                              f"{self.probe_topic} did not come back within {self.probe_s:.0f} s")
+            return
+        if now - self._last_in > self.probe_s:
+            self._probe = (f"probe {now:.3f}".encode(), now)
+            try:
+                c.publish(self.probe_topic, self._probe[0], qos=1)
+            except (ValueError, OSError) as exc:
+                logger.debug("%s: probe not sent: %s", self.client_id, exc)
+
+    def _restart(self, why: str) -> None:
+        """Retire the current paho client (in a helper thread: it may be stuck) and connect a fresh one."""
+        old = self._client
+        self.restarts += 1
+        self._restart_after = time.monotonic() + self.reconnect_max_s
+        logger.warning("%s: %s; re-establishing the MQTT session (restart #%d; state %s)", self.client_id, why,
+                       self.restarts, self.describe())
+        self._live, self._probe = None, None
+        if self._connected.is_set():
+            self._connected.clear()
+            self._put(Incoming("disconnected"))
+        if old is not None:
+            retire = threading.Thread(target=_retire, args=(old,), daemon=True, name=f"retire-{self.client_id}")
+            retire.start()
+            retire.join(2.0)  # its DISCONNECT first, so the broker does not publish our will on the takeover
+        c = self._make(self._v5)
+        self._client = c
+        self._last_in = time.monotonic()
+        try:
+            c.connect_async(self.url.host, self.url.port, keepalive=self.keepalive)
+            c.loop_start()  # connects (retrying) in its thread; _on_connect renews the subscriptions
+        except (OSError, ValueError) as exc:
+            logger.warning("%s: restarting the MQTT client failed: %s", self.client_id, exc)
+
+    def describe(self) -> dict[str, object]:
+        """The connection state, for diagnostics (a stalled intake, a failing test)."""
+        c = self._client
+        d: dict[str, object] = {"client_id": self.client_id, "connected": self.connected, "mqtt": self.mqtt_version,
+                                "queued": self.queue.qsize(), "msgs_in": self.msgs_in, "msgs_out": self.msgs_out,
+                                "last_in_s_ago": round(time.monotonic() - self._last_in, 1),
+                                "probe_in_flight": self._probe is not None, "restarts": self.restarts,
+                                "sessions": self.sessions}
+        if c is not None:
+            d.update({"loop_alive": _loop_alive(c), "paho_state": _paho_state(c), "socket": c.socket() is not None,
+                      "out_in_flight": getattr(c, "_inflight_messages", "?"),
+                      "out_queued": len(getattr(c, "_out_messages", ())), "out_packets": len(getattr(c, "_out_packet", ()))})
+        return d
 
     def close(self, timeout: float = 2.0) -> None:
         """Disconnect cleanly (the last will is not sent) and stop the network thread."""
         c, self._client = self._client, None
         if c is None:
             return
+        self._probe = None
         try:
             c.disconnect()
         finally:
@@ -333,6 +457,26 @@ class MqttTransport:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _loop_alive(c: mqtt.Client) -> bool:
+    """Whether ``c``'s network thread (``loop_start``) is running; paho has no public accessor for it."""
+    t = getattr(c, "_thread", None)
+    return t is not None and t.is_alive()
+
+
+def _paho_state(c: mqtt.Client) -> str:
+    st = getattr(c, "_state", None)
+    return getattr(st, "name", str(st))
+
+
+def _retire(c: mqtt.Client) -> None:
+    """Disconnect a client we replace (its callbacks are already ignored) and stop its thread."""
+    try:
+        c.disconnect()
+        c.loop_stop()
+    except Exception as exc:  # noqa: BLE001 - best effort on a client we no longer use
+        logger.debug("retiring an MQTT client: %s", exc)
 
 
 def _no_delay(client, userdata, sock) -> None:

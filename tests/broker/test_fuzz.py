@@ -6,15 +6,17 @@ import json
 import os
 import random
 import struct
+import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import pytest
 import torch
 
 from broker.config import config_from_dict
-from broker.coordinator import Coordinator
+from broker.coordinator import Coordinator, FederationError
 from broker.protocol import (
     FLAG_LZMA,
     SCHEMA_VERSION,
@@ -47,6 +49,37 @@ def _seeds(fed: str) -> list[bytes]:
         encode(ErrorMsg(federation=fed, sender="F3", code="oops", message="x")),
         encode(UpdateMsg(federation=fed, sender="F4", round=0, task_id=new_id(), n_samples=45, base_sha256="a" * 64), w),
     ]
+
+
+def _stacks() -> str:
+    """Every thread's stack (a stalled coordinator: is paho's network thread alive, and where is it?)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+                     for ident, frame in sys._current_frames().items())
+
+
+class _Watchdog(threading.Thread):
+    """Reports (stderr, and :attr:`report` for the assertion) when ``coord.handled`` stops moving for ``stall_s``
+    seconds while the fuzzer has published more than the coordinator handled: thread stacks and both
+    transports' connection state, taken while it is stuck."""
+
+    def __init__(self, coord: Coordinator, fuzzer: MqttTransport, stall_s: float = 30.0) -> None:
+        super().__init__(daemon=True, name="fuzz-watchdog")
+        self.coord, self.fuzzer, self.stall_s = coord, fuzzer, stall_s
+        self.published, self.report = 0, ""
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        last, since = -1, time.monotonic()
+        while not self.done.wait(1.0):
+            h = self.coord.handled
+            if h != last or self.published <= h:
+                last, since = h, time.monotonic()
+            elif time.monotonic() - since > self.stall_s and not self.report:
+                self.report = (f"coordinator stalled: handled {h} of {self.published} published for "
+                               f"{self.stall_s:.0f} s\ncoordinator transport: {self.coord.transport.describe()}\n"
+                               f"fuzzer transport: {self.fuzzer.describe()}\n{_stacks()}")
+                print(self.report, file=sys.stderr, flush=True)
 
 
 def _payload(rng: random.Random, seeds: list[bytes]) -> bytes:
@@ -100,18 +133,27 @@ def test_coordinator_survives_fuzz_then_serves_a_correct_round(subjects4, mosqui
     seeds = _seeds(fed_name)
     fuzzer = MqttTransport(mosquitto.url, "fuzzer").connect()
     targets = [f(c) for f in (topics.join, topics.status, topics.update, topics.error) for c in ("F1", "F4", "S001")]
+    end = time.monotonic() + 300  # generous: a loaded 2-core machine slows the broker and coordinator
+    # the coordinator has subscribed once it handled its `connected` event (its subscriptions precede the
+    # model publish the broker acknowledged): fuzz sent before would reach nobody
+    while coord.connects < 1 and not errors and time.monotonic() < end:
+        time.sleep(0.05)
+    watchdog = _Watchdog(coord, fuzzer)
+    watchdog.start()
     # in chunks, letting the coordinator catch up: Mosquitto drops QoS-1 messages beyond a slow
     # subscriber's queue (max_queued_messages 1000), which would test the broker, not the coordinator
-    end = time.monotonic() + 300  # generous: a loaded 2-core machine slows the broker and coordinator
     for start in range(0, N_FUZZ, 250):
         for _ in range(250):
             fuzzer.publish(rng.choice(targets), _payload(rng, seeds), wait=30.0)  # broker-acknowledged
+            watchdog.published += 1
         while coord.handled < start + 200 and time.monotonic() < end:
             time.sleep(0.05)
     while sum(coord.rejections.values()) < 0.8 * N_FUZZ and time.monotonic() < end:
         time.sleep(0.2)
-    assert sum(coord.rejections.values()) >= 0.8 * N_FUZZ, (coord.rejections, coord.handled, errors, ct.is_alive())
-    assert not errors and ct.is_alive()
+    watchdog.done.set()
+    state = (coord.rejections, coord.handled, errors, ct.is_alive(), coord.transport.describe(), watchdog.report)
+    assert sum(coord.rejections.values()) >= 0.8 * N_FUZZ, state
+    assert not errors and ct.is_alive(), state
 
     # now a real round, with crafted bad updates racing the real ones
     fuzzer.subscribe(topics.task)
@@ -141,3 +183,43 @@ def test_coordinator_survives_fuzz_then_serves_a_correct_round(subjects4, mosqui
     want = reference_state(subjects4[:2], 1, 1.0, 7, "fedbs")
     diff = max(float((coord.server.global_state[k].double() - want[k].double()).abs().max()) for k in want)
     assert diff <= 1e-6
+
+
+def test_coordinator_recovers_a_session_that_stopped_delivering(mosquitto, fed_name, tmp_path):
+    """A coordinator whose broker session silently stops delivering (its subscriptions vanish behind its back)
+    notices through its probe, re-establishes the session, re-announces itself and handles messages again;
+    an idle but healthy session is left alone."""
+    cfg = config_from_dict({"federation": {"name": fed_name, "rounds": 1, "min_clients": 2, "join_timeout_s": 60},
+                            "output": {"dir": str(tmp_path / "out")}})
+    coord = Coordinator(cfg, mosquitto.url, probe_s=1.0)
+    stop, stopped = threading.Event(), []
+
+    def run_coord():
+        try:
+            coord.run(stop)
+        except FederationError as exc:  # "stopped", when the test is done
+            stopped.append(exc)
+
+    ct = threading.Thread(target=run_coord, daemon=True)
+    ct.start()
+    topics = Topics(fed_name)
+    end = time.monotonic() + 30
+    while coord.connects < 1 and time.monotonic() < end:
+        time.sleep(0.05)
+    time.sleep(4)  # idle: probes go out and come back
+    t = coord.transport
+    assert coord.connects == 1 and t.restarts == 0, t.describe()
+    t._client.unsubscribe([topics.any_client(k) for k in ("join", "status", "update", "error")] + [t.probe_topic])
+    time.sleep(0.5)
+    other = MqttTransport(mosquitto.url, "S001").connect()
+    try:
+        while coord.rejections["bad_message"] == 0 and time.monotonic() < end:
+            other.publish(topics.join("S001"), b"not a frame")  # handled = rejected (the coordinator's own
+            time.sleep(0.5)                                      # status echo would not show on this counter)
+        assert coord.rejections["bad_message"] > 0, t.describe()
+        assert t.restarts == 1 and coord.connects == 2, t.describe()
+    finally:
+        stop.set()
+        ct.join(10)
+        other.close()
+    assert stopped and not ct.is_alive()

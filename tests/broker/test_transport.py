@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
 
 import pytest
 
+from broker import logger
 from broker.embedded import EmbeddedBroker
 from broker.transport import BrokerURL, MqttTransport, TransportError
 
@@ -134,3 +136,100 @@ def test_sockets_send_small_packets_at_once(mosquitto, fed_name):
     finally:
         a.close()
         b.close()
+
+
+def _exchange(sender: MqttTransport, receiver: MqttTransport, topic: str, payload: bytes, timeout: float = 15.0) -> bool:
+    """Publish until ``receiver`` gets ``payload`` (its session may still be coming back); True once it did."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        sender.publish(topic, payload, wait=5.0)
+        got = _drain(receiver, 1, timeout=1.0)
+        if got and got[0].payload == payload:
+            return True
+    return False
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_transport_replaces_a_network_thread_that_died(mosquitto, fed_name):
+    """paho leaves its network thread for good when a callback raises: the transport notices and reconnects.
+
+    Before, the thread's death left the transport "connected" with nothing ever arriving again (a
+    coordinator polling its queue waited out its join timeout).
+    """
+    topic = f"neurofed/{fed_name}/x"
+    t = MqttTransport(mosquitto.url, "mortal", reconnect_max_s=1).connect()
+    o = MqttTransport(mosquitto.url, "other").connect()
+    try:
+        t.subscribe(topic)
+        assert _exchange(o, t, topic, b"before")
+        put, calls = t._put, []
+
+        def boom(item):  # the next message kills paho's network thread (an exception in on_message)
+            if not calls:
+                calls.append(item)
+                raise RuntimeError("callback failure")
+            put(item)
+
+        t._put = boom
+        o.publish(topic, b"killer")
+        end = time.monotonic() + 5
+        while t.describe()["loop_alive"] and time.monotonic() < end:
+            time.sleep(0.05)
+        assert calls and not t.describe()["loop_alive"]
+        assert _exchange(o, t, topic, b"after")  # get() (inside _drain) re-established the session
+        assert t.restarts == 1 and t.connected and t.describe()["loop_alive"]
+    finally:
+        t.close()
+        o.close()
+
+
+def test_transport_reestablishes_a_session_that_stopped_delivering(mosquitto, fed_name):
+    """A session that is connected but delivers nothing (here: its subscriptions vanished behind the
+    transport's back) is caught by the probe and re-established with the subscriptions renewed."""
+    topic, probe = f"neurofed/{fed_name}/x", f"neurofed/{fed_name}/probe/deaf"
+    t = MqttTransport(mosquitto.url, "deaf", probe_topic=probe, probe_s=1.0, reconnect_max_s=1).connect()
+    o = MqttTransport(mosquitto.url, "other").connect()
+    try:
+        t.subscribe(topic)
+        assert _exchange(o, t, topic, b"before")
+        time.sleep(2.5)  # idle beyond probe_s: the probe goes out and comes back; nothing is restarted
+        assert _drain(t, 1, timeout=1.0) == [] and t.restarts == 0
+        t._client.unsubscribe([topic, probe])  # the broker stops delivering; paho and the transport don't know
+        time.sleep(0.5)
+        records: list[logging.LogRecord] = []
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = records.append  # on the package logger itself: a CLI test may have stopped its propagation
+        logger.addHandler(handler)
+        try:
+            assert _exchange(o, t, topic, b"after", timeout=20.0)
+        finally:
+            logger.removeHandler(handler)
+        assert t.restarts == 1 and t.connected
+        assert any("re-establishing the MQTT session" in r.getMessage() for r in records)
+        assert t.traffic().get(probe) is None  # probes are not traffic
+    finally:
+        t.close()
+        o.close()
+
+
+def test_a_slow_connack_does_not_downgrade_to_311(mosquitto):
+    """A v5 CONNACK that is merely late (a loaded machine; here the broker is paused for 4 s) is waited for.
+
+    Before, ``auto`` gave MQTT 5 three seconds, then opened a second session under the same client id over
+    3.1.1: the broker took the first one over and published the client's will ("offline") on the way.
+    """
+    import os
+    import signal
+    import threading
+
+    os.kill(mosquitto.proc.pid, signal.SIGSTOP)
+    resume = threading.Timer(4.0, os.kill, (mosquitto.proc.pid, signal.SIGCONT))
+    resume.start()
+    try:
+        t = MqttTransport(mosquitto.url, "patient").connect(timeout=20)
+    finally:
+        resume.join()
+    try:
+        assert t.mqtt_version == "5"
+    finally:
+        t.close()
