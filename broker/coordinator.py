@@ -143,7 +143,7 @@ class Coordinator:
         will = (self.topics.status(COORDINATOR_ID), self._status("offline"))
         # a probe on a topic of its own lets the transport notice a session that stopped delivering (and
         # re-establish it) instead of this coordinator waiting out its join timeout on an empty queue
-        transport_kw.setdefault("probe_topic", f"{self.topics.root}/probe/{COORDINATOR_ID}")
+        transport_kw.setdefault("probe_topic", self.topics.probe(COORDINATOR_ID))
         self.transport = MqttTransport(broker_url, f"{self.fed.name}-{COORDINATOR_ID}", will=will, **transport_kw)
 
     # ------------------------------------------------------------------ persistence

@@ -94,6 +94,10 @@ class Topics:
     def extras(self) -> str:
         return f"{self.root}/extras"
 
+    def probe(self, client_id: str) -> str:
+        """A client's own liveness probe (broker.transport): it publishes there and reads it back, nobody else."""
+        return f"{self.root}/probe/{_checked(client_id)}"
+
     def status(self, client_id: str) -> str:
         return f"{self.root}/status/{_checked(client_id)}"
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from broker.protocol import (
+    COORDINATOR_ID,
     SECAGG_DOWN,
     SECAGG_UP,
     ProtocolError,
@@ -129,7 +130,7 @@ class Wiretap:
             try:
                 kind, _ = self.topics.parse(s.topic)
             except ProtocolError:
-                kind = "unknown"
+                kind = "probe" if s.topic == self.topics.probe(COORDINATOR_ID) else "unknown"
             n[kind] += 1
             b[kind] += len(s.payload)
         return {"messages": dict(n), "bytes": dict(b), "total_messages": sum(n.values()),
@@ -250,7 +251,7 @@ def audit(tap: Wiretap, model_specs: dict[str, tuple[tuple[int, ...], str]], fp:
     scan: list[tuple[str, int, np.ndarray]] = []  # (topic, message number, hashes of a blob's 4-float runs)
     ref = None  # updates are delta-coded against the global model they trained from (the last one published)
     for s in ours:
-        if not s.payload:  # a cleared retained message
+        if not s.payload or s.topic == tap.topics.probe(COORDINATOR_ID):  # cleared retained / liveness probe
             continue
         res.messages += 1
         try:

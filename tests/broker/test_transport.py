@@ -131,8 +131,9 @@ def test_sockets_send_small_packets_at_once(mosquitto, fed_name):
             b.publish(f"neurofed/{fed_name}/pong", got[0].payload, wait=None)
             assert _drain(a, 1)[0].payload == b"%d" % i
             rtt.append(time.perf_counter() - t0)
-        # each of the 4 hops stalled ~20-40 ms before; a loopback exchange without stalls is a few ms
-        assert statistics.median(rtt) < 0.02, f"median ping/pong {statistics.median(rtt) * 1000:.1f} ms"
+        # each of the 4 hops stalled ~20-40 ms before (median 88 ms); a loopback exchange without stalls is a few
+        # ms: 40 ms leaves room for a loaded 2-core machine and still fails the old transport by 2x
+        assert statistics.median(rtt) < 0.04, f"median ping/pong {statistics.median(rtt) * 1000:.1f} ms"
     finally:
         a.close()
         b.close()
