@@ -82,7 +82,7 @@ def check_compatible(cfg: FederationConfig, strategy: Any, model: torch.nn.Modul
     if type(strategy.state_aggregator(state, 0, 1)) is not WeightedSum:
         raise ConfigError(
             f"secure_aggregation: strategy {name!r} aggregates with a rule that needs every single update "
-            "(robust aggregation, the adaptive norm clip, which is on by default with clip_mult = 3, or DP); the "
+            "(robust aggregation, the adaptive norm clip, which is on by default with clip_mult = 1.5, or DP); the "
             "coordinator only learns the sum. Set strategy_overrides = { clip_mult = 0 } (aggregator = \"mean\", "
             "no dp_clip), and [validation] norm_bound > 0 to have every client clip its own update to that bound "
             "before masking")

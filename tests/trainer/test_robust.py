@@ -56,7 +56,7 @@ def test_clipping_is_on_by_default_and_dp_replaces_it():
     assert [type(c).__name__ for c in get_strategy("fedavg", dp_clip=1.0).components] == ["ClientDP"]
     ups = [(f"c{i}", ClientUpdate({"w": torch.tensor(v)}, 1)) for i, v in enumerate([[1.0, 0.0], [0.0, 2.0], [90.0, 0.0]])]
     out = server_update(ServerState({"w": torch.zeros(2)}), ups, get_strategy("fedavg"), 3).global_state["w"]
-    torch.testing.assert_close(out, torch.tensor([(1 + 6) / 3, 2 / 3]))  # 90 clipped to 3 x median norm 2
+    torch.testing.assert_close(out, torch.tensor([(1 + 3) / 3, 2 / 3]))  # 90 clipped to 1.5 x median norm 2
 
 
 def test_only_one_aggregation_rule():
