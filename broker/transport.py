@@ -440,7 +440,7 @@ class MqttTransport:
         c, self._client = self._client, None
         if c is None:
             return
-        self._probe = None
+        self._probe, self._live = None, None  # our own disconnect: its callback is not "lost the broker"
         try:
             c.disconnect()
         finally:
