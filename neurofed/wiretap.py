@@ -250,8 +250,9 @@ def audit(tap: Wiretap, model_specs: dict[str, tuple[tuple[int, ...], str]], fp:
     prefixes = {"task": ("down.", "extra."), "update": ("state.", "extra."), "model": ("",)}
     scan: list[tuple[str, int, np.ndarray]] = []  # (topic, message number, hashes of a blob's 4-float runs)
     ref = None  # updates are delta-coded against the global model they trained from (the last one published)
+    probe = tap.topics.probe(COORDINATOR_ID)
     for s in ours:
-        if not s.payload or s.topic == tap.topics.probe(COORDINATOR_ID):  # cleared retained / liveness probe
+        if not s.payload or s.topic == probe:  # cleared retained / liveness probe
             continue
         res.messages += 1
         try:
