@@ -88,6 +88,7 @@ class Swarm:
             self.t.subscribe(topic)
         self.rng = torch.Generator().manual_seed(seed)
         self.global_state: dict[str, torch.Tensor] | None = None
+        self.spec = None  # the model's ModelSpec, from the coordinator's retained model message
         self.run_id = ""
         self.model: torch.nn.Module | None = None
         self.model_times: list[tuple[int, float]] = []
@@ -102,7 +103,7 @@ class Swarm:
             if item is not None and item.event == "message" and item.payload:
                 msg, tensors = decode(item.payload)
                 if msg.kind == "model":
-                    self.global_state, self.run_id = tensors, msg.run_id
+                    self.global_state, self.run_id, self.spec = tensors, msg.run_id, msg.meta
         if self.global_state is None:
             raise TimeoutError("no model from the coordinator")
 

@@ -2,17 +2,18 @@
 
 For each client count the same federation (FedAvg, EEGNet 21 ch / 80 Hz, every client selected, no clip) runs
 once with plain updates and once with SecAgg+ over a real broker. The clients are a lightweight swarm on one
-MQTT connection (:class:`SecAggSwarm`): each answers its task at once with the global model plus seeded noise,
-through the real client code (:class:`edge.secagg_client.SecAggSession` under secure aggregation), so the
-numbers are the protocol's, not training's. Measured per round:
+MQTT connection (:class:`SecAggSwarm`) in a child process, so their work runs beside the coordinator's (another
+core, another interpreter) as it would on the clients' own hosts: each answers its task at once with the global
+model plus seeded noise, through the real client code (:class:`edge.secagg_client.SecAggSession` under secure
+aggregation), so the numbers are the protocol's, not training's. Measured per round:
 
 * ``round_s``: the coordinator's round time (task published to model published);
 * ``coordinator_bytes``: payload bytes the coordinator received and sent in the round (its transport counters);
-* ``broker_bytes``: payload bytes through the broker in the round (coordinator + swarm, in and out);
+* ``broker_bytes``: payload bytes through the broker in the round (coordinator + swarm, in and out; the swarm's
+  share counted from one round's task to the next's);
 * ``swarm_cpu_s``: CPU the swarm spent in secure-aggregation client code for all clients (one process plays
   every client in turn, so this is serial: a deployment's clients work in parallel, ``swarm_cpu_s / n`` each);
-  the swarm thread's own CPU time (``time.thread_time``: the coordinator's and paho's threads in the same
-  process are not counted);
+  the swarm thread's own CPU time (``time.thread_time``: paho's network thread is not counted);
 * ``coordinator_cpu_s``: the coordinator's own secure-aggregation work (validation, routing, unmasking);
 * ``secagg_round_s_parallel_clients_est``: an estimate, ``round_s - swarm_cpu_s + swarm_cpu_s / n``: the
   round with each client's secure-aggregation work done in parallel on its own host instead of serially here.
@@ -24,7 +25,9 @@ SecAgg+ graph, 0 % and 10 % dropout.
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
+import queue
 import platform
 import threading
 import time
@@ -69,6 +72,7 @@ class SecAggSwarm(Swarm):
         self.updates: dict[str, dict[str, torch.Tensor]] = {}  # what each client trained, last round
         self.tasks = 0
         self.refused: list[str] = []  # "client: reason" of every secure-aggregation step a client refused
+        self.marks: list[tuple[str, int, float, int]] = []  # (kind, round, cpu_s, bytes) at each task / the end
 
     def _send(self, cid: str, out: list) -> None:
         for m, tensors in out:
@@ -100,6 +104,8 @@ class SecAggSwarm(Swarm):
     def handle(self, item, msg, tensors) -> None:
         """:meth:`broker.bench.Swarm.handle`, plus the secure-aggregation steps of each simulated client."""
         cid = item.topic.rsplit("/", 1)[-1]
+        if msg.kind == "task" or (msg.kind == "result" and msg.final):  # a round boundary: the counters so far
+            self.marks.append((msg.kind, int(msg.round), self.cpu_s, self.t.bytes_in + self.t.bytes_out))
         if not msg.kind.startswith("sa_"):
             super().handle(item, msg, tensors)
         elif cid in self.sessions:
@@ -122,8 +128,45 @@ class SecAggSwarm(Swarm):
         self.t.close()
 
 
+def _swarm_process(url: str, fed: str, n: int, q: Any) -> None:
+    """Child process: the ``n`` swarm clients, on their own core (not the coordinator's interpreter and GIL).
+
+    Puts ``{"marks": ..., "refused": ...}`` on ``q`` when the federation's final result arrives, or
+    ``{"error": ...}``.
+    """
+    torch.set_num_threads(1)
+    try:
+        swarm = SecAggSwarm(url, fed, n)
+        swarm.wait_model(120.0)
+        swarm.join(swarm.spec)
+        swarm.serve(threading.Event())  # returns at the final result
+        q.put({"marks": swarm.marks, "refused": swarm.refused})
+        swarm.close()
+    except Exception as exc:  # reported by the parent, which names the federation
+        q.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _swarm_rounds(marks: list[tuple[str, int, float, int]]) -> dict[int, tuple[float, int]]:
+    """Per round: the swarm's (CPU s, bytes) from the round's first task to the next round's task (or the end)."""
+    starts: dict[int, int] = {}
+    for i, (kind, r, _, _) in enumerate(marks):
+        if kind == "task":
+            starts.setdefault(r, i)
+    out = {}
+    for r, i in starts.items():
+        j = next((j for j in range(i + 1, len(marks)) if marks[j][0] != "task" or marks[j][1] != r), None)
+        if j is not None:
+            out[r] = (marks[j][2] - marks[i][2], marks[j][3] - marks[i][3])
+    return out
+
+
 def run_rounds(url: str, n: int, secure: bool, rounds: int, phase_s: float = 60.0) -> dict[str, Any]:
-    """One federation of ``n`` swarm clients, ``rounds`` rounds; per-round time and bytes."""
+    """One federation of ``n`` swarm clients, ``rounds`` rounds; per-round time and bytes.
+
+    The coordinator runs here (a thread), the swarm in a child process: on the critical path of a round the
+    clients' work then overlaps the coordinator's as it would with clients on their own hosts, although the
+    ``n`` clients still take turns on one core (``swarm_cpu_s`` is their serial total).
+    """
     fed = f"sa{uuid.uuid4().hex[:6]}"
     cfg = config_from_dict({"federation": {"name": fed, "rounds": rounds, "fraction": 1.0, "min_clients": n,
                                            "round_deadline_s": 600, "strategy": "fedavg", "join_timeout_s": 300,
@@ -134,31 +177,37 @@ def run_rounds(url: str, n: int, secure: bool, rounds: int, phase_s: float = 60.
     stop = threading.Event()
     ct = threading.Thread(target=coord.run, kwargs={"stop": stop}, daemon=True)
     ct.start()
-    swarm = SecAggSwarm(url, fed, n)
-    swarm.wait_model(120.0)
-    swarm.join(coord.spec)
-    st = threading.Thread(target=swarm.serve, args=(stop,), daemon=True)
-    st.start()
-    snaps, cpu, seen = [], [], 0
-    while ct.is_alive():  # per-round counters: snapshot at every round's end
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_swarm_process, args=(url, fed, n, q), daemon=True)
+    proc.start()
+    snaps, seen = [], 0
+    while ct.is_alive():  # the coordinator's per-round counters: snapshot at every round's end
         if len(coord.metrics) > seen:
             seen = len(coord.metrics)
-            tr = coord.transport
-            snaps.append((tr.bytes_in + tr.bytes_out, swarm.t.bytes_in + swarm.t.bytes_out))
-            cpu.append(swarm.cpu_s)
+            snaps.append(coord.transport.bytes_in + coord.transport.bytes_out)
         time.sleep(0.005)
     ct.join()
-    stop.set()
-    st.join(10)
-    swarm.close()
+    try:
+        rep = q.get(timeout=60)
+    except queue.Empty:
+        rep = {"error": "the swarm process sent nothing within 60 s of the federation's end"}
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.terminate()
+    if "error" in rep:
+        raise RuntimeError(f"bench secagg, federation {fed} ({n} clients): swarm failed: {rep['error']}")
+    swarm = _swarm_rounds([tuple(m) for m in rep["marks"]])
     rows = []
-    prev, prev_cpu = (0, 0), 0.0
-    for m, snap, c in zip(coord.metrics, snaps, cpu):
+    prev = 0
+    for m, snap in zip(coord.metrics, snaps):
+        cpu, sb = swarm.get(int(m["round"]) - 1, (float("nan"), 0))  # task r is the round that ends as r + 1
         rows.append({"round": m["round"], "round_s": round(m["seconds"], 3), "participants": len(m["participants"]),
-                     "coordinator_bytes": snap[0] - prev[0], "broker_bytes": snap[0] - prev[0] + snap[1] - prev[1],
-                     "swarm_cpu_s": round(c - prev_cpu, 3), "secagg": m.get("secagg")})
-        prev, prev_cpu = snap, c
-    return {"clients": n, "secure": secure, "rounds": rows}
+                     "coordinator_bytes": snap - prev, "broker_bytes": snap - prev + sb,
+                     "swarm_cpu_s": round(cpu, 3), "secagg": m.get("secagg")})
+        prev = snap
+    return {"clients": n, "secure": secure, "rounds": rows, "refused": rep["refused"]}
 
 
 def core_cost(n: int, drop: float, d: int = 1653) -> dict[str, Any]:
@@ -192,7 +241,7 @@ def bench_secagg(
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "load_average_start": os.getloadavg(), "torch": torch.__version__},
         "setting": "FedAvg (clip_mult 0), EEGNet 21 ch 80 Hz (1653 floating entries), fraction 1.0, swarm clients "
-                   "(no training), k and t from [secagg] defaults (neighbours 0 = 2 ceil(1.5 log2 n), threshold 0.5)",
+                   "(no training) in a child process, k and t from [secagg] defaults (neighbours 0 = 2 ceil(1.5 log2 n), threshold 0.5)",
         "mqtt": [], "core_in_process": []}
     for n in sizes:
         row: dict[str, Any] = {"clients": n}
