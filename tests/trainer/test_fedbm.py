@@ -241,3 +241,22 @@ def test_a_plain_checkpoint_keeps_its_linear_head():
     model = _model()
     assert not install_concept_head_for(model, model.state_dict())
     assert isinstance(model.classifier, torch.nn.Linear)
+
+
+def test_pseudo_trials_do_not_move_bn_running_statistics():
+    """The clients' pseudo-trial pass trains through standard BN without updating its running statistics (the
+    held-out subjects are decoded with them; pseudo batches would pull them towards the generator's)."""
+    from trainer.fl.algorithms.fedbm import _GeneratorHook
+
+    model = _model("standard")
+    model.train()
+    torch.manual_seed(1)
+    mean, var = torch.randn(2, 16), torch.rand(2, 16)
+    hook = _GeneratorHook(model, ConditionalGenerator(16, N_CH, N_T, 8), mean, var, mix=8)
+    before = {k: v.clone() for k, v in model.state_dict().items() if "running" in k}
+    loss = hook.loss_term(torch.zeros(8, N_CH, N_T), None)
+    assert loss is not None and loss.requires_grad
+    after = model.state_dict()
+    assert before and all(torch.equal(after[k], v) for k, v in before.items())
+    model(torch.randn(8, N_CH, N_T))  # a real batch still updates them
+    assert not all(torch.equal(model.state_dict()[k], v) for k, v in before.items())

@@ -33,7 +33,8 @@ statistics (DeepInversion, as in the paper); batch-specific BN keeps no running 
 term uses the one population statistic NeuroFed's inputs have by construction: Euclidean alignment
 makes every subject's mean trial covariance the identity, so the term is ``||mean_i X_i X_i^T / T -
 I||_F / channels`` of the generated batch (needs nothing from any client). Clients add ``fedbm_gen_mix``
-pseudo trials per step: their surrogate loss (separate forward pass) is added to the batch loss.
+pseudo trials per step: their surrogate loss (separate forward pass, standard BN's running statistics frozen
+during it) is added to the batch loss.
 The generator's parameters are sent down (``fedbm_gen.*``) with its byte count and training seconds
 recorded (``fedbm_gen.cost_*``).
 """
@@ -53,6 +54,7 @@ from trainer.concepts import ConceptError, ConceptStats, load_concepts
 from trainer.fl.api import Algorithm, Component, LocalHook, Param, RoundInputs, ServerRound
 from trainer.models.bn import bn_modules
 from trainer.models.heads import ConceptHead
+from trainer.perturb import frozen_bn_stats
 
 CLS = "fedbm_cls"
 GEN = "fedbm_gen"
@@ -285,7 +287,10 @@ class _GeneratorHook(_LabelledHook):
         y = torch.randint(0, self.mean.shape[0], (self.mix,))
         with torch.no_grad():
             _, x = self.gen(*sample_codes(self.mean, self.var, y, self.gen.noise_dim))
-        return model_loss(self.model, x, y)
+        # pseudo trials must not move standard BN's running statistics: the model is tested on real trials with
+        # them (they would drift towards the generator's statistics, 8 pseudo trials per step)
+        with frozen_bn_stats(self.model):
+            return model_loss(self.model, x, y)
 
 
 class _GeneratorRound(ServerRound):
