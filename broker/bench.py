@@ -80,9 +80,9 @@ def wire_bytes() -> list[dict[str, Any]]:
 class Swarm:
     """N simulated clients on one connection (anonymous broker): join, answer tasks, watch the model."""
 
-    def __init__(self, url: str, fed: str, n: int, seed: int = 0) -> None:
+    def __init__(self, url: str, fed: str, n: int, seed: int = 0, first: int = 0) -> None:
         self.topics, self.fed = Topics(fed), fed
-        self.ids = [f"sim{i:04d}" for i in range(n)]
+        self.ids = [f"sim{i:04d}" for i in range(first, first + n)]  # several swarms can share a federation
         self.t = MqttTransport(url, f"swarm-{uuid.uuid4().hex[:6]}").connect()
         for topic in (self.topics.model, self.topics.task, self.topics.result):
             self.t.subscribe(topic)
