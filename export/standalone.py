@@ -4,20 +4,23 @@ An app feeds a raw window at its device's own rate and unit (channels in the mod
 an explicit state; everything NeuroFed does between the amplifier and the class probabilities
 happens inside the graph:
 
-* **unit** -> microvolts (one constant factor);
+* **unit** -> microvolts (one constant factor, folded into ``P`` below);
 * **input guard** (non-finite, flat, saturated channels; ``edge.guard``'s rules, with the kinds
   and thresholds of ``trainer.data.guard``, the one definition both use) -> the ``guard`` output,
-  and a rejected window leaves the state untouched;
+  and a rejected window leaves the state untouched; evaluated on the raw float32 window with
+  thresholds converted exactly to the device's unit (:meth:`StandaloneDecoder._guard`);
 * **band-pass + resampling** as one exact matrix ``P`` (``y = x @ P``): ``sosfiltfilt`` on a
   fixed-length window (odd extension and steady-state initial conditions included) followed by
   ``resample_poly`` is a linear map of the window, so ``P`` is the pipeline applied to the
   identity (columns = responses to unit impulses). A convolution would not be exact: the
   filtfilt edge handling and the IIR tail make the map shift-variant near the window's ends;
 * **online Euclidean alignment** from the state's running covariance sum, its inverse square
-  root by a coupled Newton-Schulz iteration (MatMul/Add/Mul only, float64);
+  root by a scaled coupled Newton-Schulz iteration (MatMul/Add/Mul only, float64, :func:`ns_schedule`);
 * **batch-specific BN** with the context of the last ``B - 1`` accepted windows carried in the
   state, written as masked ReduceMean/Sub/Mul/Sqrt/Div (no BatchNormalization node: tract
   refuses computed statistics feeding one);
+* EEGNet / FLEEG EEGNet with **standard BN**: EA and both BNs folded into the spatial weights, the
+  temporal filter on the 16 mixed rows (:class:`EEGNetStandardFused`);
 * a **model hash** in the state: a state from another model yields NaN probabilities and is not
   advanced (the hosts refuse it earlier with a clear error).
 """
