@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ab_time import feeds_for  # noqa: E402
+from ab_time import feeds_for
 
 
 def main() -> None:
