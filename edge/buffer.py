@@ -70,8 +70,17 @@ class RingBuffer:
 
     def get(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of samples ``[start, stop)`` (absolute indices) and their timestamps."""
-        pos = self._positions(start, stop)
-        return self.data[pos], self.ts[pos]
+        if start < self.first or stop > self.total or start > stop:
+            self._positions(start, stop)  # raises the error
+        return self._span(self.data, start, stop), self._span(self.ts, start, stop)
+
+    def _span(self, arr: np.ndarray, start: int, stop: int) -> np.ndarray:
+        """A copy of ``arr``'s rows for absolute samples ``[start, stop)`` (held): one slice, or two across the
+        wrap point (no index array, no gather: this runs for every decoded window)."""
+        i, n = start % self.capacity, stop - start
+        if i + n <= self.capacity:
+            return arr[i:i + n].copy()
+        return np.concatenate([arr[i:], arr[: n - (self.capacity - i)]])
 
     def arrival_of(self, index: int) -> float:
         """Local arrival time of sample ``index`` (NaN if it was appended without one)."""
@@ -80,7 +89,7 @@ class RingBuffer:
 
     def timestamps(self) -> np.ndarray:
         """Timestamps of all held samples, oldest first."""
-        return self.ts[self._positions(self.first, self.total)]
+        return self._span(self.ts, self.first, self.total)
 
     @property
     def last_ts(self) -> float | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -83,13 +84,26 @@ class StreamLayout:
         """True when every kept channel is already in microvolts."""
         return bool(np.all(self.scale == 1.0))
 
+    @cached_property
+    def _pick(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """``(column indices or None when all stream columns are kept in order, scale column or None if uV)``:
+        computed once, :meth:`select` runs for every decoded window."""
+        idx = np.asarray(self.idx, dtype=np.intp)
+        return (None if np.array_equal(idx, np.arange(len(idx))) else idx,
+                None if self.unit_ok else np.asarray(self.scale, np.float64)[:, None])
+
     def select(self, samples: np.ndarray) -> np.ndarray:
         """Stream-layout samples ``(n, stream_channels)`` -> wanted channels in microvolts ``(channels, n)``.
 
         Returns float64 (a copy).
         """
-        x = np.asarray(samples)[:, self.idx].T.astype(np.float64)
-        return x if self.unit_ok else x * self.scale[:, None]
+        a = np.asarray(samples)
+        idx, scale = self._pick
+        if idx is None:  # the first columns, in order: a slice, no gather
+            x = a[:, : len(self.idx)].T.astype(np.float64)
+        else:
+            x = np.take(a, idx, axis=1).T.astype(np.float64, copy=False)
+        return x if scale is None else x * scale
 
 
 def match_stream(sfreq: float, ch_names: Sequence[str], units: Sequence[str] | None = None,

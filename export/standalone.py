@@ -4,20 +4,23 @@ An app feeds a raw window at its device's own rate and unit (channels in the mod
 an explicit state; everything NeuroFed does between the amplifier and the class probabilities
 happens inside the graph:
 
-* **unit** -> microvolts (one constant factor);
+* **unit** -> microvolts (one constant factor, folded into ``P`` below);
 * **input guard** (non-finite, flat, saturated channels; ``edge.guard``'s rules, with the kinds
   and thresholds of ``trainer.data.guard``, the one definition both use) -> the ``guard`` output,
-  and a rejected window leaves the state untouched;
+  and a rejected window leaves the state untouched; evaluated on the raw float32 window with
+  thresholds converted exactly to the device's unit (:meth:`StandaloneDecoder._guard`);
 * **band-pass + resampling** as one exact matrix ``P`` (``y = x @ P``): ``sosfiltfilt`` on a
   fixed-length window (odd extension and steady-state initial conditions included) followed by
   ``resample_poly`` is a linear map of the window, so ``P`` is the pipeline applied to the
   identity (columns = responses to unit impulses). A convolution would not be exact: the
   filtfilt edge handling and the IIR tail make the map shift-variant near the window's ends;
 * **online Euclidean alignment** from the state's running covariance sum, its inverse square
-  root by a coupled Newton-Schulz iteration (MatMul/Add/Mul only, float64);
+  root by a scaled coupled Newton-Schulz iteration (MatMul/Add/Mul only, float64, :func:`ns_schedule`);
 * **batch-specific BN** with the context of the last ``B - 1`` accepted windows carried in the
   state, written as masked ReduceMean/Sub/Mul/Sqrt/Div (no BatchNormalization node: tract
   refuses computed statistics feeding one);
+* EEGNet / FLEEG EEGNet with **standard BN**: EA and both BNs folded into the spatial weights, the
+  temporal filter on the 16 mixed rows (:class:`EEGNetStandardFused`);
 * a **model hash** in the state: a state from another model yields NaN probabilities and is not
   advanced (the hosts refuse it earlier with a clear error).
 """
@@ -54,11 +57,12 @@ OPSET = 18
 UNITS: dict[str, float] = {"V": 1e6, "mV": 1e3, "uV": 1.0, "nV": 1e-3}
 #: The model hash travels in the state as this many 24-bit integers (exact in float64).
 HASH_WORDS = 4
-#: Newton-Schulz iterations for R^{-1/2} (float64). Trace scaling puts the smallest eigenvalue at
-#: >= 1/(C * cond); each early iteration multiplies it by ~2.25, then convergence is quadratic:
-#: 18 iterations reach 2e-12 relative error on real EEGMMIDB sessions (cond <= 5.8e4), 24 cover
-#: condition numbers up to ~7e6.
-NS_ITERS = 24
+#: Newton-Schulz design floor: ``R`` is scaled by its Frobenius norm (eigenvalues into (0, 1], the largest
+#: at >= 1/sqrt(C) of the norm, 0.77 on real 64-channel sessions) and the iteration's per-step scalars
+#: (:func:`ns_schedule`) are chosen so that every eigenvalue in [NS_FLOOR, 1] converges to double precision:
+#: condition numbers up to 1e9 / sqrt(C) guaranteed (1.2e8 at 64 channels, 2.2e8 at 21), ~7.7e8 at the
+#: real sessions' norm ratio. Real EEGMMIDB sessions reach 4.5e5 (64 channels) and 5.8e4 (21).
+NS_FLOOR = 1e-9
 INPUTS = ("window", "state")
 OUTPUTS = ("probs", "next_state", "guard")
 
@@ -92,6 +96,17 @@ def hash_words(model_hash: str) -> list[int]:
     return [int(model_hash[6 * i : 6 * i + 6], 16) for i in range(HASH_WORDS)]
 
 
+def raw_threshold(limit_uv: float, scale: float) -> float:
+    """The smallest float32 ``t >= 0`` with ``float64(t) * scale >= limit_uv`` (float64 product): for a float32
+    sample ``w``, ``|w| >= t`` exactly when ``|float64(w) * scale| >= limit_uv``."""
+    t = np.float32(limit_uv / scale)
+    while t > 0 and float(np.nextafter(t, np.float32(0))) * scale >= limit_uv:
+        t = np.nextafter(t, np.float32(0))
+    while float(t) * scale < limit_uv:
+        t = np.nextafter(t, np.float32(np.inf))
+    return float(t)
+
+
 def preprocess_matrix(cfg: PreprocessConfig, rate: float) -> np.ndarray:
     """``P`` (window_samples, n_times) with ``preprocess(x) == x @ P`` for any window ``x``.
 
@@ -105,20 +120,79 @@ def preprocess_matrix(cfg: PreprocessConfig, rate: float) -> np.ndarray:
     return np.ascontiguousarray(y[:, 0, :])
 
 
-def newton_schulz_inv_sqrt(a: torch.Tensor, iters: int = NS_ITERS) -> torch.Tensor:
-    """``A^{-1/2}`` of an SPD matrix by the coupled Newton-Schulz iteration (matmuls only).
+def _ns_step(p: float) -> float:
+    """The scalar map of one coupled Newton-Schulz step on an eigenvalue ``p`` of ``Z Y``: ``p (3 - p)^2 / 4``."""
+    return p * (3.0 - p) ** 2 / 4.0
 
-    ``A`` is scaled by its trace (eigenvalues into (0, 1]); ``Y -> A^{1/2}``, ``Z -> A^{-1/2}``.
+
+def ns_schedule(floor: float = NS_FLOOR, tol: float = 1e-15) -> tuple[float, ...]:
+    """Per-step scalars ``alpha_k`` of the scaled coupled Newton-Schulz iteration for eigenvalues in ``[floor, 1]``.
+
+    One step maps an eigenvalue ``p`` of ``Z Y`` to ``f(alpha p)``, ``f(p) = p (3 - p)^2 / 4`` (increasing on
+    (0, 1), decreasing on (1, 3), ``f(1) = 1``). While the worst-case interval is ``[l, 1]``, the ``alpha`` with
+    ``f(alpha l) = f(alpha)`` maximises the new lower end (the image of ``[alpha l, alpha]`` is then
+    ``[f(alpha l), 1]``): the small eigenvalues grow ~6.7x per early step instead of 2.25x. Near 1 the plain
+    step (``alpha = 1``, quadratic convergence) finishes. The scalars are exact constants of the graph: any
+    ``alpha`` in (0, 3) keeps ``Y = R Z`` (all iterates are polynomials in ``R``) and the fixed point
+    ``Z = R^{-1/2}``, so rounding in the schedule changes only the speed, not the limit.
+    """
+    if not 0 < floor < 1:
+        raise ValueError(f"Newton-Schulz floor must be in (0, 1), got {floor}")
+    alphas: list[float] = []
+    low = floor
+    while 1.0 - low > tol:
+        if len(alphas) >= 100:
+            raise RuntimeError("Newton-Schulz schedule did not converge")
+        if 1.0 - low < 1e-3:
+            a = 1.0
+        else:  # bisection for f(a low) = f(a) on (1, 3): the difference increases with a
+            lo, hi = 1.0, 3.0
+            for _ in range(200):
+                mid = 0.5 * (lo + hi)
+                lo, hi = (mid, hi) if _ns_step(mid * low) < _ns_step(mid) else (lo, mid)
+            a = lo
+        low = min(_ns_step(a * low), _ns_step(a))
+        alphas.append(a)
+    return tuple(alphas)
+
+
+#: The graph's Newton-Schulz scalars and iteration count (16 for ``NS_FLOOR`` 1e-9).
+NS_ALPHAS: tuple[float, ...] = ns_schedule()
+NS_ITERS = len(NS_ALPHAS)
+
+
+def newton_schulz_inv_sqrt(
+    a: torch.Tensor, alphas: tuple[float, ...] | int = NS_ALPHAS, scaling: str = "frobenius"
+) -> torch.Tensor:
+    """``A^{-1/2}`` of an SPD matrix by the scaled coupled Newton-Schulz iteration (matmuls only).
+
+    ``A`` is divided by its Frobenius norm (``scaling="trace"``: by its trace, the graph's earlier and looser
+    bound); then ``T = sqrt(alpha) (3 I - alpha Z Y) / 2``, ``Y <- Y T``, ``Z <- T Z`` for each ``alpha`` of
+    :func:`ns_schedule` (an int ``n``: ``n`` plain steps, ``alpha = 1``); ``Y -> A^{1/2}``, ``Z -> A^{-1/2}``.
     """
     n = a.shape[-1]
     eye = torch.eye(n, dtype=a.dtype)
-    c = (a * eye).sum()  # the trace (torch.diagonal exports to a ConstantOfShape tract mistypes)
+    if scaling == "frobenius":
+        c = torch.sqrt((a * a).sum())
+    elif scaling == "trace":
+        c = (a * eye).sum()  # torch.diagonal exports to a ConstantOfShape tract mistypes
+    else:
+        raise ValueError(f"scaling {scaling!r}: 'frobenius' or 'trace'")
+    steps = (1.0,) * alphas if isinstance(alphas, int) else tuple(alphas)
     y = a / c
-    z = eye
-    for _ in range(iters):
-        t = 1.5 * eye - 0.5 * (z @ y)
-        y = y @ t
-        z = t @ z
+    z = None  # the identity: the first step needs no product with it
+    for i, al in enumerate(steps):
+        r = al ** 0.5
+        if z is None:
+            t = (1.5 * r) * eye - (0.5 * al * r) * y
+            z = t
+        else:
+            # not addmm: its Gemm node has float32 alpha/beta attributes, and tract mistypes them on float64
+            t = (1.5 * r) * eye - (0.5 * al * r) * (z @ y)
+            z = t @ z
+        if i < len(steps) - 1:  # the last Y is not needed
+            y = y @ t
+    z = eye if z is None else z
     return z / torch.sqrt(c)
 
 
@@ -276,6 +350,65 @@ class EEGNetContext(nn.Module):
         return self.classifier(x.flatten(1))
 
 
+def _eegnet_parts(net: nn.Module) -> tuple[nn.Module, ...] | None:
+    """``(temporal, bn_t, conv_spatial, bn_s, body, classifier)`` of an EEGNet or FLEEG EEGNet (after
+    :func:`_plain_bn`), ``body`` the layers from the first ELU to the flattened features; None for other models."""
+    from trainer.models.fleeg import FleegEEGNet
+
+    if type(net) is EEGNet:
+        body = nn.Sequential(_fast_elu(net.pool_1), net.conv_separable, net.bnorm_2, _fast_elu(net.pool_2),
+                             nn.Flatten(1))
+        return net.temporal, net.bnorm_temporal, net.conv_spatial, net.bnorm_1, body, net.classifier
+    if type(net) is FleegEEGNet:
+        temporal, bn_t, spatial, bn_s = net.local
+        pool_1, sep, bn_2, pool_2, flat = net.body
+        body = nn.Sequential(_fast_elu(pool_1), sep, bn_2, _fast_elu(pool_2), flat)
+        return temporal, bn_t, spatial, bn_s, body, net.classifier
+    return None
+
+
+class EEGNetStandardFused(nn.Module):
+    """EEGNet (or FLEEG EEGNet) with standard BN on one window, the alignment and both BNs folded into the
+    spatial weights: exact up to float rounding.
+
+    With fixed BN statistics the first block is linear up to the first ELU: temporal convolution ``t_f``
+    (per channel, along time), the first BN (scale ``s_f``, shift ``b_f``), the depthwise spatial
+    convolution (weights ``w_o`` of filter ``f(o)``) and the second BN (``s'_o``, ``b'_o``). As ``t_f``
+    commutes with the channel mix, output ``o`` is
+    ``s'_o s_f t_f((w_o^T A) x) + s'_o b_f sum(w_o) + b'_o``: the temporal filter runs on the F1*D = 16 mixed
+    rows ``u_o = s'_o s_f w_o^T A x`` instead of F1 x C rows (512 at 64 channels), and ``A x`` is never formed.
+    """
+
+    def __init__(self, parts: tuple[nn.Module, ...], n_ch: int, n_t: int) -> None:
+        super().__init__()
+        temporal, bn_t, spatial, bn_s, self.body, self.classifier = parts
+        pad, conv = temporal[0], temporal[1]
+        self.left, self.right = int(pad.padding[0]), int(pad.padding[1])
+        wt = conv.weight.detach()[:, 0, 0, :]  # (F1, K)
+        ws = spatial.weight.detach()[:, 0, :, 0].to(torch.float64)  # (F1 * D, C)
+        f1, fd = wt.shape[0], ws.shape[0]
+        d = fd // f1
+        self.fd, self.n_ch, self.n_t = fd, n_ch, n_t
+
+        def affine(bn: PlainBatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
+            sc = bn.weight.detach().double() / torch.sqrt(bn.var.double() + bn.eps)
+            return sc, bn.bias.detach().double() - bn.mean.double() * sc
+
+        s_t, b_t = affine(bn_t)
+        s_s, b_s = affine(bn_s)
+        s_t, b_t = s_t.repeat_interleave(d), b_t.repeat_interleave(d)  # filter f(o) of each output o
+        self.register_buffer("mix", ws * (s_s * s_t).view(-1, 1))  # (F1*D, C) float64
+        self.register_buffer("shift", (s_s * b_t * ws.sum(1) + b_s).to(torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("wt_rep", wt.repeat_interleave(d, 0)[:, None, None, :].contiguous())  # (F1*D,1,1,K)
+
+    def forward(self, y: torch.Tensor, a: torch.Tensor | None) -> torch.Tensor:
+        """Logits (1, classes) of one preprocessed unaligned window ``y`` (C, T) (float32) with EA matrix ``a``."""
+        mix = self.mix if a is None else self.mix @ a
+        v = torch.matmul(mix.to(torch.float32), y)  # (F1*D, T)
+        z = F.conv2d(F.pad(v.view(1, self.fd, 1, self.n_t), (self.left, self.right)), self.wt_rep, groups=self.fd)
+        return self.classifier(self.body(z + self.shift))
+
+
 class StandaloneDecoder(nn.Module):
     """``(window, state) -> (probs, next_state, guard)``; see the module docstring.
 
@@ -299,6 +432,9 @@ class StandaloneDecoder(nn.Module):
     unit_to_uv : float, optional
         Factor from the device's values to microvolts (default ``UNITS[unit]``); a device profile's
         ``1 / scale`` (e.g. ADS1299 counts at its gain, :func:`profile_device`).
+    fuse : bool
+        For EEGNet / FLEEG EEGNet with standard BN, fold EA and both BNs into the spatial weights
+        (:class:`EEGNetStandardFused`); False runs the network as is (the reference the fusion is tested against).
     """
 
     def __init__(
@@ -311,6 +447,7 @@ class StandaloneDecoder(nn.Module):
         guard: GuardConfig | None = None,
         context_cache: bool = True,
         unit_to_uv: float | None = None,
+        fuse: bool = True,
     ) -> None:
         super().__init__()
         if unit_to_uv is None and unit not in UNITS:
@@ -335,7 +472,9 @@ class StandaloneDecoder(nn.Module):
         self.k = max(int(ckpt_meta.test_batch_size) - 1, 0) if self.batch_specific else 0
         self.scale = float(UNITS[unit] if unit_to_uv is None else unit_to_uv)
         self.g = guard if guard is not None else GuardConfig()
-        self.register_buffer("p", torch.from_numpy(p).to(torch.float32))
+        # the unit factor folded into P: the graph applies it to the raw float32 window in one GEMM
+        self.register_buffer("p", torch.from_numpy(p * self.scale).to(torch.float32))
+        self.sat_raw = raw_threshold(self.g.saturation_uv, self.scale)
         self.register_buffer("hash", torch.tensor(hash_words(model_hash), dtype=torch.float64))
         # EEGNet with batch-specific BN: the context's temporal-convolution work lives in the state
         # (exactly EEGNet: a subclass could change the forward pass the cache rewrites)
@@ -344,6 +483,8 @@ class StandaloneDecoder(nn.Module):
             if context_cache and self.k and type(model) is EEGNet and not self.net.bnorm_temporal.standard
             else None
         )
+        parts = _eegnet_parts(self.net) if fuse and not self.batch_specific else None
+        self.fused = EEGNetStandardFused(parts, self.n_ch, self.n_t) if parts is not None else None
         self.layout = self._layout()
         self.state_size = sum(int(np.prod(e["shape"])) for e in self.layout)
 
@@ -379,30 +520,43 @@ class StandaloneDecoder(nn.Module):
         s[:HASH_WORDS] = self.hash.numpy()
         return s
 
-    def _guard(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per-channel flags (non-finite, flat, saturated), the zeroed window and an accept flag."""
+    def _guard(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-channel flags (non-finite, flat, saturated), the zeroed raw window and an accept flag.
+
+        ``w`` is the raw float32 window in device units. The rules are ``trainer.data.guard``'s on the
+        window in microvolts ``x = float64(w) * scale``; all but the flat test run on ``w`` itself, in
+        float32, with the same verdicts: ``float64(w) * scale`` is finite exactly where ``w`` is, and
+        is strictly increasing in ``w`` (a float32 times a positive float64 constant, rounded to float64:
+        distinct float32 values stay distinct), so the channel extremes and the samples equal to them are
+        the same; ``|x| >= saturation_uv`` is ``|w| >= sat_raw`` (:func:`raw_threshold`, exact). The flat
+        test (standard deviation) is computed in float64, on ``w`` and then scaled.
+        """
         g = self.g
-        elem_ok = (x - x) == 0  # False for NaN and +-inf
-        finite = elem_ok.all(dim=1)
-        xf = torch.where(elem_ok, x, torch.zeros_like(x))
-        mu = xf.mean(dim=1, keepdim=True)
-        std = torch.sqrt(((xf - mu) ** 2).mean(dim=1))
+        nf = w - w  # 0 where finite, NaN for NaN and +-inf
+        elem_ok = nf == 0
+        finite = nf.sum(dim=1) == 0  # NaN sums to NaN
+        xf = torch.where(elem_ok, w, torch.zeros_like(w))
+        hi = xf.amax(dim=1, keepdim=True)
+        lo = xf.amin(dim=1, keepdim=True)
+        xd = xf.to(torch.float64)
+        dev = xd - xd.mean(dim=1, keepdim=True)
+        std = torch.sqrt((dev * dev).mean(dim=1)) * self.scale
         flat = (std < g.flat_std_uv) & finite
-        over = (xf.abs() >= g.saturation_uv).any(dim=1)
+        over = torch.maximum(hi, -lo)[:, 0] >= self.sat_raw
         # counted in float32: onnxruntime's int64 ReduceSum is several times slower
-        at_max = (xf == xf.amax(dim=1, keepdim=True)).to(torch.float32).sum(dim=1)
-        at_min = (xf == xf.amin(dim=1, keepdim=True)).to(torch.float32).sum(dim=1)
+        at_max = (xf == hi).to(torch.float32).sum(dim=1)
+        at_min = (xf == lo).to(torch.float32).sum(dim=1)
         clipped = (torch.maximum(at_max, at_min) > g.clip_fraction * self.n_in) & ~flat & finite
         sat = (over | clipped) & finite
         flags = torch.stack([~finite, flat, sat])
         return flags.to(torch.float32), xf, ~flags.any()
 
     def forward(self, window: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        x = window.to(torch.float64) * self.scale
-        flags, xf, ok = self._guard(x)
+        flags, xf, ok = self._guard(window.to(torch.float32))
         hash_ok = (state[:HASH_WORDS] == self.hash).all()
-        # band-pass + resampling: one float32 GEMM (MLAS), then float64 for EA like the Python path
-        y = (xf.to(torch.float32) @ self.p).to(torch.float64)
+        # unit + band-pass + resampling: one float32 GEMM (MLAS), then float64 for EA like the Python path
+        y32 = xf @ self.p
+        y = y32.to(torch.float64)
         count = state[HASH_WORDS : HASH_WORDS + 1] + 1.0
         n_ctx = state[HASH_WORDS + 1 : HASH_WORDS + 2]
         off = HASH_WORDS + 2
@@ -440,6 +594,8 @@ class StandaloneDecoder(nn.Module):
             grams = torch.cat([grams, g_new.unsqueeze(0)])
             parts += [sums[1:].reshape(-1), grams[1:].reshape(-1)]
             logits = self.cache(batch, sums, grams, mask, a)[-1]
+        elif self.fused is not None:
+            logits = self.fused(y32, a)[-1]
         else:
             if a is not None:
                 batch = torch.matmul(a, batch)
@@ -517,7 +673,8 @@ def standalone_info(dec: StandaloneDecoder, rate: float, unit: str, step_s: floa
             if dec.ea else "no EA"
         ),
         preprocess_matrix="sosfiltfilt + resample_poly as one exact (window_samples x n_times) matrix",
-        ea_inverse_sqrt=f"coupled Newton-Schulz, {NS_ITERS} iterations, float64, trace-scaled",
+        ea_inverse_sqrt=(f"scaled coupled Newton-Schulz, {NS_ITERS} iterations, float64, Frobenius-scaled, "
+                         f"eigenvalue floor {NS_FLOOR:g}"),
     )
 
 

@@ -32,6 +32,24 @@ def test_ring_buffer_wraps_and_addresses_absolute_samples():
     assert buf.first == 200 and np.array_equal(buf.get(200, 250)[0][:, 1], np.arange(200, 250))
 
 
+def test_ring_buffer_get_returns_copies_of_every_span():
+    """``get`` (slice copies, two pieces across the wrap point) == the samples in absolute order, for every span the
+    buffer holds; the copies do not alias the buffer."""
+    buf = RingBuffer(3, 17, np.float64)
+    for k in range(0, 40, 7):
+        _fill(buf, k, 7)
+    for start in range(buf.first, buf.total + 1):
+        for stop in range(start, buf.total + 1):
+            data, ts = buf.get(start, stop)
+            assert np.array_equal(data[:, 2], np.arange(start, stop)) and data.shape == (stop - start, 3)
+            assert np.allclose(ts, 10 + np.arange(start, stop) / 100)
+            assert not np.shares_memory(data, buf.data) and not np.shares_memory(ts, buf.ts)
+    with pytest.raises(DataError, match="not in the buffer"):
+        buf.get(buf.first - 1, buf.total)
+    with pytest.raises(DataError, match="not in the buffer"):
+        buf.get(buf.first, buf.total + 1)
+
+
 def test_ring_buffer_locate():
     buf = RingBuffer(1, 100)
     assert buf.locate(10.0, tol=0.005) is None  # empty: not arrived yet

@@ -47,6 +47,20 @@ def test_match_stream_layout_and_errors():
         match_stream(60.0, ["C3"], fmax=40.0)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layout_select_is_the_columns_in_microvolts_as_a_float64_copy(dtype):
+    """``select`` (a slice when the wanted channels are the stream's first columns in order, else one gather)
+    == picking the columns, scaling to microvolts, channel-major float64; never a view of the input."""
+    from edge.stream import StreamLayout
+
+    x = np.random.default_rng(0).standard_normal((640, 66)).astype(dtype)
+    for idx, scale in [(list(range(66)), np.ones(66)), (list(range(64)), np.ones(64)), ([2, 0, 5], np.ones(3)),
+                       ([3, 1], np.array([1e6, 1e-3]))]:
+        got = StreamLayout(idx, [f"c{i}" for i in idx], scale).select(x)
+        want = x[:, idx].T.astype(np.float64) * scale[:, None]
+        assert got.dtype == np.float64 and np.array_equal(got, want) and not np.shares_memory(got, x)
+
+
 @pytest.mark.parametrize("labels,units,factor", [
     (None, None, 1.0),  # the model's own spelling, no units
     ("dotted", ["0"], 1e-6),  # EEGMMIDB labels, mne-lsl's code for volts

@@ -12,6 +12,8 @@ from edge.infer import InferenceEngine, StandaloneStep
 from export.runtime import OnnxModel
 from export.standalone import (
     HASH_WORDS,
+    NS_ALPHAS,
+    NS_FLOOR,
     NS_ITERS,
     StandaloneDecoder,
     StandaloneModel,
@@ -19,7 +21,9 @@ from export.standalone import (
     eegmmidb_session_windows,
     export_standalone,
     newton_schulz_inv_sqrt,
+    ns_schedule,
     preprocess_matrix,
+    raw_threshold,
 )
 from trainer.data import PreprocessConfig
 from trainer.data.preprocess import ea_inv_sqrt as inv_sqrt
@@ -120,8 +124,51 @@ def test_newton_schulz_equals_eigh(sessions):
     for i, w in enumerate(y, 1):  # the running covariance after each window, as online EA sees it
         cov += w @ w.T / w.shape[1]
         want = inv_sqrt(cov / i)
-        got = newton_schulz_inv_sqrt(torch.from_numpy(cov / i), NS_ITERS).numpy()
+        got = newton_schulz_inv_sqrt(torch.from_numpy(cov / i)).numpy()
         assert np.abs(got - want).max() <= 1e-9 * np.abs(want).max()
+
+
+def test_newton_schulz_schedule_covers_its_floor():
+    """The scaled iteration's scalars: in (1, 3) then 1; 16 steps bring every eigenvalue in [NS_FLOOR, 1] to 1
+    (the scalar map, exactly as the schedule assumes), where plain steps would need 31."""
+    assert NS_ITERS == len(NS_ALPHAS) == 16 and NS_FLOOR == 1e-9
+    assert all(1.0 <= a < 3.0 for a in NS_ALPHAS) and NS_ALPHAS[-1] == 1.0
+    for p0 in np.geomspace(NS_FLOOR, 1.0, 200):
+        p = p0
+        for a in NS_ALPHAS:
+            p = a * p * (3.0 - a * p) ** 2 / 4.0
+        assert abs(p - 1.0) <= 1e-14
+    assert len(ns_schedule(1e-8)) == 15 and ns_schedule(0.5)[-1] == 1.0
+    with pytest.raises(ValueError, match="floor"):
+        ns_schedule(0.0)
+
+
+@pytest.mark.parametrize("cond", [1e2, 1e5, 1e7, 1e8])
+@pytest.mark.parametrize("n", [21, 64])
+def test_newton_schulz_ill_conditioned_to_the_design_cap(cond, n):
+    """Frobenius scaling + the scaled schedule on SPD matrices with condition numbers up to 1e8 (the floor 1e-9
+    covers 1e9 / sqrt(C), 1.2e8 at 64 channels): two spectra (log-spaced; one tiny eigenvalue under a flat bulk).
+    The earlier trace scaling with plain steps fails at 1e6 even with 24 iterations."""
+    rng = np.random.default_rng(int(np.log10(cond)) + n)
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    for ev in (np.logspace(0, -np.log10(cond), n), np.r_[1.0, np.full(n - 2, 0.5), 1.0 / cond]):
+        r = (q * ev) @ q.T
+        r = (r + r.T) / 2
+        want = inv_sqrt(r)
+        got = newton_schulz_inv_sqrt(torch.from_numpy(r)).numpy()
+        # the reference itself moves by ~eps * cond (forming R in float64): 1e-9 plus that
+        assert np.abs(got - want).max() <= (1e-9 + 1e-15 * cond) * np.abs(want).max(), cond
+        if cond >= 1e7:  # the earlier scheme's failure, for the record
+            old = newton_schulz_inv_sqrt(torch.from_numpy(r), 24, "trace").numpy()
+            assert np.abs(old - want).max() > 1e-6 * np.abs(want).max()
+
+
+def test_raw_threshold_is_exact():
+    """|w| >= raw_threshold(limit, scale) for a float32 w exactly when float64(w) * scale >= limit."""
+    for scale in (1.0, 1e6, 1e3, 1e-3, 1.0 / 44.7035457, 0.02235174):
+        t = np.float32(raw_threshold(3000.0, scale))
+        below = np.nextafter(t, np.float32(0))
+        assert float(t) * scale >= 3000.0 > float(below) * scale
 
 
 def test_bad_input_is_refused_clearly(standalone, sessions):
@@ -292,3 +339,70 @@ def test_eegnet_cached_moments_give_the_first_bn_statistics(eegnet_bs, sessions)
             want_mean, want_var = h.mean((0, 2, 3)), h.var((0, 2, 3), unbiased=False)
             assert torch.allclose(mean, want_mean, rtol=1e-6, atol=1e-7 * want_var.sqrt().max())
             assert torch.allclose(var, want_var, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("model", "bn_mode"), [("eegnet", "standard")])
+def test_fused_standard_bn_eegnet_equals_the_network(model, bn_mode, tmp_path, data_dir, cache_env, sessions):
+    """EEGNet with standard BN: EA and both BNs folded into the spatial weights, the temporal filter on the 16
+    mixed rows (EEGNetStandardFused) == the network on the aligned window, with and without EA."""
+    from dataclasses import replace
+
+    from tests.export.conftest import make_checkpoint
+    from trainer.checkpoint import load_checkpoint
+
+    model_, cm = load_checkpoint(make_checkpoint(tmp_path / "m.safetensors", model, bn_mode, data_dir))
+    for ea in (True, False):
+        c = replace(cm, preprocess={**cm.preprocess, "ea": ea})
+        fast, slow = (StandaloneDecoder(model_, c, "ab" * 32, 160.0, fuse=f) for f in (True, False))
+        assert fast.fused is not None and slow.fused is None and fast.state_size == slow.state_size
+        sf, ss = (torch.from_numpy(d.initial_state()) for d in (fast, slow))
+        with torch.no_grad():
+            for w in sessions[0][1][:10]:
+                pf, sf, _ = fast(torch.from_numpy(w.astype(np.float32)), sf)
+                ps, ss, _ = slow(torch.from_numpy(w.astype(np.float32)), ss)
+                assert (pf - ps).abs().max() <= 1e-6 and pf.argmax() == ps.argmax()
+        assert torch.equal(sf, ss)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e6, 1.0 / 0.02235174])
+def test_float32_graph_guard_flags_equal_the_float64_rules(eegnet_bs, sessions, scale):
+    """The graph's guard runs on the raw float32 window; its flags == edge.guard.check_window on the window in
+    microvolts (float64(w) * scale) for faults of every kind, including samples exactly at the saturation
+    threshold and one float32 step below it, and plateaus one sample either side of the clip fraction."""
+    from edge.guard import check_window
+    from trainer.checkpoint import load_checkpoint
+    from trainer.data.guard import GUARD_KINDS
+
+    model, cm = load_checkpoint(eegnet_bs[0])
+    dec = StandaloneDecoder(model, cm, "ab" * 32, 160.0, unit="x", unit_to_uv=scale)
+    names = list(cm.ch_names)
+    base = (sessions[0][1][0] / scale).astype(np.float32)
+    t = np.float32(dec.sat_raw)
+    n_clip = int(dec.g.clip_fraction * base.shape[1])  # more than this many samples at an extreme: clipped
+
+    def plateau(x, ch, k, at_min=False):
+        v = x[ch].min() if at_min else x[ch].max()
+        x[ch, :k] = v
+
+    edits = [
+        lambda x: x.__setitem__((3, 7), np.nan), lambda x: x.__setitem__((4, 0), -np.inf),
+        lambda x: x.__setitem__(0, np.float32(5.0 / scale)),
+        lambda x: x.__setitem__((10, 5), t), lambda x: x.__setitem__((11, 5), -t),
+        lambda x: x.__setitem__((12, 5), np.nextafter(t, np.float32(0))),
+        lambda x: plateau(x, 5, n_clip + 1), lambda x: plateau(x, 6, n_clip),
+        lambda x: plateau(x, 7, n_clip + 1, at_min=True), lambda x: plateau(x, 8, n_clip, at_min=True),
+        lambda x: (x.__setitem__((2, 3), np.inf), x.__setitem__(2, x[2])),
+    ]
+    checked = 0
+    for edit in [None, *edits]:
+        x = base.copy()
+        if edit is not None:
+            edit(x)
+        want = check_window(x.astype(np.float64) * scale, names)
+        with torch.no_grad():
+            flags, _, ok = dec._guard(torch.from_numpy(x))
+        got = {k: [names[i] for i in np.flatnonzero(row > 0)] for k, row in zip(GUARD_KINDS, flags.numpy())}
+        got = {k: v for k, v in got.items() if v}
+        assert got == want.bad_channels and bool(ok) == want.ok, (edit, got, want)
+        checked += not want.ok
+    assert checked >= 8
