@@ -119,3 +119,21 @@ def test_checkpoint_round_trip_rebuilds_the_map(tmp_path):
     x = torch.randn(3, 8, 320)
     m.eval(), back.eval()
     assert torch.equal(back(x), m(x))
+
+
+def test_profile_channels_interpolate_maps_every_device_onto_the_common_montage():
+    """--profile-channels interpolate (row c2): the FIXED matrix applied to the preprocessed trials."""
+    from trainer.data.dataset import SubjectData
+    from trainer.experiments.simulate import interpolate_subject
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 8, 320)).astype(np.float32)
+    sd = SubjectData("S001", x, np.array([0, 1, 0]), ("l", "r"), 80.0, list(U8))
+    out = interpolate_subject(sd)
+    assert out.X.shape == (3, 21, 320) and out.X.dtype == np.float32 and out.ch_names == list(SENSORIMOTOR_21)
+    w = interpolation_matrix(U8, SENSORIMOTOR_21)
+    assert np.allclose(out.X, np.einsum("kc,nct->nkt", w, x), atol=1e-5)
+    assert np.array_equal(out.X[:, SENSORIMOTOR_21.index("C3")], x[:, U8.index("C3")])  # present: copied exactly
+    lab = SubjectData("S002", rng.standard_normal((2, 64, 320)).astype(np.float32), np.array([0, 1]), ("l", "r"),
+                      80.0, list(LAB))
+    assert np.array_equal(interpolate_subject(lab).X, lab.X[:, [LAB.index(c) for c in SENSORIMOTOR_21]])
