@@ -85,8 +85,8 @@ def test_hierarchical_aggregation_keeps_the_map_per_profile():
     assert torch.allclose(new[group_key("lab64", k)], torch.tensor(10.0))   # lab64's own client only
     assert torch.allclose(new["conv_spatial.weight"], torch.tensor((10 + 120 + 200) / 60))  # the spatial conv: all
     assert torch.allclose(new["temporal.1.weight"], torch.tensor((10 + 120 + 200) / 60))
-    for g in models:  # each profile's clients receive their own map and the shared EEGNet
-        down = downlink(new, get_strategy("fleeg"), models[g], g)
+    for g, model in models.items():  # each profile's clients receive their own map and the shared EEGNet
+        down = downlink(new, get_strategy("fleeg"), model, g)
         assert torch.equal(down[k], new[group_key(g, k)])
 
 
@@ -114,7 +114,7 @@ def test_checkpoint_round_trip_rebuilds_the_map(tmp_path):
         m.local.weight.add_(0.1)  # trained away from the interpolation init
     meta = ModelMeta("fleeg_proj_eegnet", 8, 2, 320, 80.0, "standard", list(U8), ["left", "right"])
     save_checkpoint(tmp_path / "m.safetensors", global_state_of(m), meta)
-    back, meta2 = load_checkpoint(tmp_path / "m.safetensors")
+    back, _ = load_checkpoint(tmp_path / "m.safetensors")
     assert torch.equal(back.local.weight, m.local.weight)
     x = torch.randn(3, 8, 320)
     m.eval(), back.eval()
