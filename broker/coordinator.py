@@ -84,7 +84,7 @@ def initial_models(cfg: FederationConfig) -> dict[str, torch.nn.Module]:
         spec = cfg.model_spec(name or None)
         torch.manual_seed(cfg.federation.seed)
         out[name] = build_model(spec.model, spec.n_channels, spec.n_classes, spec.n_times, spec.sfreq, spec.bn_mode,
-                                **kwargs)
+                                ch_names=spec.ch_names, **kwargs)
     return out
 
 

@@ -169,7 +169,7 @@ class _Msg(BaseModel):
 #: ``trainer.checkpoint.ModelMeta`` named in ``MODEL_FIELDS`` (one description, defined there); each
 #: bound here must narrow ModelMeta's type, and every model field needs one (both checked at import).
 MODEL_BOUNDS: dict[str, Any] = {
-    "model": Literal["eegnet", "shallow", "deep", "fleeg_eegnet"],
+    "model": Literal["eegnet", "shallow", "deep", "fleeg_eegnet", "fleeg_proj_eegnet"],
     "n_channels": Annotated[int, Field(ge=0, le=1024)],  # 0 only in the federation-wide spec of a multi-profile federation
     "n_classes": Annotated[int, Field(ge=2, le=64)],
     "n_times": Annotated[int, Field(ge=1, le=100_000)],

@@ -346,7 +346,7 @@ class EdgeClient:
         assert self.spec is not None
         s = self.spec
         return build_model(s.model, s.n_channels, s.n_classes, s.n_times, s.sfreq, s.bn_mode,
-                           **strategy.model_kwargs(s.model))
+                           ch_names=s.ch_names, **strategy.model_kwargs(s.model))
 
     def _train(self, task: TaskMsg, down: dict[str, Tensor], extras: dict[str, Tensor],
                start: ClientState | None) -> tuple[ClientUpdate, ClientState]:

@@ -1,6 +1,7 @@
 """Issue 19 table: per-profile held-out BCA of each condition, paired comparisons and the interaction test.
 
-Run: python experiments/fleeg_table.py [experiments/results/fleeg | experiments/results/fleeg_pilot]
+Run: python experiments/fleeg_table.py [experiments/results/fleeg | experiments/results/fleeg_pilot |
+     experiments/results/fleeg_proj]
 Reads <dir>/<condition>/results.json (written by experiments/fleeg.txt or the pilot's fleeg_pilot.txt) and prints
 markdown; conditions not (yet) run are left out.
 """
@@ -23,6 +24,10 @@ CONDITIONS = {
     **{f"e_{p}_ct": f"(e) {p} group, centralised training" for p in PROFILES},
     "f_onedevice_fedbs": "(f) one device (every subject through lab64), FedBS",
     "g_onedevice_fedbs_standardbn": "(g) = (f) with standard BN",
+    # experiments/fleeg_proj.txt (results in experiments/results/fleeg_proj)
+    "a_proj_hier_fedbs": "(a') channel map per profile (spline init) + shared EEGNet on 21 ch, FedBS",
+    "b_proj_hier_fedbs_standardbn": "(b') = (a') with standard BN",
+    "c2_interpolate_fixed": "(c2) one EEGNet federation on 21 ch, every device by the fixed spline map, FedBS",
 }
 
 

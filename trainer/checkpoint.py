@@ -73,7 +73,7 @@ class ModelMeta:
         from trainer.models import build_model
 
         return build_model(self.model, self.n_channels, self.n_classes, self.n_times, self.sfreq, self.bn_mode,
-                           **dict(self.extra.get("model_kwargs", {})))
+                           ch_names=self.ch_names, **dict(self.extra.get("model_kwargs", {})))
 
 
 #: The fields of :class:`ModelMeta` that describe the model itself (what to build and how to feed

@@ -119,8 +119,8 @@ def build_sim_config(opts: dict):
             raise typer.BadParameter(f"no subject has profile {only_profile!r}", param_hint="--only-profile")
     elif only_profile:
         raise typer.BadParameter("--only-profile needs --profiles", param_hint="--only-profile")
-    if o["profile_channels"] not in ("own", "intersection"):
-        raise typer.BadParameter("use own or intersection", param_hint="--profile-channels")
+    if o["profile_channels"] not in ("own", "intersection", "interpolate"):
+        raise typer.BadParameter("use own, intersection or interpolate", param_hint="--profile-channels")
     try:
         parse_partition(o["partition"])
     except ValueError as exc:
@@ -155,7 +155,8 @@ def build_sim_config(opts: dict):
 def simulate(
     algorithm: Annotated[str, typer.Option(help=_algorithm_help())] = "fedbs",
     preset: Annotated[str, typer.Option(help=_preset_help())] = "published",
-    model: Annotated[str, typer.Option(help="eegnet, shallow, deep")] = "eegnet",
+    model: Annotated[str, typer.Option(
+        help="eegnet, shallow, deep, fleeg_eegnet, fleeg_proj_eegnet")] = "eegnet",
     subjects: Annotated[str, typer.Option(help="'all' or e.g. '1-10,12'")] = "all",
     protocol: Annotated[str, typer.Option(help="loso, kfold:K (subject groups), or none")] = "loso",
     test_subjects: Annotated[str | None, typer.Option(help="'none': no held-out subject; train on all and save the global checkpoint")] = None,
@@ -197,7 +198,8 @@ def simulate(
                                               rich_help_panel="Device profiles")] = 0,
     profile_channels: Annotated[str, typer.Option(
         help="own: each client its profile's channels (needs a hierarchical strategy); intersection: the "
-             "channels every profile has", rich_help_panel="Device profiles")] = "own",
+             "channels every profile has; interpolate: every client's channels mapped onto the 21 sensorimotor "
+             "channels by the fixed spherical-spline matrix", rich_help_panel="Device profiles")] = "own",
     only_profile: Annotated[str | None, typer.Option(
         help="train and evaluate only this profile's subjects (same folds)", rich_help_panel="Device profiles")] = None,
     noise_seed: Annotated[int, typer.Option(help="seed of the profiles' additive noise",

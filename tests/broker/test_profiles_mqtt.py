@@ -55,19 +55,20 @@ def profile_subjects(assign: dict[int, str]):
     return {f"S{s:03d}": load_profile_subject(s, p, PRE, DATA_DIR, 0) for s, p in assign.items()}
 
 
-def reference(assign: dict[int, str], rounds: int, fraction: float, seed: int = 7, **overrides: str):
+def reference(assign: dict[int, str], rounds: int, fraction: float, seed: int = 7, model: str = "fleeg_eegnet",
+              **overrides: str):
     """The in-process simulation of the same federation: (server global state, per-profile models);
     ``overrides``: strategy parameters (as ``[federation] strategy_overrides``)."""
     torch.set_num_threads(1)
     clients = profile_subjects(assign)
     groups = {f"S{s:03d}": p for s, p in assign.items()}
-    _, info = run_federated(clients, "fleeg_eegnet", get_strategy("fleeg", **overrides),
+    _, info = run_federated(clients, model, get_strategy("fleeg", **overrides),
                             LocalConfig(batch_size=16, local_epochs=1), rounds, fraction, seed, groups=groups)
     return info["server"].global_state, info["models"]
 
 
 def toml(path: Path, fed: str, profiles: list[str], rounds: int, fraction: float, min_clients: int,
-         **overrides: str) -> Path:
+         model: str = "fleeg_eegnet", **overrides: str) -> Path:
     over = ", ".join(f'{k} = "{v}"' for k, v in overrides.items())
     path.write_text(f"""[federation]
 name = "{fed}"
@@ -82,7 +83,7 @@ strategy_overrides = {{{over}}}
 profiles = {profiles!r}
 
 [model]
-name = "fleeg_eegnet"
+name = "{model}"
 
 [preprocess]
 resample = 80.0
@@ -158,6 +159,26 @@ def test_mixed_profile_mqtt_federation_matches_in_process(mosquitto, fed_name, t
     split = load_profile_models(out / "global_model.safetensors")  # `neurofed export` splits it the same way
     assert sorted(split) == ["cyton_daisy16", "unicorn8"]
     assert all(_diff(m.state_dict(), want_models[p].state_dict()) <= 1e-6 for p, (m, _) in split.items())
+
+
+@pytest.mark.slow
+def test_channel_map_model_over_mqtt_matches_in_process(mosquitto, fed_name, tmp_path):
+    """fleeg_proj_eegnet (per-profile channel map initialised from the profile's ch_names in its ModelSpec, the
+    whole EEGNet shared): the MQTT federation ends with the in-process simulation's weights."""
+    os.environ.setdefault("NEUROFED_CACHE", str(tmp_path / "cache"))
+    want_state, want_models = reference(MIXED, rounds=2, fraction=0.75, model="fleeg_proj_eegnet")
+    cfg = toml(tmp_path / "federation.toml", fed_name, ["unicorn8", "cyton_daisy16"], 2, 0.75, 4,
+               model="fleeg_proj_eegnet")
+    out, _, n_updates = run_mixed(mosquitto, fed_name, cfg, tmp_path)
+    assert n_updates == 6
+    got = load_file(str(out / "global_model.safetensors"))
+    assert got.keys() == want_state.keys()
+    assert got["@unicorn8/local.weight"].shape == (21, 8) and got["@cyton_daisy16/local.weight"].shape == (21, 16)
+    assert _diff(got, want_state) <= 1e-6
+    for p in ("unicorn8", "cyton_daisy16"):
+        model, meta = load_checkpoint(out / f"global_model.{p}.safetensors")
+        assert meta.ch_names == list(get_profile(p).channels)
+        assert _diff(model.state_dict(), want_models[p].state_dict()) <= 1e-6
 
 
 @pytest.mark.slow

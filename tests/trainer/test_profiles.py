@@ -162,10 +162,66 @@ def test_simulate_profile_options_refuse_bad_combinations(tmp_path, data_dir):
         (["--profiles", "unicorn8,nosuch"], "unknown device profile 'nosuch'"),
         (["--only-profile", "unicorn8"], "--only-profile needs --profiles"),
         (["--profiles", "unicorn8,research21", "--only-profile", "cyton8"], "no subject has profile"),
-        (["--profiles", "unicorn8", "--profile-channels", "union"], "own or intersection"),
+        (["--profiles", "unicorn8", "--profile-channels", "union"], "own, intersection or interpolate"),
     ]
     for extra, msg in cases:
         res = CliRunner().invoke(app, base + extra)
         assert res.exit_code == 2, (extra, res.output)
         out = (res.output + str(res.exception or "")).replace("\n", " ")
         assert msg.split("'")[0].strip() in out.replace("│", " ").replace("  ", " ") or msg in out, (extra, out)
+
+
+# ---------------------------------------------------------------------------- channel interpolation
+def test_interpolation_matrix_hand_checkable_case():
+    from trainer.data.profiles import interpolation_matrix
+
+    w = interpolation_matrix(["C3", "c4"], ["C3", "Cz", "C4"])
+    assert w.shape == (3, 2)
+    assert np.array_equal(w[0], [1.0, 0.0]) and np.array_equal(w[2], [0.0, 1.0])  # present: exact copies
+    # Cz lies (almost) midway between C3 and C4 on the template head (its left/right asymmetry is a few mm)
+    assert np.allclose(w[1], [0.5, 0.5], atol=0.01)
+
+
+def test_interpolation_matrix_rows_sum_to_one():
+    """The spline's free constant term with sum(c) = 0 reproduces a constant potential exactly: every row
+    sums to 1 (weights can be negative)."""
+    from trainer.data.config import SENSORIMOTOR_21
+    from trainer.data.profiles import interpolation_matrix
+
+    for name in ("unicorn8", "cyton_daisy16", "cyton8", "lab64"):
+        w = interpolation_matrix(get_profile(name).channels, SENSORIMOTOR_21)
+        assert w.shape == (21, get_profile(name).n_channels)
+        assert np.allclose(w.sum(axis=1), 1.0, atol=1e-9)
+    w = interpolation_matrix(get_profile("unicorn8").channels, SENSORIMOTOR_21)
+    assert (w < 0).any()  # not a convex combination
+    lab = interpolation_matrix(get_profile("lab64").channels, SENSORIMOTOR_21)  # lab64 has all 21: selection
+    assert np.array_equal(lab, np.eye(64)[:21])
+    assert np.array_equal(interpolation_matrix(SENSORIMOTOR_21, SENSORIMOTOR_21), np.eye(21))
+
+
+def test_interpolation_matrix_matches_mnes_spline():
+    """Cross-check against MNE's own (private) implementation, when this MNE still has it."""
+    from mne.channels import interpolation as mi
+
+    from trainer.data.profiles import _template_geometry, interpolation_matrix
+
+    if not hasattr(mi, "_make_interpolation_matrix"):
+        pytest.skip("this MNE has no mne.channels.interpolation._make_interpolation_matrix")
+    src, dst = list(get_profile("unicorn8").channels), ["C1", "C2", "CP5", "FC6"]
+    pos, origin = _template_geometry()
+    ref = mi._make_interpolation_matrix(np.stack([pos[c] for c in src]) - origin,
+                                        np.stack([pos[c] for c in dst]) - origin)
+    assert np.allclose(interpolation_matrix(src, dst), ref, atol=1e-8)
+
+
+def test_interpolation_matrix_errors():
+    from trainer.data.profiles import interpolation_matrix
+
+    with pytest.raises(ProfileError, match=r"\['XX9'\] have no position"):
+        interpolation_matrix(["C3", "XX9"], ["Cz"])
+    with pytest.raises(ProfileError, match=r"\['Q1'\] have no position"):
+        interpolation_matrix(["C3", "C4"], ["Q1"])
+    with pytest.raises(ProfileError, match="duplicate source channels"):
+        interpolation_matrix(["C3", "c3"], ["Cz"])
+    with pytest.raises(ProfileError, match="at least one"):
+        interpolation_matrix([], ["Cz"])

@@ -192,6 +192,123 @@ def channel_intersection(profiles: Sequence[DeviceProfile]) -> tuple[str, ...]:
     return tuple(c for c in profiles[0].channels if c in common)
 
 
+# ---------------------------------------------------------------------------- channel interpolation
+#: spherical-spline parameters (Perrin et al. 1989; the values MNE's ``interpolate_bads`` uses)
+SPLINE_STIFFNESS = 4
+SPLINE_LEGENDRE_TERMS = 50
+SPLINE_ALPHA = 1e-5
+
+
+def _template_montage():
+    """MNE's 10-05 template (``standard_1005``; renamed ``colin27_1005`` in MNE 1.13, same positions)."""
+    import warnings
+
+    import mne
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return mne.channels.make_standard_montage("standard_1005")
+        except ValueError:  # MNE >= 1.14: the deprecated name is gone
+            return mne.channels.make_standard_montage("colin27_1005")
+
+
+@lru_cache(maxsize=1)
+def _template_geometry() -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Positions (metres, head frame) of every template label, and the centre of the sphere fitted to them.
+
+    The sphere is fitted once to all 343 template positions (``mne.bem.fit_sphere_to_headshape``, public
+    API), so a channel's position relative to the centre does not depend on which other channels a device has.
+    """
+    import mne
+
+    mont = _template_montage()
+    info = mne.create_info(mont.ch_names, 100.0, "eeg")
+    info.set_montage(mont)
+    _, origin, _ = mne.bem.fit_sphere_to_headshape(info, dig_kinds="eeg", units="m", verbose="error")
+    pos = {k: np.asarray(v, dtype=np.float64) for k, v in mont.get_positions()["ch_pos"].items()}
+    return pos, np.asarray(origin, dtype=np.float64)
+
+
+def channel_positions(channels: Sequence[str]) -> np.ndarray:
+    """Unit vectors from the template's fitted head centre to each channel, shape (n, 3).
+
+    Raises
+    ------
+    ProfileError
+        A name with no 10-05 template position (case-insensitive match).
+    """
+    known = known_channels()
+    unknown = [c for c in channels if str(c).lower() not in known]
+    if unknown:
+        raise ProfileError(f"channels {unknown} have no position in MNE's 10-05 template (standard_1005)")
+    pos, origin = _template_geometry()
+    p = np.stack([pos[known[str(c).lower()]] - origin for c in channels])
+    return p / np.linalg.norm(p, axis=1, keepdims=True)
+
+
+def _spline_g(cosang: np.ndarray) -> np.ndarray:
+    """Perrin's g(x) = 1/(4 pi) sum_n (2n+1)/(n(n+1))^m P_n(x), n = 1..N, m = stiffness."""
+    from numpy.polynomial.legendre import legval
+
+    n = np.arange(1, SPLINE_LEGENDRE_TERMS + 1, dtype=np.float64)
+    coef = (2 * n + 1) / (n ** SPLINE_STIFFNESS * (n + 1) ** SPLINE_STIFFNESS * 4 * np.pi)
+    return legval(np.clip(cosang, -1.0, 1.0), np.concatenate([[0.0], coef]))
+
+
+def interpolation_matrix(src_channels: Sequence[str], dst_channels: Sequence[str]) -> np.ndarray:
+    """Spherical-spline interpolation from one montage to another: ``x_dst = W @ x_src``.
+
+    Spherical splines (Perrin et al. 1989) between the electrode positions of MNE's 10-05 template
+    (``standard_1005``), projected on the sphere fitted to the template: stiffness 4, 50 Legendre terms,
+    ridge 1e-5 on the source Gram matrix (MNE's ``interpolate_bads`` values; the same formula as MNE's
+    private ``_make_interpolation_matrix``, re-implemented here on public API; a test cross-checks them).
+
+    Parameters
+    ----------
+    src_channels : sequence of str
+        The channels a device records (10-05 labels, any case).
+    dst_channels : sequence of str
+        The montage to map onto.
+
+    Returns
+    -------
+    ndarray, float64, shape (len(dst_channels), len(src_channels))
+        A row of a channel present in both lists is the exact one-hot copy of it. Every row sums to 1
+        (to float precision): the spline has a free constant term with the side condition
+        ``sum(c) = 0``, so a constant potential is reproduced exactly (a common-mode offset passes through
+        unchanged, and rows of interpolated channels are affine weights; some may be negative).
+
+    Raises
+    ------
+    ProfileError
+        A name with no template position, a duplicate source channel, or an empty list.
+    """
+    src, dst = list(src_channels), list(dst_channels)
+    if not src or not dst:
+        raise ProfileError("interpolation_matrix needs at least one source and one destination channel")
+    known = known_channels()
+    canon_src = [known.get(str(c).lower(), str(c)) for c in src]
+    dup = sorted({c for c in canon_src if canon_src.count(c) > 1})
+    if dup:
+        raise ProfileError(f"duplicate source channels {dup}")
+    p_src, p_dst = channel_positions(src), channel_positions(dst)
+    n = len(src)
+    g = _spline_g(p_src @ p_src.T)
+    g[np.diag_indices(n)] += SPLINE_ALPHA
+    c = np.zeros((n + 1, n + 1))
+    c[:n, :n], c[:n, n], c[n, :n] = g, 1.0, 1.0
+    c_inv = np.linalg.pinv(c)
+    w = np.hstack([_spline_g(p_dst @ p_src.T), np.ones((len(dst), 1))]) @ c_inv[:, :n]
+    index = {name: i for i, name in enumerate(canon_src)}
+    for r, name in enumerate(dst):
+        i = index.get(known[str(name).lower()])
+        if i is not None:
+            w[r] = 0.0
+            w[r, i] = 1.0
+    return w
+
+
 # ---------------------------------------------------------------------------- presenting a recording
 def to_device(
     x_uv: np.ndarray, sfreq: float, ch_names: Sequence[str], profile: DeviceProfile,

@@ -39,7 +39,7 @@ def init_model(model_name: str, ref: SubjectData, bn_mode: str, seed: int, **mod
     """The initial global model: architecture for ``ref``'s shape, weights drawn from ``seed``."""
     torch.manual_seed(seed)
     return build_model(model_name, ref.X.shape[1], len(ref.classes), ref.X.shape[2], ref.sfreq, bn_mode,
-                       **model_kwargs)
+                       ch_names=ref.ch_names, **model_kwargs)
 
 
 def init_group_models(
@@ -68,7 +68,7 @@ def init_server_state(models: Mapping[str, nn.Module], prefixes: Sequence[str]) 
         own = {k: v for k, v in models[g].state_dict().items() if is_grouped(k, prefixes)}
         if not own:
             raise ValueError(f"the model has no keys under {list(prefixes)} to aggregate per group "
-                             "(use --model fleeg_eegnet)")
+                             "(use --model fleeg_eegnet or fleeg_proj_eegnet)")
         state.update({group_key(g, k): v.clone() for k, v in own.items()})
     return state
 

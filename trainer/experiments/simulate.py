@@ -17,6 +17,7 @@ import torch
 from trainer.attacks import attack_budgets
 from trainer.checkpoint import ModelMeta, save_checkpoint
 from trainer.data import PreprocessConfig, load_subjects
+from trainer.data.config import SENSORIMOTOR_21
 from trainer.errors import NeuroFedError
 from trainer.experiments.partition import class_counts, partition_clients
 from trainer.experiments.protocol import make_folds
@@ -62,7 +63,9 @@ class SimConfig:
     partition: str = "subject"  # subject, dirichlet:BETA[:K], missing-class (trainer.experiments.partition)
     #: device profiles (issue 19): subject (as str) -> profile name; empty = every subject on the lab cap
     profiles: dict = field(default_factory=dict)
-    #: "own" (each client its profile's channels) or "intersection" (every client the channels all profiles share)
+    #: "own" (each client its profile's channels), "intersection" (every client the channels all profiles share)
+    #: or "interpolate" (every client's channels mapped onto the 21 sensorimotor channels by the fixed
+    #: spherical-spline matrix, after the usual preprocessing)
     profile_channels: str = "own"
     #: train and evaluate only the subjects of this profile (the device group federated alone); folds unchanged
     only_profile: str | None = None
@@ -86,10 +89,20 @@ def load_fold_subjects(cfg: SimConfig, subjects: list[int], pre: PreprocessConfi
     chans = None
     if cfg.profile_channels == "intersection":
         chans = channel_intersection([get_profile(n) for n in sorted(set(cfg.profiles.values()))])
-    elif cfg.profile_channels != "own":
-        raise NeuroFedError(f"profile_channels must be own or intersection, got {cfg.profile_channels!r}")
+    elif cfg.profile_channels not in ("own", "interpolate"):
+        raise NeuroFedError(f"profile_channels must be own, intersection or interpolate, got {cfg.profile_channels!r}")
     pre = replace(pre, channels=chans)
-    return [load_profile_subject(s, cfg.profile_of(s), pre, cfg.data_dir, cfg.noise_seed) for s in subjects]
+    subs = [load_profile_subject(s, cfg.profile_of(s), pre, cfg.data_dir, cfg.noise_seed) for s in subjects]
+    return [interpolate_subject(sd) for sd in subs] if cfg.profile_channels == "interpolate" else subs
+
+
+def interpolate_subject(sd, channels: tuple[str, ...] = SENSORIMOTOR_21):
+    """``sd`` with its (preprocessed, aligned) trials mapped onto ``channels`` by the fixed spherical-spline
+    matrix (:func:`trainer.data.profiles.interpolation_matrix`; channels it has are copied exactly)."""
+    from trainer.data.profiles import interpolation_matrix
+
+    w = interpolation_matrix(sd.ch_names, channels).astype(np.float32)
+    return replace(sd, X=np.einsum("kc,nct->nkt", w, sd.X).astype(np.float32), ch_names=list(channels))
 
 
 def per_profile_summary(cfg: SimConfig, per_subject: dict[str, dict[str, float]]) -> dict[str, dict]:
@@ -116,8 +129,8 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
     if (groups and cfg.profile_channels == "own" and not strategy.group_prefixes
             and len({cfg.profile_of(s) for s in train_ids + list(test_subjects)}) > 1):
         raise NeuroFedError("clients of different device profiles have different channels: use a hierarchical "
-                            "strategy (--group-keys local. --model fleeg_eegnet), --profile-channels intersection, "
-                            "or --only-profile")
+                            "strategy (--group-keys local. --model fleeg_eegnet or fleeg_proj_eegnet), "
+                            "--profile-channels intersection or interpolate, or --only-profile")
     if strategy.group_prefixes and groups:
         untrained = sorted({groups[sd.subject] for sd in test} - {groups[sd.subject] for sd in train})
         if untrained:

@@ -2,29 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import nn
 
 from trainer.models.bn import BN_MODES, bn_mode_of, bn_modules, bn_state_keys, float_state_keys, make_bn
 from trainer.models.deep import DeepConvNet
 from trainer.models.eegnet import EEGNet
 from trainer.models.fleeg import LOCAL_PREFIX, FleegEEGNet
+from trainer.models.fleeg_proj import FleegProjEEGNet
 from trainer.models.shallow import ShallowConvNet
 
 MODELS: dict[str, type[nn.Module]] = {"eegnet": EEGNet, "shallow": ShallowConvNet, "deep": DeepConvNet,
-                                      "fleeg_eegnet": FleegEEGNet}
+                                      "fleeg_eegnet": FleegEEGNet, "fleeg_proj_eegnet": FleegProjEEGNet}
 
 
 def build_model(
     name: str, n_channels: int, n_classes: int, n_times: int, sfreq: float, bn_mode: str = "batch_specific",
-    **kwargs: object,
+    *, ch_names: Sequence[str] | None = None, **kwargs: object,
 ) -> nn.Module:
-    """Build a model by name (``eegnet``, ``shallow``, ``deep``, ``fleeg_eegnet``) for a signal shape.
+    """Build a model by name (``eegnet``, ``shallow``, ``deep``, ``fleeg_eegnet``, ``fleeg_proj_eegnet``)
+    for a signal shape.
 
-    ``kwargs`` go to the model's constructor (e.g. ``local_bn_mode`` of ``fleeg_eegnet``).
+    ``ch_names`` (the input's channel labels) is passed on only to models that need it
+    (``NEEDS_CH_NAMES``: ``fleeg_proj_eegnet``, whose channel map is initialised from the electrode
+    positions) and ignored otherwise. ``kwargs`` go to the model's constructor (e.g. ``local_bn_mode``
+    of ``fleeg_eegnet``).
     """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose from {sorted(MODELS)}")
-    return MODELS[name](n_channels, n_classes, n_times, sfreq, bn_mode, **kwargs)  # type: ignore[call-arg]
+    cls = MODELS[name]
+    if getattr(cls, "NEEDS_CH_NAMES", False):
+        if not ch_names:
+            raise ValueError(f"model {name} needs the input's channel names (ch_names) to build its channel map")
+        kwargs["ch_names"] = tuple(ch_names)
+    return cls(n_channels, n_classes, n_times, sfreq, bn_mode, **kwargs)  # type: ignore[call-arg]
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -38,6 +50,7 @@ __all__ = [
     "DeepConvNet",
     "EEGNet",
     "FleegEEGNet",
+    "FleegProjEEGNet",
     "LOCAL_PREFIX",
     "ShallowConvNet",
     "bn_mode_of",
