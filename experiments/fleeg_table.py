@@ -1,7 +1,8 @@
 """Issue 19 table: per-profile held-out BCA of each condition, paired comparisons and the interaction test.
 
-Run: python experiments/fleeg_table.py [experiments/results/fleeg | experiments/results/fleeg_pilot |
-     experiments/results/fleeg_proj]
+Run: python experiments/fleeg_table.py [DIR ...]   (default experiments/results/fleeg; e.g. also
+     experiments/results/fleeg_proj or experiments/results/fleeg_proj_pilot, or experiments/results/fleeg_pilot;
+     several folders are merged, the first with a condition wins)
 Reads <dir>/<condition>/results.json (written by experiments/fleeg.txt or the pilot's fleeg_pilot.txt) and prints
 markdown; conditions not (yet) run are left out.
 """
@@ -31,10 +32,14 @@ CONDITIONS = {
 }
 
 
-def main(root: Path) -> None:
-    res = {k: json.loads((root / k / "results.json").read_text()) for k in CONDITIONS if (root / k / "results.json").exists()}
+def main(roots: list[Path]) -> None:
+    """Conditions from every folder in ``roots`` (the first folder that has a condition wins)."""
+    res = {}
+    for root in roots:
+        res.update({k: json.loads((root / k / "results.json").read_text()) for k in CONDITIONS
+                    if k not in res and (root / k / "results.json").exists()})
     if not res:
-        raise SystemExit(f"no results under {root}")
+        raise SystemExit(f"no results under {', '.join(map(str, roots))}")
     profiles = sorted({p for r in res.values() for p in r.get("per_profile", {})})
     print("| condition | " + " | ".join(profiles) + " | all held-out | wall s (loaded machine) |")
     print("|---|" + "---|" * (len(profiles) + 2))
@@ -61,18 +66,20 @@ def main(root: Path) -> None:
               f"(n={len(subs)} held-out subjects, paired t p={t.pvalue:.2f})")
 
     for p in profiles:
-        paired("a_hier_fedbs", f"d_{p}_alone", p)
-        paired("a_hier_fedbs", "c_intersection", p)
+        for mixed in ("a_hier_fedbs", "a_proj_hier_fedbs", "c2_interpolate_fixed"):
+            paired(mixed, f"d_{p}_alone", p)
+            paired(mixed, "c_intersection", p)
     paired("a_hier_fedbs", "c_intersection", None)
     paired("a_hier_fedbs", "b_hier_fedbs_standardbn", None)
     paired("f_onedevice_fedbs", "g_onedevice_fedbs_standardbn", None)
     # target: the 8-channel profile in the mixed federation vs the 21-channel group alone (different subjects: unpaired)
-    if "a_hier_fedbs" in res and "d_research21_alone" in res:
-        a8 = res["a_hier_fedbs"].get("per_profile", {}).get("unicorn8")
-        r21 = res["d_research21_alone"].get("per_profile", {}).get("research21")
-        if a8 and r21:
-            print(f"- unicorn8 in (a) {100 * a8['bca']:.1f} vs research21 alone {100 * r21['bca']:.1f}: "
-                  f"{100 * (a8['bca'] - r21['bca']):+.1f} points (target: within 3)")
+    for mixed in ("a_hier_fedbs", "a_proj_hier_fedbs", "c2_interpolate_fixed"):
+        if mixed in res and "d_research21_alone" in res:
+            a8 = res[mixed].get("per_profile", {}).get("unicorn8")
+            r21 = res["d_research21_alone"].get("per_profile", {}).get("research21")
+            if a8 and r21:
+                print(f"- unicorn8 in {mixed} {100 * a8['bca']:.1f} vs research21 alone {100 * r21['bca']:.1f}: "
+                      f"{100 * (a8['bca'] - r21['bca']):+.1f} points (target: within 3)")
     # interaction: does the BN rule gain more under device heterogeneity ((a) - (b)) than on one device ((f) - (g))?
     keys = ("a_hier_fedbs", "b_hier_fedbs_standardbn", "f_onedevice_fedbs", "g_onedevice_fedbs_standardbn")
     if all(k in res for k in keys):
@@ -88,4 +95,4 @@ def main(root: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "experiments/results/fleeg"))
+    main([Path(a) for a in sys.argv[1:]] or [Path("experiments/results/fleeg")])
