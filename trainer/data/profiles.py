@@ -48,14 +48,7 @@ class ProfileError(DataError):
 @lru_cache(maxsize=1)
 def known_channels() -> dict[str, str]:
     """Lower-case name -> canonical name of every position of MNE's 10-05 template (343 labels)."""
-    import warnings
-
-    import mne
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        names = mne.channels.make_standard_montage("standard_1005").ch_names
-    return {n.lower(): n for n in names}
+    return {n.lower(): n for n in _template_montage().ch_names}
 
 
 @dataclass(frozen=True)
@@ -199,6 +192,7 @@ SPLINE_LEGENDRE_TERMS = 50
 SPLINE_ALPHA = 1e-5
 
 
+@lru_cache(maxsize=1)
 def _template_montage():
     """MNE's 10-05 template (``standard_1005``; renamed ``colin27_1005`` in MNE 1.13, same positions)."""
     import warnings
