@@ -1,10 +1,12 @@
 """Issue 19 table: per-profile held-out BCA of each condition, paired comparisons and the interaction test.
 
-Run: python experiments/fleeg_table.py [DIR ...]   (default experiments/results/fleeg; e.g. also
+Run: python experiments/fleeg_table.py [DIR ...] [--plot PNG]   (default experiments/results/fleeg; e.g. also
      experiments/results/fleeg_proj or experiments/results/fleeg_proj_pilot, or experiments/results/fleeg_pilot;
      several folders are merged, the first with a condition wins)
 Reads <dir>/<condition>/results.json (written by experiments/fleeg.txt or the pilot's fleeg_pilot.txt) and prints
-markdown; conditions not (yet) run are left out.
+markdown; conditions not (yet) run are left out. Per-subject BCA is the mean over the run's seeds (paired tests run
+on those); "± s" after a per-profile cell is the standard deviation of that profile's seed means (the spread a
+re-run with another seed gives). With --plot, a bar chart of the per-profile BCA (error bars: that spread).
 """
 
 from __future__ import annotations
@@ -32,7 +34,52 @@ CONDITIONS = {
 }
 
 
-def main(roots: list[Path]) -> None:
+def seed_spread(r: dict, profile: str) -> float:
+    """Standard deviation over seeds of one profile's mean held-out BCA (0 with one seed)."""
+    assign = r["config"]["profiles"]
+    means = [np.mean([row["bca"] for s, row in ps.items() if assign[str(int(s[1:]))] == profile])
+             for ps in r.get("per_seed", {}).values()]
+    means = [m for m in means if np.isfinite(m)]
+    return float(np.std(means)) if len(means) > 1 else 0.0
+
+
+def plot(res: dict, profiles: list[str], path: Path) -> None:
+    """Grouped bars: per-profile held-out BCA of each condition, error bars the spread over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def series(k: str) -> str:
+        return "(d) the group alone" if k.startswith("d_") else "(e) the group, CT" if k.startswith("e_") else \
+            CONDITIONS[k].split(")")[0] + ")"
+
+    names = list(dict.fromkeys(series(k) for k in CONDITIONS if k in res))
+    colours = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    width, labelled = 0.08, set()
+    for j, p in enumerate(profiles):
+        here = [k for k in CONDITIONS if k in res and p in res[k].get("per_profile", {})]
+        for i, k in enumerate(here):
+            n = series(k)
+            n_seeds = len(res[k].get("per_seed", {})) or 1
+            ax.bar(j + (i - (len(here) - 1) / 2) * width, 100 * res[k]["per_profile"][p]["bca"], width,
+                   yerr=100 * seed_spread(res[k], p), capsize=2, color=colours[n],
+                   label=None if n in labelled else f"{n} ({n_seeds} seed{'s' if n_seeds > 1 else ''})")
+            labelled.add(n)
+    ax.axhline(50, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(len(profiles)), profiles)
+    ax.set_ylabel("held-out BCA (%)")
+    ax.set_ylim(40, 85)
+    ax.set_title("Mixed devices (issue 19): per-profile BCA of held-out subjects, 46 EEGMMIDB subjects, 5 folds")
+    ax.legend(ncol=4, fontsize=7, loc="upper left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    print(f"\nplot: {path}")
+
+
+def main(roots: list[Path], plot_path: Path | None = None) -> None:
     """Conditions from every folder in ``roots`` (the first folder that has a condition wins)."""
     res = {}
     for root in roots:
@@ -41,14 +88,19 @@ def main(roots: list[Path]) -> None:
     if not res:
         raise SystemExit(f"no results under {', '.join(map(str, roots))}")
     profiles = sorted({p for r in res.values() for p in r.get("per_profile", {})})
-    print("| condition | " + " | ".join(profiles) + " | all held-out | wall s (loaded machine) |")
-    print("|---|" + "---|" * (len(profiles) + 2))
-    for k, r in res.items():
+    print("| condition | seeds | " + " | ".join(profiles) + " | all held-out (± std over subjects; ± over seeds) "
+          "| CPU s |")
+    print("|---|---|" + "---|" * (len(profiles) + 2))
+    for k in [k for k in CONDITIONS if k in res]:
+        r = res[k]
         pp = r.get("per_profile", {})
-        cells = [f"{100 * pp[p]['bca']:.1f} (n={pp[p]['n']})" if p in pp else "-" for p in profiles]
-        print(f"| {CONDITIONS[k]} | " + " | ".join(cells) +
-              f" | {100 * r['summary']['bca']['mean']:.1f} ± {100 * r['summary']['bca']['std_subjects']:.1f} | "
-              f"{r['seconds']:.0f} |")
+        n_seeds = len(r.get("per_seed", {})) or 1
+        spread = (lambda p: f" ± {100 * seed_spread(r, p):.1f}") if n_seeds > 1 else (lambda p: "")
+        cells = [f"{100 * pp[p]['bca']:.1f}{spread(p)} (n={pp[p]['n']})" if p in pp else "-" for p in profiles]
+        bca = r["summary"]["bca"]
+        print(f"| {CONDITIONS[k]} | {n_seeds} | " + " | ".join(cells) +
+              f" | {100 * bca['mean']:.1f} ± {100 * bca['std_subjects']:.1f}"
+              + (f"; ± {100 * bca['std_seeds']:.1f}" if n_seeds > 1 else "") + f" | {r['seconds']:.0f} |")
     print()
     assign = next(iter(res.values()))["config"]["profiles"]
 
@@ -71,6 +123,8 @@ def main(roots: list[Path]) -> None:
             paired(mixed, "c_intersection", p)
     paired("a_hier_fedbs", "c_intersection", None)
     paired("a_hier_fedbs", "b_hier_fedbs_standardbn", None)
+    paired("a_proj_hier_fedbs", "b_proj_hier_fedbs_standardbn", None)
+    paired("c2_interpolate_fixed", "a_proj_hier_fedbs", None)
     paired("f_onedevice_fedbs", "g_onedevice_fedbs_standardbn", None)
     # target: the 8-channel profile in the mixed federation vs the 21-channel group alone (different subjects: unpaired)
     for mixed in ("a_hier_fedbs", "a_proj_hier_fedbs", "c2_interpolate_fixed"):
@@ -78,21 +132,37 @@ def main(roots: list[Path]) -> None:
             a8 = res[mixed].get("per_profile", {}).get("unicorn8")
             r21 = res["d_research21_alone"].get("per_profile", {}).get("research21")
             if a8 and r21:
+                x = [v["bca"] for s, v in res[mixed]["per_subject"].items() if assign[str(int(s[1:]))] == "unicorn8"]
+                y = [v["bca"] for s, v in res["d_research21_alone"]["per_subject"].items()
+                     if assign[str(int(s[1:]))] == "research21"]
+                t = stats.ttest_ind(x, y, equal_var=False)
                 print(f"- unicorn8 in {mixed} {100 * a8['bca']:.1f} vs research21 alone {100 * r21['bca']:.1f}: "
-                      f"{100 * (a8['bca'] - r21['bca']):+.1f} points (target: within 3)")
+                      f"{100 * (a8['bca'] - r21['bca']):+.1f} points (different subjects: Welch t p={t.pvalue:.2f}; "
+                      f"target: within 3)")
     # interaction: does the BN rule gain more under device heterogeneity ((a) - (b)) than on one device ((f) - (g))?
-    keys = ("a_hier_fedbs", "b_hier_fedbs_standardbn", "f_onedevice_fedbs", "g_onedevice_fedbs_standardbn")
-    if all(k in res for k in keys):
+    for keys in (("a_hier_fedbs", "b_hier_fedbs_standardbn", "f_onedevice_fedbs", "g_onedevice_fedbs_standardbn"),
+                 ("a_proj_hier_fedbs", "b_proj_hier_fedbs_standardbn", "f_onedevice_fedbs",
+                  "g_onedevice_fedbs_standardbn")):
+        if not all(k in res for k in keys):
+            continue
         ps = [res[k]["per_subject"] for k in keys]
         subs = sorted(set.intersection(*(set(p) for p in ps)))
         if len(subs) >= 2:
             mixed = np.array([ps[0][s]["bca"] - ps[1][s]["bca"] for s in subs])
             one = np.array([ps[2][s]["bca"] - ps[3][s]["bca"] for s in subs])
             t = stats.ttest_rel(mixed, one)
-            print(f"- interaction (BN rule gain mixed devices minus one device): {100 * (mixed - one).mean():+.1f} "
-                  f"points (mixed {100 * mixed.mean():+.1f}, one device {100 * one.mean():+.1f}; n={len(subs)} "
-                  f"held-out subjects, paired t p={t.pvalue:.2f})")
+            print(f"- interaction (BN rule gain mixed devices minus one device; mixed = {keys[0]} - {keys[1]}): "
+                  f"{100 * (mixed - one).mean():+.1f} points (mixed {100 * mixed.mean():+.1f}, one device "
+                  f"{100 * one.mean():+.1f}; n={len(subs)} held-out subjects, paired t p={t.pvalue:.2f})")
+    if plot_path is not None:
+        plot(res, profiles, plot_path)
 
 
 if __name__ == "__main__":
-    main([Path(a) for a in sys.argv[1:]] or [Path("experiments/results/fleeg")])
+    args = sys.argv[1:]
+    out = None
+    if "--plot" in args:
+        i = args.index("--plot")
+        out = Path(args[i + 1])
+        del args[i:i + 2]
+    main([Path(a) for a in args] or [Path("experiments/results/fleeg")], out)
