@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from broker.protocol import NAME_PATTERN, ModelSpec
 from trainer.errors import NeuroFedError
+from trainer.models import MODEL_NAMES, PER_DEVICE_MODELS
 
 
 class ConfigError(NeuroFedError, ValueError):
@@ -79,8 +80,8 @@ class FederationSection(_Frozen):
         "streaming: the same aggregator fed as updates arrive, O(model) memory (same maths, arrival summation order)")
     profiles: list[str] = Field(
         default_factory=list, max_length=64, description="device profiles of a hierarchical federation (shipped "
-        "names or profile .json paths; needs a strategy with group keys, e.g. fleeg, and model fleeg_eegnet or "
-        "fleeg_proj_eegnet)")
+        "names or profile .json paths; needs a strategy with group keys, e.g. fleeg, and model fleeg_eegnet, "
+        "fleeg_proj_eegnet or fleeg_fixmap_eegnet)")
     secure_aggregation: bool = Field(
         default=False, description="SecAgg+ over MQTT: clients upload pairwise-masked updates, the coordinator "
         "decodes only their trial-weighted sum ([secagg] settings; plain weighted mean only, see docs/security.md)")
@@ -100,7 +101,7 @@ class FederationSection(_Frozen):
 
 
 class ModelSection(_Frozen):
-    name: Literal["eegnet", "shallow", "deep", "fleeg_eegnet", "fleeg_proj_eegnet"] = "eegnet"
+    name: Literal[MODEL_NAMES] = "eegnet"  # type: ignore[valid-type]  # the registry's names (trainer.models)
     classes: list[str] = Field(default_factory=lambda: ["left_fist", "right_fist"], min_length=2)
     source_sfreq: float = Field(default=160.0, gt=0, description="recording rate, used when preprocess.resample is unset")
     test_batch_size: int = Field(default=8, ge=1)
@@ -161,9 +162,9 @@ class FederationConfig(_Frozen):
             raise ValueError("federation.profiles needs a hierarchical strategy (e.g. strategy = \"fleeg\")")
         if not fed.profiles:
             return self
-        if self.model.name not in ("fleeg_eegnet", "fleeg_proj_eegnet"):
-            raise ValueError("federation.profiles needs model.name = \"fleeg_eegnet\" or \"fleeg_proj_eegnet\", "
-                             f"got {self.model.name!r}")
+        if self.model.name not in PER_DEVICE_MODELS:
+            raise ValueError("federation.profiles needs a model with a per-device module, model.name = one of "
+                             f"{', '.join(PER_DEVICE_MODELS)}; got {self.model.name!r}")
         if len(set(fed.profiles)) != len(fed.profiles):
             raise ValueError(f"federation.profiles lists a profile twice: {fed.profiles}")
         pre = self.preprocess_config()

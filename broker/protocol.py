@@ -30,6 +30,7 @@ from torch import Tensor
 
 from trainer.checkpoint import MODEL_FIELDS, ModelMeta, meta_fields
 from trainer.errors import NeuroFedError
+from trainer.models import MODEL_NAMES
 
 #: 2: device profiles, secure aggregation, cached extras; 3: compact deflated headers, bit-shuffled bodies,
 #: word-difference delta coding, compact secure-aggregation messages (base64 blobs and roster indices instead
@@ -169,7 +170,7 @@ class _Msg(BaseModel):
 #: ``trainer.checkpoint.ModelMeta`` named in ``MODEL_FIELDS`` (one description, defined there); each
 #: bound here must narrow ModelMeta's type, and every model field needs one (both checked at import).
 MODEL_BOUNDS: dict[str, Any] = {
-    "model": Literal["eegnet", "shallow", "deep", "fleeg_eegnet", "fleeg_proj_eegnet"],
+    "model": Literal[MODEL_NAMES],  # type: ignore[valid-type]  # the registry's names (trainer.models)
     "n_channels": Annotated[int, Field(ge=0, le=1024)],  # 0 only in the federation-wide spec of a multi-profile federation
     "n_classes": Annotated[int, Field(ge=2, le=64)],
     "n_times": Annotated[int, Field(ge=1, le=100_000)],

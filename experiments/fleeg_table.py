@@ -31,6 +31,7 @@ CONDITIONS = {
     "a_proj_hier_fedbs": "(a') channel map per profile (spline init) + shared EEGNet on 21 ch, FedBS",
     "b_proj_hier_fedbs_standardbn": "(b') = (a') with standard BN",
     "c2_interpolate_fixed": "(c2) one EEGNet federation on 21 ch, every device by the fixed spline map, FedBS",
+    "c3_fixmap_hier_fedbs": "(c3) = (c2) as a deployable model (fleeg_fixmap_eegnet: the map frozen inside it)",
 }
 
 
@@ -95,8 +96,8 @@ def main(roots: list[Path], plot_path: Path | None = None) -> None:
         r = res[k]
         pp = r.get("per_profile", {})
         n_seeds = len(r.get("per_seed", {})) or 1
-        spread = (lambda p: f" ± {100 * seed_spread(r, p):.1f}") if n_seeds > 1 else (lambda p: "")
-        cells = [f"{100 * pp[p]['bca']:.1f}{spread(p)} (n={pp[p]['n']})" if p in pp else "-" for p in profiles]
+        cells = [f"{100 * pp[p]['bca']:.1f}" + (f" ± {100 * seed_spread(r, p):.1f}" if n_seeds > 1 else "")
+                 + f" (n={pp[p]['n']})" if p in pp else "-" for p in profiles]
         bca = r["summary"]["bca"]
         print(f"| {CONDITIONS[k]} | {n_seeds} | " + " | ".join(cells) +
               f" | {100 * bca['mean']:.1f} ± {100 * bca['std_subjects']:.1f}"
@@ -118,16 +119,17 @@ def main(roots: list[Path], plot_path: Path | None = None) -> None:
               f"(n={len(subs)} held-out subjects, paired t p={t.pvalue:.2f})")
 
     for p in profiles:
-        for mixed in ("a_hier_fedbs", "a_proj_hier_fedbs", "c2_interpolate_fixed"):
+        for mixed in ("a_hier_fedbs", "a_proj_hier_fedbs", "c2_interpolate_fixed", "c3_fixmap_hier_fedbs"):
             paired(mixed, f"d_{p}_alone", p)
             paired(mixed, "c_intersection", p)
     paired("a_hier_fedbs", "c_intersection", None)
     paired("a_hier_fedbs", "b_hier_fedbs_standardbn", None)
     paired("a_proj_hier_fedbs", "b_proj_hier_fedbs_standardbn", None)
     paired("c2_interpolate_fixed", "a_proj_hier_fedbs", None)
+    paired("c3_fixmap_hier_fedbs", "c2_interpolate_fixed", None)
     paired("f_onedevice_fedbs", "g_onedevice_fedbs_standardbn", None)
     # target: the 8-channel profile in the mixed federation vs the 21-channel group alone (different subjects: unpaired)
-    for mixed in ("a_hier_fedbs", "a_proj_hier_fedbs", "c2_interpolate_fixed"):
+    for mixed in ("a_hier_fedbs", "a_proj_hier_fedbs", "c2_interpolate_fixed", "c3_fixmap_hier_fedbs"):
         if mixed in res and "d_research21_alone" in res:
             a8 = res[mixed].get("per_profile", {}).get("unicorn8")
             r21 = res["d_research21_alone"].get("per_profile", {}).get("research21")

@@ -37,7 +37,7 @@ from edge.join_cli import make_loader, make_montage
 from tests.broker.conftest import DATA_DIR, child_env, kill_all
 from tests.broker.test_hostile import Bg
 from trainer.checkpoint import load_checkpoint, load_profile_models
-from trainer.data.config import PreprocessConfig
+from trainer.data.config import SENSORIMOTOR_21, PreprocessConfig
 from trainer.data.profiles import get_profile, load_profile_subject
 from trainer.experiments.runner import init_server_state, run_federated
 from trainer.fl.api import GROUP_MARK
@@ -162,13 +162,15 @@ def test_mixed_profile_mqtt_federation_matches_in_process(mosquitto, fed_name, t
 
 
 @pytest.mark.slow
-def test_channel_map_model_over_mqtt_matches_in_process(mosquitto, fed_name, tmp_path):
+@pytest.mark.parametrize("model_name", ["fleeg_proj_eegnet", "fleeg_fixmap_eegnet"])
+def test_channel_map_model_over_mqtt_matches_in_process(mosquitto, fed_name, tmp_path, model_name):
     """fleeg_proj_eegnet (per-profile channel map initialised from the profile's ch_names in its ModelSpec, the
-    whole EEGNet shared): the MQTT federation ends with the in-process simulation's weights."""
+    whole EEGNet shared) and fleeg_fixmap_eegnet (the same map, frozen): the MQTT federation ends with the
+    in-process simulation's weights."""
     os.environ.setdefault("NEUROFED_CACHE", str(tmp_path / "cache"))
-    want_state, want_models = reference(MIXED, rounds=2, fraction=0.75, model="fleeg_proj_eegnet")
+    want_state, want_models = reference(MIXED, rounds=2, fraction=0.75, model=model_name)
     cfg = toml(tmp_path / "federation.toml", fed_name, ["unicorn8", "cyton_daisy16"], 2, 0.75, 4,
-               model="fleeg_proj_eegnet")
+               model=model_name)
     out, _, n_updates = run_mixed(mosquitto, fed_name, cfg, tmp_path)
     assert n_updates == 6
     got = load_file(str(out / "global_model.safetensors"))
@@ -177,8 +179,13 @@ def test_channel_map_model_over_mqtt_matches_in_process(mosquitto, fed_name, tmp
     assert _diff(got, want_state) <= 1e-6
     for p in ("unicorn8", "cyton_daisy16"):
         model, meta = load_checkpoint(out / f"global_model.{p}.safetensors")
-        assert meta.ch_names == list(get_profile(p).channels)
+        assert meta.ch_names == list(get_profile(p).channels) and meta.model == model_name
         assert _diff(model.state_dict(), want_models[p].state_dict()) <= 1e-6
+        if model_name == "fleeg_fixmap_eegnet":  # the frozen map arrives as the spherical-spline matrix, exactly
+            from trainer.data.profiles import interpolation_matrix
+
+            w = interpolation_matrix(get_profile(p).channels, SENSORIMOTOR_21).astype("float32")
+            assert torch.equal(got[f"@{p}/local.weight"], torch.from_numpy(w))
 
 
 @pytest.mark.slow

@@ -12,9 +12,10 @@ from trainer.data.profiles import get_profile, interpolation_matrix
 from trainer.experiments.runner import init_group_models, init_server_state
 from trainer.fl.api import group_key
 from trainer.fl.client import ClientUpdate
+from trainer.fl.local import LocalConfig, train_local
 from trainer.fl.server import ServerState, downlink, server_update
 from trainer.fl.strategies import get_strategy
-from trainer.models import EEGNet, FleegProjEEGNet, build_model
+from trainer.models import EEGNet, FleegProjEEGNet, build_model, count_parameters
 
 U8 = get_profile("unicorn8").channels
 LAB = get_profile("lab64").channels
@@ -137,3 +138,50 @@ def test_profile_channels_interpolate_maps_every_device_onto_the_common_montage(
     lab = SubjectData("S002", rng.standard_normal((2, 64, 320)).astype(np.float32), np.array([0, 1]), ("l", "r"),
                       80.0, list(LAB))
     assert np.array_equal(interpolate_subject(lab).X, lab.X[:, [LAB.index(c) for c in SENSORIMOTOR_21]])
+
+
+def test_fixed_map_model_is_the_proj_model_with_a_frozen_map():
+    torch.manual_seed(3)
+    fixed = build_model("fleeg_fixmap_eegnet", 8, 2, 320, 80.0, "standard", ch_names=U8)
+    proj = _model(U8, seed=3)
+    assert isinstance(fixed, FleegProjEEGNet) and not fixed.local.weight.requires_grad
+    assert all(torch.equal(v, proj.state_dict()[k]) for k, v in fixed.state_dict().items())
+    assert count_parameters(proj) - count_parameters(fixed) == 21 * 8
+
+
+@pytest.mark.parametrize("algorithm", ["fedbs", "safe", "fedprox"])
+def test_fixed_map_never_moves_in_local_training(algorithm):
+    """SGD, SAM, FGSM/AWP and FedProx's proximal term leave the frozen map bit-identical (the rest trains)."""
+    torch.manual_seed(0)
+    m = build_model("fleeg_fixmap_eegnet", 8, 2, 320, 80.0, "batch_specific", ch_names=U8)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((16, 8, 320)).astype(np.float32), np.tile([0, 1], 8)
+    train_local(m, X, y, get_strategy(algorithm), LocalConfig(lr=0.05, batch_size=8, local_epochs=1), seed=0)
+    after = m.state_dict()
+    assert torch.equal(after["local.weight"], before["local.weight"])
+    assert not torch.equal(after["conv_spatial.weight"], before["conv_spatial.weight"])
+
+
+def test_fixed_map_model_trains_like_eegnet_on_interpolated_trials():
+    """The deployable fixed-map model on a device's own channels and row c2's plain EEGNet on the trials mapped
+    by the same matrix (--profile-channels interpolate) start identical and train alike (float rounding of the
+    map's product apart)."""
+    rng = np.random.default_rng(1)
+    X, y = rng.standard_normal((16, 8, 320)).astype(np.float32), np.tile([0, 1], 8)
+    w = interpolation_matrix(U8, SENSORIMOTOR_21).astype(np.float32)
+    Xi = np.einsum("kc,nct->nkt", w, X).astype(np.float32)  # what interpolate_subject does
+    torch.manual_seed(7)
+    fixed = build_model("fleeg_fixmap_eegnet", 8, 2, 320, 80.0, "standard", ch_names=U8)
+    torch.manual_seed(7)
+    plain = EEGNet(21, 2, 320, 80.0, "standard")
+    assert all(torch.equal(v, fixed.state_dict()[k]) for k, v in plain.state_dict().items())
+    cfg = LocalConfig(lr=0.05, batch_size=8, local_epochs=2)
+    train_local(fixed, X, y, get_strategy("fedavg"), cfg, seed=4)
+    train_local(plain, Xi, y, get_strategy("fedavg"), cfg, seed=4)
+    for k, v in plain.state_dict().items():
+        assert torch.allclose(fixed.state_dict()[k].double(), v.double(), atol=1e-5), k
+    fixed.eval(), plain.eval()
+    x = rng.standard_normal((4, 8, 320)).astype(np.float32)
+    xi = torch.from_numpy(np.einsum("kc,nct->nkt", w, x).astype(np.float32))
+    assert torch.allclose(fixed(torch.from_numpy(x)), plain(xi), atol=1e-5)

@@ -68,7 +68,7 @@ def init_server_state(models: Mapping[str, nn.Module], prefixes: Sequence[str]) 
         own = {k: v for k, v in models[g].state_dict().items() if is_grouped(k, prefixes)}
         if not own:
             raise ValueError(f"the model has no keys under {list(prefixes)} to aggregate per group "
-                             "(use --model fleeg_eegnet or fleeg_proj_eegnet)")
+                             "(use --model fleeg_eegnet, fleeg_proj_eegnet or fleeg_fixmap_eegnet)")
         state.update({group_key(g, k): v.clone() for k, v in own.items()})
     return state
 

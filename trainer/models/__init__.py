@@ -10,22 +10,27 @@ from trainer.models.bn import BN_MODES, bn_mode_of, bn_modules, bn_state_keys, f
 from trainer.models.deep import DeepConvNet
 from trainer.models.eegnet import EEGNet
 from trainer.models.fleeg import LOCAL_PREFIX, FleegEEGNet
-from trainer.models.fleeg_proj import FleegProjEEGNet
+from trainer.models.fleeg_proj import FleegFixedMapEEGNet, FleegProjEEGNet
 from trainer.models.shallow import ShallowConvNet
 
 MODELS: dict[str, type[nn.Module]] = {"eegnet": EEGNet, "shallow": ShallowConvNet, "deep": DeepConvNet,
-                                      "fleeg_eegnet": FleegEEGNet, "fleeg_proj_eegnet": FleegProjEEGNet}
+                                      "fleeg_eegnet": FleegEEGNet, "fleeg_proj_eegnet": FleegProjEEGNet,
+                                      "fleeg_fixmap_eegnet": FleegFixedMapEEGNet}
+#: every model name (the wire schema and the coordinator's config accept exactly these)
+MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
+#: models with a per-device module ``local.*`` (a mixed-device federation aggregates it per profile)
+PER_DEVICE_MODELS: tuple[str, ...] = ("fleeg_eegnet", "fleeg_proj_eegnet", "fleeg_fixmap_eegnet")
 
 
 def build_model(
     name: str, n_channels: int, n_classes: int, n_times: int, sfreq: float, bn_mode: str = "batch_specific",
     *, ch_names: Sequence[str] | None = None, **kwargs: object,
 ) -> nn.Module:
-    """Build a model by name (``eegnet``, ``shallow``, ``deep``, ``fleeg_eegnet``, ``fleeg_proj_eegnet``)
-    for a signal shape.
+    """Build a model by name (``eegnet``, ``shallow``, ``deep``, ``fleeg_eegnet``, ``fleeg_proj_eegnet``,
+    ``fleeg_fixmap_eegnet``) for a signal shape.
 
     ``ch_names`` (the input's channel labels) is passed on only to models that need it
-    (``NEEDS_CH_NAMES``: ``fleeg_proj_eegnet``, whose channel map is initialised from the electrode
+    (``NEEDS_CH_NAMES``: ``fleeg_proj_eegnet`` and ``fleeg_fixmap_eegnet``, whose channel map is initialised from the electrode
     positions) and ignored otherwise. ``kwargs`` go to the model's constructor (e.g. ``local_bn_mode``
     of ``fleeg_eegnet``).
     """
@@ -46,12 +51,15 @@ def count_parameters(model: nn.Module) -> int:
 
 __all__ = [
     "BN_MODES",
+    "LOCAL_PREFIX",
     "MODELS",
+    "MODEL_NAMES",
+    "PER_DEVICE_MODELS",
     "DeepConvNet",
     "EEGNet",
     "FleegEEGNet",
+    "FleegFixedMapEEGNet",
     "FleegProjEEGNet",
-    "LOCAL_PREFIX",
     "ShallowConvNet",
     "bn_mode_of",
     "bn_modules",

@@ -18,11 +18,18 @@ The model IS an :class:`~trainer.models.eegnet.EEGNet` over the common channels 
 same state-dict keys, same random draws for a seed: the map is deterministic) with the map in front,
 so on a device that records all the common channels (map = channel selection) it computes exactly
 what EEGNet computes on those channels (a test pins it). For ONNX the map is one MatMul.
+
+:class:`FleegFixedMapEEGNet` (``fleeg_fixmap_eegnet``) is the same model with the map frozen at its
+spline initialisation (``local.weight`` does not require a gradient, so no optimiser, SAM/AWP step or
+proximal term touches it and the per-profile average of identical maps returns it bit-exactly): the
+federation ``--profile-channels interpolate`` runs (the fixed map applied to the data, one plain EEGNet)
+as a deployable model that takes each headset's own channels (a test pins that the two train alike).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -74,6 +81,8 @@ class FleegProjEEGNet(EEGNet):
 
     #: build_model must pass the device's channel names
     NEEDS_CH_NAMES = True
+    #: whether the channel map is trained (False: :class:`FleegFixedMapEEGNet`)
+    TRAIN_MAP: ClassVar[bool] = True
 
     def __init__(
         self, n_channels: int, n_classes: int, n_times: int, sfreq: float,
@@ -89,10 +98,18 @@ class FleegProjEEGNet(EEGNet):
         self.n_channels = n_channels  # the input's (device's) channels; EEGNet runs over len(common)
         self.ch_names, self.common_channels = ch_names, common
         self.local = ChannelMap(torch.from_numpy(interpolation_matrix(ch_names, common)))
+        self.local.weight.requires_grad_(self.TRAIN_MAP)
 
     def features(self, x: Tensor) -> Tensor:
         """Flattened EEGNet features of the mapped signal."""
         return super().features(self.local(x))
+
+
+class FleegFixedMapEEGNet(FleegProjEEGNet):
+    """:class:`FleegProjEEGNet` with the channel map frozen at the spherical-spline interpolation matrix:
+    EEGNet over the common montage, deployable on each device's own channels (``fleeg_fixmap_eegnet``)."""
+
+    TRAIN_MAP: ClassVar[bool] = False
 
 
 assert LOCAL_PREFIX == "local."  # the map's key, local.weight, is what --group-keys local. aggregates per profile
