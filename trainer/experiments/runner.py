@@ -25,7 +25,7 @@ from trainer.fl.client import ClientState, client_update, init_client_state
 from trainer.fl.local import LocalConfig, train_local
 from trainer.fl.server import ServerState, downlink, select_clients, server_extras_for_clients, server_update
 from trainer.fl.strategies import Strategy
-from trainer.models import build_model
+from trainer.models import PER_DEVICE_MODELS, build_model
 
 ProgressFn = Callable[[int, int, dict], None]
 
@@ -68,7 +68,7 @@ def init_server_state(models: Mapping[str, nn.Module], prefixes: Sequence[str]) 
         own = {k: v for k, v in models[g].state_dict().items() if is_grouped(k, prefixes)}
         if not own:
             raise ValueError(f"the model has no keys under {list(prefixes)} to aggregate per group "
-                             "(use --model fleeg_eegnet, fleeg_proj_eegnet or fleeg_fixmap_eegnet)")
+                             f"(use --model {' / '.join(PER_DEVICE_MODELS)})")
         state.update({group_key(g, k): v.clone() for k, v in own.items()})
     return state
 

@@ -31,6 +31,7 @@ from trainer.experiments.runner import (
 from trainer.fl.byzantine import Byzantine
 from trainer.fl.local import LocalConfig
 from trainer.fl.strategies import get_strategy
+from trainer.models import PER_DEVICE_MODELS
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -129,8 +130,8 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
     if (groups and cfg.profile_channels == "own" and not strategy.group_prefixes
             and len({cfg.profile_of(s) for s in train_ids + list(test_subjects)}) > 1):
         raise NeuroFedError("clients of different device profiles have different channels: use a hierarchical "
-                            "strategy (--group-keys local. --model fleeg_eegnet, fleeg_proj_eegnet or "
-                            "fleeg_fixmap_eegnet), --profile-channels intersection or interpolate, or --only-profile")
+                            f"strategy (--group-keys local. --model {' / '.join(PER_DEVICE_MODELS)}), "
+                            "--profile-channels intersection or interpolate, or --only-profile")
     if strategy.group_prefixes and groups:
         untrained = sorted({groups[sd.subject] for sd in test} - {groups[sd.subject] for sd in train})
         if untrained:
