@@ -425,6 +425,13 @@ def test_profile_config_errors_are_one_line(tmp_path):
         config_from_dict({"federation": {"strategy": "fleeg", "profiles": ["unicorn8"]},
                           "model": {"name": "fleeg_eegnet"}, "preprocess": {"channels": "sensorimotor21",
                                                                              "resample": 80.0}})
+    for name, needle in (("eegnet", "needs a model with a per-device module, model.name = one of fleeg_eegnet, "
+                                    "fleeg_proj_eegnet, fleeg_fixmap_eegnet; got 'eegnet'"),
+                         ("nope", "fleeg_fixmap_eegnet")):  # the registry's names, the new one included
+        with pytest.raises(ConfigError) as exc:
+            config_from_dict({"federation": {"strategy": "fleeg", "profiles": ["unicorn8"]},
+                              "model": {"name": name}, "preprocess": {"resample": 80.0}})
+        assert needle in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
     for over, needle in (({"local_bn_mode": "nope"}, "local_bn_mode must be one of"),
                          ({"local_bn_mode": "standard"}, "local_bn_mode applies to model fleeg_eegnet only")):
         with pytest.raises(ConfigError) as exc:
