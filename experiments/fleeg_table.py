@@ -116,7 +116,7 @@ def main(roots: list[Path], plot_path: Path | None = None) -> None:
         y = np.array([pb[s]["bca"] for s in subs])
         t = stats.ttest_rel(x, y)
         print(f"- {a} vs {b}{' on ' + profile if profile else ''}: {100 * (x - y).mean():+.1f} points "
-              f"(n={len(subs)} held-out subjects, paired t p={t.pvalue:.2f})")
+              f"(n={len(subs)} held-out subjects, paired t p={t.pvalue:.2g})")
 
     for p in profiles:
         for mixed in ("a_hier_fedbs", "a_proj_hier_fedbs", "c2_interpolate_fixed", "c3_fixmap_hier_fedbs"):
@@ -127,6 +127,7 @@ def main(roots: list[Path], plot_path: Path | None = None) -> None:
     paired("a_proj_hier_fedbs", "b_proj_hier_fedbs_standardbn", None)
     paired("c2_interpolate_fixed", "a_proj_hier_fedbs", None)
     paired("c3_fixmap_hier_fedbs", "c2_interpolate_fixed", None)
+    paired("c2_interpolate_fixed", "f_onedevice_fedbs", None)  # mixed devices vs everyone on the 64-channel cap
     paired("f_onedevice_fedbs", "g_onedevice_fedbs_standardbn", None)
     # target: the 8-channel profile in the mixed federation vs the 21-channel group alone (different subjects: unpaired)
     for mixed in ("a_hier_fedbs", "a_proj_hier_fedbs", "c2_interpolate_fixed", "c3_fixmap_hier_fedbs"):
@@ -139,7 +140,7 @@ def main(roots: list[Path], plot_path: Path | None = None) -> None:
                      if assign[str(int(s[1:]))] == "research21"]
                 t = stats.ttest_ind(x, y, equal_var=False)
                 print(f"- unicorn8 in {mixed} {100 * a8['bca']:.1f} vs research21 alone {100 * r21['bca']:.1f}: "
-                      f"{100 * (a8['bca'] - r21['bca']):+.1f} points (different subjects: Welch t p={t.pvalue:.2f}; "
+                      f"{100 * (a8['bca'] - r21['bca']):+.1f} points (different subjects: Welch t p={t.pvalue:.2g}; "
                       f"target: within 3)")
     # interaction: does the BN rule gain more under device heterogeneity ((a) - (b)) than on one device ((f) - (g))?
     for keys in (("a_hier_fedbs", "b_hier_fedbs_standardbn", "f_onedevice_fedbs", "g_onedevice_fedbs_standardbn"),
@@ -155,7 +156,7 @@ def main(roots: list[Path], plot_path: Path | None = None) -> None:
             t = stats.ttest_rel(mixed, one)
             print(f"- interaction (BN rule gain mixed devices minus one device; mixed = {keys[0]} - {keys[1]}): "
                   f"{100 * (mixed - one).mean():+.1f} points (mixed {100 * mixed.mean():+.1f}, one device "
-                  f"{100 * one.mean():+.1f}; n={len(subs)} held-out subjects, paired t p={t.pvalue:.2f})")
+                  f"{100 * one.mean():+.1f}; n={len(subs)} held-out subjects, paired t p={t.pvalue:.2g})")
     if plot_path is not None:
         plot(res, profiles, plot_path)
 
