@@ -115,13 +115,25 @@ def main(roots: list[Path], plot_path: Path | None = None) -> None:
         x = np.array([pa[s]["bca"] for s in subs])
         y = np.array([pb[s]["bca"] for s in subs])
         t = stats.ttest_rel(x, y)
+        w = stats.wilcoxon(x, y)
         print(f"- {a} vs {b}{' on ' + profile if profile else ''}: {100 * (x - y).mean():+.1f} points "
-              f"(n={len(subs)} held-out subjects, paired t p={t.pvalue:.2g})")
+              f"(n={len(subs)} held-out subjects, paired t p={t.pvalue:.2g}, Wilcoxon p={w.pvalue:.2g}; "
+              f"better on {int((x > y).sum())} of {len(subs)})")
+
+    def per_seed(k: str, profile: str) -> str:
+        """One profile's mean held-out BCA on each seed of condition ``k``."""
+        ps = res[k].get("per_seed", {})
+        return " / ".join(f"{100 * np.mean([row['bca'] for s, row in ps[seed].items() if assign[str(int(s[1:]))] == profile]):.1f}"
+                          for seed in sorted(ps, key=int))
 
     for p in profiles:
         for mixed in ("a_hier_fedbs", "a_proj_hier_fedbs", "c2_interpolate_fixed", "c3_fixmap_hier_fedbs"):
             paired(mixed, f"d_{p}_alone", p)
             paired(mixed, "c_intersection", p)
+    # the 8-channel target seed by seed
+    for k in ("a_proj_hier_fedbs", "c2_interpolate_fixed", "d_unicorn8_alone"):
+        if k in res and len(res[k].get("per_seed", {})) > 1:
+            print(f"- unicorn8 held-out BCA per seed, {k}: {per_seed(k, 'unicorn8')}")
     paired("a_hier_fedbs", "c_intersection", None)
     paired("a_hier_fedbs", "b_hier_fedbs_standardbn", None)
     paired("a_proj_hier_fedbs", "b_proj_hier_fedbs_standardbn", None)
