@@ -182,28 +182,35 @@ def hsj(model: nn.Module, x: Tensor, y: Tensor, eps: float, seed: int = 0) -> Te
     """ART's HopSkipJump (hard-label black box, L-inf), accepted only within the eps ball.
 
     No maintained RayS implementation exists in ART or torchattacks, so the hard-label attack is HopSkipJump.
-    Each trial starts from another trial of its batch that the model labels differently (clean noise
+    Only trials the model labels correctly are attacked (a wrong one is already adversarial and is returned
+    as it is). Each starts from another trial of its batch that the model labels differently (clean noise
     otherwise); a result farther than ``eps`` (in std units) from the trial is discarded.
     """
-    return _hsj(*_setup(model, x, seed)[:2], x, eps, seed)
+    return _hsj(*_setup(model, x, seed)[:2], x, y, eps, seed)
 
 
-def _hsj(wrapper: ScaledBatch, clf, x: Tensor, eps: float, seed: int) -> Tensor:
+def _hsj(wrapper: ScaledBatch, clf, x: Tensor, y: Tensor, eps: float, seed: int) -> Tensor:
     from art.attacks.evasion import HopSkipJump
 
     b = LIBRARY_BUDGETS["hsj"]
     z = wrapper.to_z(x)
     pred = clf.predict(z, batch_size=len(x)).argmax(1)
+    # HopSkipJump's untargeted goal is "a label other than the model's own": on a trial the model gets wrong
+    # that would be the right label, so only the correctly labelled trials are attacked.
+    todo = np.flatnonzero(pred == np.asarray(y))
+    z_adv = z.copy()
+    if len(todo) == 0:
+        return wrapper.to_x(z_adv)
     rng = np.random.default_rng(seed)
-    init = np.empty_like(z)
-    for i in range(len(z)):
+    init = np.empty_like(z[todo])
+    for k, i in enumerate(todo):
         other = np.flatnonzero(pred != pred[i])
-        init[i] = z[rng.choice(other)] if len(other) else z[i] + rng.normal(size=z[i].shape).astype(z.dtype)
+        init[k] = z[rng.choice(other)] if len(other) else z[i] + rng.normal(size=z[i].shape).astype(z.dtype)
     atk = HopSkipJump(clf, batch_size=len(x), targeted=False, norm=np.inf, max_iter=b["max_iter"],
                       max_eval=b["max_eval"], init_eval=b["init_eval"], verbose=False)
-    z_adv = atk.generate(z, x_adv_init=init)
-    far = np.abs(z_adv - z).reshape(len(z), -1).max(1) > eps * (1 + 1e-6)
-    z_adv[far] = z[far]
+    found = atk.generate(z[todo], x_adv_init=init)
+    near = np.abs(found - z[todo]).reshape(len(todo), -1).max(1) <= eps * (1 + 1e-6)
+    z_adv[todo[near]] = found[near]
     return wrapper.to_x(z_adv)
 
 
@@ -225,7 +232,7 @@ def blackbox_on_scores(attack: str, score_fn: Callable[[np.ndarray], np.ndarray]
     clf = BlackBoxClassifierNeuralNetwork(lambda z: wrapper(torch.as_tensor(z)).numpy(), wrapper.image_shape,
                                           n_classes, clip_values=(-BOX, BOX))
     yt = torch.as_tensor(np.asarray(y))
-    out = _square(wrapper, clf, xt, yt, eps) if attack == "square" else _hsj(wrapper, clf, xt, eps, seed)
+    out = _square(wrapper, clf, xt, yt, eps) if attack == "square" else _hsj(wrapper, clf, xt, yt, eps, seed)
     return out.numpy()
 
 

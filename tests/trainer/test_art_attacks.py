@@ -76,3 +76,25 @@ def test_budgets_of_library_attacks_go_into_results():
     job = {"fold": 0, "seed": 0, "per_subject": {"S001": {"bca": 0.6, "square@0.05": 0.5}}, "curve": [],
            "seconds": 1.0, "data_hashes": {}}
     assert summarise(cfg, [job])["attack_budgets"] == {"square": LIBRARY_BUDGETS["square"]}
+
+
+def test_hsj_leaves_trials_the_model_already_gets_wrong_as_they_are(monkeypatch):
+    """HopSkipJump's untargeted goal is "another label than the model's": on a wrong trial that is the right one."""
+    from trainer import art_attacks
+
+    monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "hsj", {"max_iter": 2, "max_eval": 20, "init_eval": 10})
+    _, x, _ = _small()
+    torch.manual_seed(1)  # a per-trial model: with batch-specific BN the attacked trials move the others' outputs
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4 * 80, 2)).eval()
+    with torch.no_grad():
+        pred = model(x).argmax(1)
+    assert len(set(pred.tolist())) == 2  # both labels present, so every trial has a start point
+    y = pred.clone()
+    wrong = torch.tensor([0, 3, 6])
+    y[wrong] = 1 - y[wrong]
+    xa = art_attacks.hsj(model, x, y, 0.5, seed=0)
+    torch.testing.assert_close(xa[wrong], x[wrong], atol=1e-6, rtol=1e-6)  # up to the std-scaling round trip
+    with torch.no_grad():
+        assert torch.all(model(xa)[wrong].argmax(1) != y[wrong])  # still wrong: no attack made them right
+    right = torch.tensor([i for i in range(8) if i not in wrong.tolist()])
+    assert torch.all((xa[right] - x[right]).abs() <= channel_budget(x[right], 0.5) * (1 + 1e-4) + 1e-6)
