@@ -39,7 +39,8 @@ LIBRARY_BUDGETS: dict[str, dict] = {
     "square": {"queries": 1000, "restarts": 1, "p_init": 0.8},
     "hsj": {"max_iter": 5, "max_eval": 100, "init_eval": 20,
             "note": "HopSkipJump (L-inf), hard-label; queries per trial <= max_iter x (max_eval + binary search); "
-                    "started from another trial of the batch with a different prediction; "
+                    "only trials the model labels correctly are attacked, each started from another trial of the "
+                    "batch with a different prediction; "
                     "a result outside the eps ball counts as a failed attack (the clean trial is kept)"},
 }
 

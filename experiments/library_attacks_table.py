@@ -1,0 +1,58 @@
+"""Table of the library-attack runs (experiments/library_attacks.py): BCA per attack, retention, SAFE vs FedAvg.
+
+Run: python experiments/library_attacks_table.py [experiments/results/library_attacks]
+Prints a markdown table (mean ± std over the held-out subjects of fold 0, seed 0) and paired t-tests of SAFE vs
+FedAvg per attack; also whether benign/FGSM/PGD equal the published fold-0 job (the wrapper check).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+LABELS = {"bca": "benign", "fgsm@0.03": "FGSM 0.03 (NeuroFed)", "pgd@0.03": "PGD-10 0.03 (NeuroFed)",
+          "autoattack@0.03": "AutoAttack 0.03 (ART: APGD-CE + Square)", "square@0.05": "Square 0.05 (ART, 1000 q)",
+          "hsj@0.05": "HopSkipJump 0.05 (ART, hard label)"}
+
+
+def main(root: Path) -> None:
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted(root.glob("*.json")) if not p.name.endswith(".job.json")}
+    if not runs:
+        raise SystemExit(f"no library-attack results under {root}")
+    names = list(runs)
+    print("| attack (eps x channel std) | " + " | ".join(f"{n} BCA % (retained)" for n in names) + " |")
+    print("|---|" + "---|" * len(names))
+    for key, label in LABELS.items():
+        cells = []
+        for n in names:
+            ps = runs[n]["per_subject"]
+            if not all(key in row for row in ps.values()):
+                cells.append("-")
+                continue
+            v = 100 * np.array([row[key] for row in ps.values()])
+            benign = 100 * np.mean([row["bca"] for row in ps.values()])
+            cells.append(f"{v.mean():.1f} ± {v.std(ddof=1):.1f}" + ("" if key == "bca" else f" ({v.mean() / benign:.0%})"))
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    n_sub = {n: len(r["per_subject"]) for n, r in runs.items()}
+    print(f"\nheld-out subjects (fold 0, seed 0): {n_sub}")
+    for n, r in runs.items():
+        pub = r.get("published_fold0", {})
+        same = all(abs(r["per_subject"][s][k] - v) < 1e-12 for s, row in pub.items() for k, v in row.items())
+        print(f"- {n}: benign/FGSM/PGD equal the published fold-0 job: {same}; job "
+              f"{r['seconds']:.0f} s; budgets {json.dumps(r.get('attack_budgets', {}))}")
+    if "safe" in runs and "fedavg" in runs:
+        a, b = runs["safe"]["per_subject"], runs["fedavg"]["per_subject"]
+        subs = sorted(set(a) & set(b))
+        for key, label in LABELS.items():
+            if all(key in a[s] and key in b[s] for s in subs):
+                x, y = np.array([a[s][key] for s in subs]), np.array([b[s][key] for s in subs])
+                print(f"- SAFE - FedAvg, {label}: {100 * (x - y).mean():+.1f} points "
+                      f"(n={len(subs)}, paired t p={stats.ttest_rel(x, y).pvalue:.2g})")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("experiments/results/library_attacks"))
