@@ -93,8 +93,16 @@ def protocol_of(run: dict) -> dict[str, str]:
         opt = (f"client SGD lr {loc.get('lr')}, momentum {loc.get('momentum')}, weight decay "
                f"{loc.get('weight_decay')}, client batch {loc.get('batch_size')}, {loc.get('local_epochs')} local "
                "epoch(s) per round")
-        rounds = (f"{cfg.get('rounds')} rounds, {cfg.get('fraction')} of the clients per round "
-                  "(one client per training subject)")
+        part = cfg.get("partition", "subject")
+        if part == "subject":
+            clients = "one client per training subject"
+        elif part.startswith("dirichlet:"):
+            beta, *k = part.split(":")[1:]
+            clients = (f"Dirichlet({beta}) label skew: each training subject's trials split over {k[0] if k else 2} "
+                       "clients")
+        else:
+            clients = f"partition {part}: each training subject's trials split over several clients"
+        rounds = f"{cfg.get('rounds')} rounds, {cfg.get('fraction')} of the clients per round ({clients})"
     over = cfg.get("strategy_overrides") or {}
     model = (f"{run.get('model', cfg.get('model'))}, {strat.get('bn_mode', '?')} BN, test batch "
              f"{cfg.get('test_batch', '?')}")

@@ -139,3 +139,16 @@ def test_report_warns_when_a_refs_name_matches_no_run(tmp_path):
     md = (tmp_path / "r" / "report.md").read_text()
     assert "**Warning**: --refs fedavg: no run of algorithm 'fedavg' among the runs given (fedbs)" in md
     assert "p vs" not in _table_head(md)
+
+
+@pytest.mark.parametrize("partition, want", [
+    ("subject", "(one client per training subject)"),
+    ("dirichlet:0.05", "(Dirichlet(0.05) label skew: each training subject's trials split over 2 clients)"),
+    ("dirichlet:0.1:3", "(Dirichlet(0.1) label skew: each training subject's trials split over 3 clients)"),
+    ("missing-class", "(partition missing-class: each training subject's trials split over several clients)"),
+])
+def test_report_protocol_names_the_client_partition(partition, want):
+    from trainer.report import protocol_of
+
+    run = {"algorithm": "fedavg", "config": {"rounds": 50, "fraction": 0.5, "partition": partition}}
+    assert protocol_of(run)["rounds"] == f"50 rounds, 0.5 of the clients per round {want}"
