@@ -1,7 +1,7 @@
 """Table of the library-attack runs (experiments/library_attacks.py): BCA per attack, retention, SAFE vs FedAvg.
 
 Run: python experiments/library_attacks_table.py [experiments/results/library_attacks] [--skip KEY ...]
-(--skip hsj@0.05 leaves a column out, e.g. one computed by code since found wrong.)
+(--skip hsj@0.05 leaves a column out, --skip safe:hsj@0.05 one run's cell, e.g. numbers from code since fixed.)
 Prints a markdown table (mean ± std over the held-out subjects of fold 0, seed 0) and paired t-tests of SAFE vs
 FedAvg per attack; also whether benign/FGSM/PGD equal the published fold-0 job (the wrapper check).
 """
@@ -32,7 +32,7 @@ def main(root: Path, skip: tuple[str, ...] = ()) -> None:
         cells = []
         for n in names:
             ps = runs[n]["per_subject"]
-            if not all(key in row for row in ps.values()):
+            if f"{n}:{key}" in skip or not all(key in row for row in ps.values()):
                 cells.append("-")
                 continue
             v = 100 * np.array([row[key] for row in ps.values()])
@@ -61,7 +61,7 @@ def main(root: Path, skip: tuple[str, ...] = ()) -> None:
         a, b = runs["safe"]["per_subject"], runs["fedavg"]["per_subject"]
         subs = sorted(set(a) & set(b))
         for key, label in labels.items():
-            if all(key in a[s] and key in b[s] for s in subs):
+            if all(key in a[s] and key in b[s] for s in subs) and not {f"safe:{key}", f"fedavg:{key}"} & set(skip):
                 x, y = np.array([a[s][key] for s in subs]), np.array([b[s][key] for s in subs])
                 print(f"- SAFE - FedAvg, {label}: {100 * (x - y).mean():+.1f} points "
                       f"(n={len(subs)}, paired t p={stats.ttest_rel(x, y).pvalue:.2g})")
