@@ -35,12 +35,17 @@ CONDITIONS = {
 }
 
 
+def seed_means(r: dict, profile: str) -> list[float]:
+    """One profile's mean held-out BCA on each seed of a condition, in seed order."""
+    assign = r["config"]["profiles"]
+    per_seed = r.get("per_seed", {})
+    return [float(np.mean([row["bca"] for s, row in per_seed[seed].items() if assign[str(int(s[1:]))] == profile]))
+            for seed in sorted(per_seed, key=int)]
+
+
 def seed_spread(r: dict, profile: str) -> float:
     """Standard deviation over seeds of one profile's mean held-out BCA (0 with one seed)."""
-    assign = r["config"]["profiles"]
-    means = [np.mean([row["bca"] for s, row in ps.items() if assign[str(int(s[1:]))] == profile])
-             for ps in r.get("per_seed", {}).values()]
-    means = [m for m in means if np.isfinite(m)]
+    means = [m for m in seed_means(r, profile) if np.isfinite(m)]
     return float(np.std(means)) if len(means) > 1 else 0.0
 
 
@@ -120,12 +125,6 @@ def main(roots: list[Path], plot_path: Path | None = None) -> None:
               f"(n={len(subs)} held-out subjects, paired t p={t.pvalue:.2g}, Wilcoxon p={w.pvalue:.2g}; "
               f"better on {int((x > y).sum())} of {len(subs)})")
 
-    def per_seed(k: str, profile: str) -> str:
-        """One profile's mean held-out BCA on each seed of condition ``k``."""
-        ps = res[k].get("per_seed", {})
-        return " / ".join(f"{100 * np.mean([row['bca'] for s, row in ps[seed].items() if assign[str(int(s[1:]))] == profile]):.1f}"
-                          for seed in sorted(ps, key=int))
-
     for p in profiles:
         for mixed in ("a_hier_fedbs", "a_proj_hier_fedbs", "c2_interpolate_fixed", "c3_fixmap_hier_fedbs"):
             paired(mixed, f"d_{p}_alone", p)
@@ -133,7 +132,8 @@ def main(roots: list[Path], plot_path: Path | None = None) -> None:
     # the 8-channel target seed by seed
     for k in ("a_proj_hier_fedbs", "c2_interpolate_fixed", "d_unicorn8_alone"):
         if k in res and len(res[k].get("per_seed", {})) > 1:
-            print(f"- unicorn8 held-out BCA per seed, {k}: {per_seed(k, 'unicorn8')}")
+            print(f"- unicorn8 held-out BCA per seed, {k}: "
+                  + " / ".join(f"{100 * m:.1f}" for m in seed_means(res[k], "unicorn8")))
     paired("a_hier_fedbs", "c_intersection", None)
     paired("a_hier_fedbs", "b_hier_fedbs_standardbn", None)
     paired("a_proj_hier_fedbs", "b_proj_hier_fedbs_standardbn", None)

@@ -1,6 +1,6 @@
 """Table of the library-attack runs (experiments/library_attacks.py): BCA per attack, retention, SAFE vs FedAvg.
 
-Run: python experiments/library_attacks_table.py [experiments/results/library_attacks] [--skip KEY ...]
+Run: python experiments/library_attacks_table.py [experiments/results/library_attacks] [--skip KEY] ...
 (--skip hsj@0.05 leaves a column out, --skip safe:hsj@0.05 one run's cell, e.g. numbers from code since fixed.)
 Prints a markdown table (mean ± std over the held-out subjects of fold 0, seed 0) and paired t-tests of SAFE vs
 FedAvg per attack; also whether benign/FGSM/PGD equal the published fold-0 job (the wrapper check).
@@ -8,8 +8,8 @@ FedAvg per attack; also whether benign/FGSM/PGD equal the published fold-0 job (
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,9 @@ LABELS = {"bca": "benign", "fgsm@0.03": "FGSM 0.03 (NeuroFed)", "pgd@0.03": "PGD
 
 def main(root: Path, skip: tuple[str, ...] = ()) -> None:
     labels = {k: v for k, v in LABELS.items() if k not in skip}
+
+    def shown(run: str, key: str) -> bool:
+        return f"{run}:{key}" not in skip
     runs = {p.stem: json.loads(p.read_text()) for p in sorted(root.glob("*.json")) if not p.name.endswith(".job.json")}
     if not runs:
         raise SystemExit(f"no library-attack results under {root}")
@@ -32,7 +35,7 @@ def main(root: Path, skip: tuple[str, ...] = ()) -> None:
         cells = []
         for n in names:
             ps = runs[n]["per_subject"]
-            if f"{n}:{key}" in skip or not all(key in row for row in ps.values()):
+            if not shown(n, key) or not all(key in row for row in ps.values()):
                 cells.append("-")
                 continue
             v = 100 * np.array([row[key] for row in ps.values()])
@@ -61,14 +64,15 @@ def main(root: Path, skip: tuple[str, ...] = ()) -> None:
         a, b = runs["safe"]["per_subject"], runs["fedavg"]["per_subject"]
         subs = sorted(set(a) & set(b))
         for key, label in labels.items():
-            if all(key in a[s] and key in b[s] for s in subs) and not {f"safe:{key}", f"fedavg:{key}"} & set(skip):
+            if all(key in a[s] and key in b[s] for s in subs) and shown("safe", key) and shown("fedavg", key):
                 x, y = np.array([a[s][key] for s in subs]), np.array([b[s][key] for s in subs])
                 print(f"- SAFE - FedAvg, {label}: {100 * (x - y).mean():+.1f} points "
                       f"(n={len(subs)}, paired t p={stats.ttest_rel(x, y).pvalue:.2g})")
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    skipped = tuple(args[i + 1] for i, a in enumerate(args) if a == "--skip")
-    rest = [a for i, a in enumerate(args) if a != "--skip" and (i == 0 or args[i - 1] != "--skip")]
-    main(Path(rest[0]) if rest else Path("experiments/results/library_attacks"), skipped)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("root", type=Path, nargs="?", default=Path("experiments/results/library_attacks"))
+    ap.add_argument("--skip", action="append", default=[], help="KEY (a column) or RUN:KEY (one run's cell)")
+    a = ap.parse_args()
+    main(a.root, tuple(a.skip))

@@ -203,14 +203,15 @@ def _hsj(wrapper: ScaledBatch, clf, x: Tensor, y: Tensor, eps: float, seed: int)
     if len(todo) == 0:
         return wrapper.to_x(z_adv)
     rng = np.random.default_rng(seed)
-    init = np.empty_like(z[todo])
+    zt = z[todo]
+    init = np.empty_like(zt)
     for k, i in enumerate(todo):
         other = np.flatnonzero(pred != pred[i])
         init[k] = z[rng.choice(other)] if len(other) else z[i] + rng.normal(size=z[i].shape).astype(z.dtype)
     atk = HopSkipJump(clf, batch_size=len(x), targeted=False, norm=np.inf, max_iter=b["max_iter"],
                       max_eval=b["max_eval"], init_eval=b["init_eval"], verbose=False)
-    found = atk.generate(z[todo], x_adv_init=init)
-    near = np.abs(found - z[todo]).reshape(len(todo), -1).max(1) <= eps * (1 + 1e-6)
+    found = atk.generate(zt, x_adv_init=init)
+    near = np.abs(found - zt).reshape(len(todo), -1).max(1) <= eps * (1 + 1e-6)
     z_adv[todo[near]] = found[near]
     return wrapper.to_x(z_adv)
 

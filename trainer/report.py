@@ -10,6 +10,8 @@ import numpy as np
 import typer
 from scipy import stats
 
+from trainer.experiments.partition import parse_partition
+
 
 def load_runs(run_dirs: list[Path], seeds: list[int] | None = None) -> list[dict]:
     """Read each run's results.json; with ``seeds``, keep only those seeds' results (per subject and summary
@@ -93,12 +95,11 @@ def protocol_of(run: dict) -> dict[str, str]:
         opt = (f"client SGD lr {loc.get('lr')}, momentum {loc.get('momentum')}, weight decay "
                f"{loc.get('weight_decay')}, client batch {loc.get('batch_size')}, {loc.get('local_epochs')} local "
                "epoch(s) per round")
-        part = cfg.get("partition", "subject")
-        if part == "subject":
+        part = parse_partition(cfg.get("partition", "subject"))
+        if part.kind == "subject":
             clients = "one client per training subject"
-        elif part.startswith("dirichlet:"):
-            beta, *k = part.split(":")[1:]
-            clients = (f"Dirichlet({beta}) label skew: each training subject's trials split over {k[0] if k else 2} "
+        elif part.kind == "dirichlet":
+            clients = (f"Dirichlet({part.beta:g}) label skew: each training subject's trials split over {part.parts} "
                        "clients")
         else:
             clients = f"partition {part}: each training subject's trials split over several clients"

@@ -31,8 +31,8 @@ def build_model(
 
     ``ch_names`` (the input's channel labels) is passed on only to models that need it
     (``NEEDS_CH_NAMES``: ``fleeg_proj_eegnet`` and ``fleeg_fixmap_eegnet``, whose channel map is
-    initialised from the electrode positions) and ignored otherwise. ``kwargs`` go to the model's constructor (e.g. ``local_bn_mode``
-    of ``fleeg_eegnet``).
+    initialised from the electrode positions) and ignored otherwise. ``kwargs`` go to the model's
+    constructor (e.g. ``local_bn_mode`` of ``fleeg_eegnet``).
     """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose from {sorted(MODELS)}")
