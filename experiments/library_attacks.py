@@ -4,9 +4,11 @@ Trains FedAvg and SAFE exactly as experiments/table.txt (subject 5-fold, fold se
 fold 0 only, and evaluates its 6 held-out subjects under NeuroFed's FGSM/PGD and ART's AutoAttack, Square and
 HopSkipJump (budgets in trainer/art_attacks.py LIBRARY_BUDGETS, copied into the JSON).
 
-Run: NEUROFED_DATA=... nice -n 10 python experiments/library_attacks.py fedavg   (and: ... safe)
+Run: NEUROFED_DATA=... nice -n 10 python experiments/library_attacks.py fedavg   (and: ... safe, ... ct_at)
 Writes experiments/results/library_attacks/<run>.json; benign/FGSM/PGD per subject are checked against the
-published job experiments/results/table/<run>/jobs/seed0_fold00.json (same training, same numbers).
+published job experiments/results/table/<run>/jobs/seed0_fold00.json (same training, same numbers) where one
+exists. ``ct_at`` (CT + FGSM adversarial training, SAFE's "AT" reference) is table.txt's CT row with
+``--algorithm ct_at``; the 30-subject table has no published job of it.
 Re-run some attacks only (the training is repeated, it is deterministic; the other attacks' numbers are kept):
   ... python experiments/library_attacks.py fedavg hsj
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from trainer.art_attacks import HSJ_STATS, reset_hsj_stats
 from trainer.experiments.grid import parse_spec
 from trainer.experiments.protocol import make_folds
 from trainer.experiments.simulate import _job
@@ -31,14 +34,18 @@ ATTACKS = [["fgsm", 0.03], ["pgd", 0.03], ["autoattack", 0.03], ["square", 0.05]
 def main(name: str, only: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     out = Path("experiments/results/library_attacks")
-    (run,) = parse_spec(Path("experiments/table.txt"), out, only=[name])
+    base = {"ct_at": "ct"}.get(name, name)
+    (run,) = parse_spec(Path("experiments/table.txt"), out, only=[base])
     cfg = run.cfg
+    cfg.algorithm = name
     cfg.subjects = SUBJECTS_30  # table.txt says --subjects all: the 30 subjects the shared data held then
     attacks = [a for a in ATTACKS if not only or a[0] in only or a[0] == "fgsm"]  # FGSM: the check on the training
     cfg.attacks = attacks
     fold = make_folds(cfg.subjects, cfg.protocol, cfg.fold_seed)[0]
+    reset_hsj_stats()
     res = _job(asdict(cfg), 0, fold, 0, str(out / f"{name}.job.json"), 1)
-    pub = json.loads(Path(f"experiments/results/table/{name}/jobs/seed0_fold00.json").read_text())
+    published = Path(f"experiments/results/table/{name}/jobs/seed0_fold00.json")
+    pub = json.loads(published.read_text()) if published.exists() else None
     from trainer.attacks import attack_budgets
 
     if only:  # keep the earlier run's numbers of the attacks not re-run (its benign/FGSM must equal this one's)
@@ -48,7 +55,12 @@ def main(name: str, only: list[str] | None = None) -> None:
             if abs(prev["bca"] - row["bca"]) > 1e-12 or abs(prev["fgsm@0.03"] - row["fgsm@0.03"]) > 1e-12:
                 raise SystemExit(f"{s}: the re-trained model differs from the earlier run's; re-run all attacks")
             res["per_subject"][s] = {**prev, **row}
-    res["published_fold0"] = pub["per_subject"]
+        if "hsj_stats" in old and not any(a[0] == "hsj" for a in attacks):
+            res["hsj_stats"] = old["hsj_stats"]
+    if any(a[0] == "hsj" for a in attacks):
+        res["hsj_stats"] = dict(HSJ_STATS)  # trials attacked, and stopped at the query budget (failed attacks)
+    if pub is not None:
+        res["published_fold0"] = pub["per_subject"]
     res["attack_budgets"] = attack_budgets([a for a, _ in ATTACKS])
     res["attacks"] = ATTACKS
     (out / f"{name}.json").write_text(json.dumps(res, indent=1))

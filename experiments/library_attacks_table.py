@@ -1,9 +1,9 @@
-"""Table of the library-attack runs (experiments/library_attacks.py): BCA per attack, retention, SAFE vs FedAvg.
+"""Table of the library-attack runs (experiments/library_attacks.py): BCA per attack, retention, SAFE vs FedAvg and CT+AT.
 
 Run: python experiments/library_attacks_table.py [experiments/results/library_attacks] [--skip KEY] ...
 (--skip hsj@0.05 leaves a column out, --skip safe:hsj@0.05 one run's cell, e.g. numbers from code since fixed.)
 Prints a markdown table (mean ± std over the held-out subjects of fold 0, seed 0) and paired t-tests of SAFE vs
-FedAvg per attack; also whether benign/FGSM/PGD equal the published fold-0 job (the wrapper check).
+FedAvg and vs CT+AT (ct_at) per attack; also whether benign/FGSM/PGD equal the published fold-0 job (the wrapper check).
 """
 
 from __future__ import annotations
@@ -57,16 +57,21 @@ def main(root: Path, skip: tuple[str, ...] = ()) -> None:
         pub = r.get("published_fold0", {})
         diff = [f"{s} {k} {100 * r['per_subject'][s][k]:.1f} vs {100 * v:.1f}" for s, row in pub.items()
                 for k, v in row.items() if abs(r["per_subject"][s][k] - v) >= 1e-12]
-        same = "yes" if not diff else "all but " + ", ".join(diff) + " (this run vs published)"
+        same = ("no published job to check against" if "published_fold0" not in r else
+                "yes" if not diff else "all but " + ", ".join(diff) + " (this run vs published)")
+        hs = r.get("hsj_stats")
+        capped = f"; HopSkipJump stopped at its query budget on {hs['capped']} of {hs['attacked']} trials" if hs else ""
         print(f"- {n}: benign/FGSM/PGD equal the published fold-0 job: {same}; training {r['seconds']:.0f} s "
-              "(query budgets: attack_budgets in the JSON)")
-    if "safe" in runs and "fedavg" in runs:
-        a, b = runs["safe"]["per_subject"], runs["fedavg"]["per_subject"]
+              f"(query budgets: attack_budgets in the JSON){capped}")
+    for ref in ("fedavg", "ct_at"):
+        if "safe" not in runs or ref not in runs:
+            continue
+        a, b = runs["safe"]["per_subject"], runs[ref]["per_subject"]
         subs = sorted(set(a) & set(b))
         for key, label in labels.items():
-            if all(key in a[s] and key in b[s] for s in subs) and shown("safe", key) and shown("fedavg", key):
+            if all(key in a[s] and key in b[s] for s in subs) and shown("safe", key) and shown(ref, key):
                 x, y = np.array([a[s][key] for s in subs]), np.array([b[s][key] for s in subs])
-                print(f"- SAFE - FedAvg, {label}: {100 * (x - y).mean():+.1f} points "
+                print(f"- SAFE - {ref}, {label}: {100 * (x - y).mean():+.1f} points "
                       f"(n={len(subs)}, paired t p={stats.ttest_rel(x, y).pvalue:.2g})")
 
 

@@ -37,12 +37,28 @@ LIBRARY_BUDGETS: dict[str, dict] = {
     "autoattack": {"suite": "APGD-CE (100 iterations, 1 restart); APGD-DLR if > 2 classes; Square",
                    "apgd_iter": 100, "square_queries": 1000},
     "square": {"queries": 1000, "restarts": 1, "p_init": 0.8},
-    "hsj": {"max_iter": 5, "max_eval": 100, "init_eval": 20,
+    "hsj": {"max_iter": 5, "max_eval": 100, "init_eval": 20, "max_queries": 3000,
             "note": "HopSkipJump (L-inf), hard-label; queries per trial <= max_iter x (max_eval + binary search); "
+                    "a trial whose attack asks more than max_queries queries is stopped there and counts as a failed "
+                    "attack (ART's step-size search can loop when the boundary it found does not hold; the count "
+                    "of such trials is in HSJ_STATS and the run's results); "
                     "only trials the model labels correctly are attacked, each started from another trial of the "
                     "batch with a different prediction; "
                     "a result outside the eps ball counts as a failed attack (the clean trial is kept)"},
 }
+
+
+class QueryBudgetExceeded(RuntimeError):
+    """A library attack asked the model more often than its query budget allows (see ``ScaledBatch.max_queries``)."""
+
+
+#: Trials HopSkipJump attacked and trials it stopped at ``max_queries`` since the last :func:`reset_hsj_stats`
+#: (the experiment scripts record them beside the numbers).
+HSJ_STATS: dict[str, int] = {"attacked": 0, "capped": 0}
+
+
+def reset_hsj_stats() -> None:
+    HSJ_STATS.update(attacked=0, capped=0)
 
 
 class ScaledBatch(nn.Module):
@@ -62,6 +78,9 @@ class ScaledBatch(nn.Module):
         self.x = x.detach()
         self.scale = x.detach().std(dim=-1, keepdim=True)
         self.z = self.x / self.scale
+        #: rows queried so far, and the most allowed (None: no limit); past it a query raises QueryBudgetExceeded
+        self.queries = 0
+        self.max_queries: int | None = None
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -84,6 +103,9 @@ class ScaledBatch(nn.Module):
 
     def forward(self, z: Tensor) -> Tensor:
         z = z.reshape(-1, *self.x.shape[1:]).to(self.x.dtype)
+        self.queries += len(z)
+        if self.max_queries is not None and self.queries > self.max_queries:
+            raise QueryBudgetExceeded(f"{self.queries} queries > budget {self.max_queries}")
         idx = self.rows(z)
         out: list[Tensor | None] = [None] * len(z)
         pending = list(range(len(z)))
@@ -185,7 +207,8 @@ def hsj(model: nn.Module, x: Tensor, y: Tensor, eps: float, seed: int = 0) -> Te
     No maintained RayS implementation exists in ART or torchattacks, so the hard-label attack is HopSkipJump.
     Only trials the model labels correctly are attacked (a wrong one is already adversarial and is returned
     as it is). Each starts from another trial of its batch that the model labels differently (clean noise
-    otherwise); a result farther than ``eps`` (in std units) from the trial is discarded.
+    otherwise); a result farther than ``eps`` (in std units) from the trial is discarded, and so is an attack
+    stopped at ``LIBRARY_BUDGETS['hsj']['max_queries']`` queries (counted in :data:`HSJ_STATS`).
     """
     return _hsj(*_setup(model, x, seed)[:2], x, y, eps, seed)
 
@@ -210,7 +233,18 @@ def _hsj(wrapper: ScaledBatch, clf, x: Tensor, y: Tensor, eps: float, seed: int)
         init[k] = z[rng.choice(other)] if len(other) else z[i] + rng.normal(size=z[i].shape).astype(z.dtype)
     atk = HopSkipJump(clf, batch_size=len(x), targeted=False, norm=np.inf, max_iter=b["max_iter"],
                       max_eval=b["max_eval"], init_eval=b["init_eval"], verbose=False)
-    found = atk.generate(zt, x_adv_init=init)
+    found = zt.copy()  # a stopped attack leaves its trial clean
+    for k, i in enumerate(todo):  # one trial at a time, each with its own query budget
+        wrapper.queries, wrapper.max_queries = 0, b.get("max_queries")
+        HSJ_STATS["attacked"] += 1
+        try:
+            found[k] = atk.generate(zt[k : k + 1], x_adv_init=init[k : k + 1])[0]
+        except QueryBudgetExceeded:
+            HSJ_STATS["capped"] += 1
+            logger.warning("HopSkipJump stopped on trial %d of its batch at %d queries: counted as not fooled",
+                           int(i), wrapper.max_queries)
+        finally:
+            wrapper.max_queries = None
     near = np.abs(found - zt).reshape(len(todo), -1).max(1) <= eps * (1 + 1e-6)
     z_adv[todo[near]] = found[near]
     return wrapper.to_x(z_adv)

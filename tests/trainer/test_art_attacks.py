@@ -98,3 +98,26 @@ def test_hsj_leaves_trials_the_model_already_gets_wrong_as_they_are(monkeypatch)
         assert torch.all(model(xa)[wrong].argmax(1) != y[wrong])  # still wrong: no attack made them right
     right = torch.tensor([i for i in range(8) if i not in wrong.tolist()])
     assert torch.all((xa[right] - x[right]).abs() <= channel_budget(x[right], 0.5) * (1 + 1e-4) + 1e-6)
+
+
+def test_hsj_stops_a_trial_at_its_query_budget_and_keeps_it_clean(monkeypatch):
+    """A HopSkipJump run past ``max_queries`` (ART's step-size search can loop) is stopped, counted, not hung."""
+    from trainer import art_attacks
+
+    _, x, _ = _small()
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4 * 80, 2)).eval()
+    with torch.no_grad():
+        y = model(x).argmax(1)  # every trial correct: all 8 are attacked
+    budget = {"max_iter": 2, "max_eval": 20, "init_eval": 10}
+    monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "hsj", {**budget, "max_queries": 5})
+    art_attacks.reset_hsj_stats()
+    xa = art_attacks.hsj(model, x, y, 0.5, seed=0)
+    assert art_attacks.HSJ_STATS == {"attacked": 8, "capped": 8}
+    torch.testing.assert_close(xa, x, atol=1e-6, rtol=1e-6)  # no trial moved
+    # with a budget it never reaches, nothing is stopped and the attack moves trials as before
+    monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "hsj", {**budget, "max_queries": 10**6})
+    art_attacks.reset_hsj_stats()
+    xb = art_attacks.hsj(model, x, y, 0.5, seed=0)
+    assert art_attacks.HSJ_STATS == {"attacked": 8, "capped": 0}
+    assert not torch.allclose(xb, x, atol=1e-6)
