@@ -136,7 +136,7 @@ def build_sim_config(opts: dict):
         data_dir=o["data_dir"], fold_seed=o["fold_seed"], profiles=assignment,
         profile_channels=o["profile_channels"], only_profile=only_profile, noise_seed=o["noise_seed"],
         folds=sorted({int(f) for f in folds.split(",")}) if folds else [],
-        partition=o["partition"],
+        partition=o["partition"], save_models=bool(o.get("save_models", False)),
     )
     try:
         st = cfg.strategy()  # validate overrides before any work
@@ -185,6 +185,9 @@ def simulate(
     threads: Annotated[int | None, typer.Option(help="torch threads per worker (default: cores / workers)")] = None,
     fold_seed: Annotated[int, typer.Option(help="seed of the k-fold subject grouping")] = 0,
     folds: Annotated[str | None, typer.Option(help="run only these fold indices, e.g. '0,1' (a pilot)")] = None,
+    save_models: Annotated[bool, typer.Option(
+        help="also save each (fold, seed) job's trained global model beside its JSON (jobs/seedS_foldKK.safetensors, "
+             "a few kB) so `neurofed sweep` can attack it later without training again")] = False,
     partition: Annotated[str, typer.Option(help="clients of the training subjects: subject (one each), "
                                            "dirichlet:BETA[:K] (label skew within subjects, K clients each), "
                                            "missing-class; held-out subjects stay whole")] = "subject",
@@ -346,6 +349,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     from trainer.experiments import grid as trainer_grid
 
     app.command("grid")(trainer_grid.grid)
+    from trainer.experiments import sweep as trainer_sweep
+
+    app.command("sweep")(trainer_sweep.sweep)
     trainer_bench.register(bench)
 
 

@@ -73,6 +73,9 @@ class SimConfig:
     noise_seed: int = 0
     #: run only these fold indices of the protocol (a pilot on a subset of folds); empty = all
     folds: list[int] = field(default_factory=list)
+    #: also save each held-out job's trained global model beside its JSON (``neurofed sweep`` attacks it later);
+    #: output only: a run may be resumed with it switched on or off
+    save_models: bool = False
 
     def strategy(self):
         return get_strategy(self.algorithm, **self.strategy_overrides)
@@ -174,14 +177,15 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
         "client_classes": info.get("client_classes", {}), "server_cost": info.get("server_cost", {}),
         "data_hashes": {k: v for sd in train + test for k, v in sd.file_hashes.items()},
     }
-    if not test:  # deployment mode: save the global model (one per device profile under a hierarchical strategy)
+    if not test or cfg.save_models:  # deployment mode or --save-models: the global model (one per device profile
+        # under a hierarchical strategy) beside the job's JSON
         per_group = info.get("models", {}) if strategy.group_prefixes else {"": model}
         kwargs = strategy.model_kwargs(cfg.model)
         for g, m in sorted(per_group.items()):
             ref = next(sd for sd in train if not g or groups[sd.subject] == g)
             meta = ModelMeta(cfg.model, ref.X.shape[1], len(ref.classes), ref.X.shape[2], ref.sfreq,
                              strategy.bn_mode, list(ref.ch_names), list(ref.classes), pre.to_dict(), cfg.algorithm,
-                             cfg.test_batch, result["data_hashes"],
+                             cfg.test_batch, {k: v for sd in train for k, v in sd.file_hashes.items()},
                              {"seed": seed, "rounds": cfg.rounds, **({"profile": g} if g else {}),
                               **({"model_kwargs": kwargs} if kwargs else {})})
             ckpt = Path(out_path).with_suffix(f".{g}.safetensors" if g else ".safetensors")
@@ -251,6 +255,7 @@ def same_run(old: dict, new: dict) -> bool:
     Jobs are stored per (seed, fold), so extending ``--seeds 0`` to ``--seeds 0,1,2`` reuses seed 0's jobs.
     """
     a, b = dict(old), dict(new)
+    a.pop("save_models", None), b.pop("save_models", None)  # output only: switching it on or off is the same run
     if "local_bn_mode" in a:  # before it was a strategy parameter, fleeg_eegnet's local BN was a field of its own
         lbn = a.pop("local_bn_mode")
         if lbn:

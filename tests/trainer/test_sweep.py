@@ -1,0 +1,85 @@
+"""``neurofed sweep``: attacks on the models a run saved reproduce the run's own inline attacks, resume, refuse."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from trainer.data import PreprocessConfig
+from trainer.data.config import SENSORIMOTOR_21
+from trainer.errors import NeuroFedError
+from trainer.experiments import sweep as sweep_mod
+from trainer.experiments.simulate import SimConfig, run_simulation
+from trainer.fl.local import LocalConfig
+
+
+def _cfg(data_dir, **kw) -> SimConfig:
+    base = {"algorithm": "fedbs", "subjects": [1, 2, 3, 4], "protocol": "kfold:2", "rounds": 1, "fraction": 1.0,
+            "local": LocalConfig(local_epochs=1).to_dict(), "eval_every": 0, "data_dir": str(data_dir), "folds": [0],
+            "preprocess": PreprocessConfig(channels=SENSORIMOTOR_21, resample=80.0).to_dict(),
+            "attacks": [["fgsm", 0.03]]}
+    return SimConfig(**{**base, **kw})
+
+
+@pytest.fixture
+def saved_run(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("NEUROFED_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    res = run_simulation(_cfg(data_dir, save_models=True), run)
+    return run, res
+
+
+def test_sweep_of_saved_models_equals_the_runs_inline_attack(saved_run, monkeypatch):
+    run, _ = saved_run
+    (job,) = sorted((run / "jobs").glob("*.json"))
+    assert job.with_suffix(".safetensors").exists()
+    out = sweep_mod.sweep_run(run, [("fgsm", 0.03), ("fgsm", 0.1)])
+    inline = json.loads(job.read_text())["per_subject"]
+    assert set(out["per_subject"]) == set(inline)
+    for s, row in inline.items():  # same model, same held-out trials, same seed: the same numbers exactly
+        assert out["per_subject"][s]["bca"] == row["bca"]
+        assert out["per_subject"][s]["fgsm@0.03"] == row["fgsm@0.03"]
+        assert out["per_subject"][s]["fgsm@0.1"] <= row["bca"]
+    assert out["summary"]["fgsm@0.1"]["mean"] <= out["summary"]["fgsm@0.03"]["mean"] + 0.05
+    assert json.loads((run / "sweep.json").read_text())["summary"] == out["summary"]
+
+    def no_eval(*a, **k):
+        raise AssertionError("a finished sweep was computed again")
+
+    monkeypatch.setattr("trainer.experiments.runner.evaluate_subjects", no_eval)
+    again = sweep_mod.sweep_run(run, [("fgsm", 0.1)])  # a subset of what is kept: nothing to compute
+    assert again["per_subject"] == {s: {k: r[k] for k in ("bca", "fgsm@0.1")} for s, r in out["per_subject"].items()}
+
+
+def test_sweep_cli_prints_a_table_and_draws_the_plot(saved_run, tmp_path):
+    from neurofed.cli import app
+
+    run, _ = saved_run
+    png = tmp_path / "eps.png"
+    r = CliRunner().invoke(app, ["sweep", str(run), str(run), "--names", "a,b", "--attack", "fgsm:0.03,pgd:0.03",
+                                 "--plot", str(png)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "| fgsm@0.03 |" in r.output and "| pgd@0.03 |" in r.output and "p b vs a" in r.output
+    assert png.stat().st_size > 1000
+
+
+def test_run_without_saved_models_is_refused_by_name(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("NEUROFED_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "plain"
+    run_simulation(_cfg(data_dir), run)
+    with pytest.raises(NeuroFedError, match="without --save-models"):
+        sweep_mod.sweep_run(run, [("fgsm", 0.03)])
+    with pytest.raises(NeuroFedError, match="no config.json"):
+        sweep_mod.sweep_run(tmp_path, [("fgsm", 0.03)])
+
+
+def test_save_models_does_not_change_the_run(data_dir):
+    """--save-models is output only: a run may be resumed with it on, and trains the same."""
+    from dataclasses import asdict
+
+    from trainer.experiments.simulate import same_run
+
+    a, b = asdict(_cfg(data_dir)), asdict(_cfg(data_dir, save_models=True))
+    assert same_run(a, b) and same_run(b, a)

@@ -1,0 +1,203 @@
+"""``neurofed sweep``: attacks at several budgets on the models a run saved, without training again.
+
+A run trained with ``--save-models`` keeps each (fold, seed) job's global model beside its JSON
+(``jobs/seedS_foldKK.safetensors``). A sweep loads each of them, reloads that job's held-out subjects with the
+run's own preprocessing, and measures BCA under every ``attack@eps`` asked for (SAFE's Figs. 4-7: BCA against
+the budget, one curve per method), with the job's seed, so an attack the job already ran inline gives the same
+number. Results are kept per job (``sweep/seedS_foldKK.json``): a sweep re-run computes only what is missing,
+and a wider budget list adds to it. ``sweep.json`` holds the per-subject means over seeds and the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from trainer.errors import NeuroFedError
+
+logger = logging.getLogger("neurofed.trainer")
+
+
+def _key(attack: str, eps: float) -> str:
+    return f"{attack}@{eps:g}"
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def _run_config(run_dir: Path):
+    from trainer.experiments.simulate import SimConfig
+
+    cfg_path = run_dir / "config.json"
+    if not cfg_path.exists():
+        raise NeuroFedError(f"{run_dir}: no config.json; not a `neurofed simulate` / `neurofed grid` run directory")
+    return SimConfig(**json.loads(cfg_path.read_text()))
+
+
+def sweep_job(run_dir: Path, job_path: Path, attacks: Sequence[tuple[str, float]]) -> dict:
+    """Attack one job's saved model on its held-out subjects; returns (and keeps) ``{"per_subject": ...}``.
+
+    Only the ``attack@eps`` keys not already in ``run_dir/sweep/<job>.json`` are computed.
+    """
+    from trainer.checkpoint import load_checkpoint
+    from trainer.data import PreprocessConfig
+    from trainer.experiments.runner import EvalSpec, evaluate_subjects
+    from trainer.experiments.simulate import load_fold_subjects
+
+    job = json.loads(job_path.read_text())
+    ckpts = job.get("checkpoints") or ([job["checkpoint"]] if "checkpoint" in job else [])
+    if not ckpts:
+        raise NeuroFedError(f"{job_path}: the job saved no model (the run was trained without --save-models); "
+                            "train it again with --save-models into a new --out to sweep it")
+    if len(ckpts) > 1:
+        raise NeuroFedError(f"{job_path}: one model per device profile; sweeps of hierarchical runs are not supported")
+    out_path = run_dir / "sweep" / job_path.name
+    kept = json.loads(out_path.read_text()) if out_path.exists() else {"per_subject": {}}
+    have = set.intersection(*(set(r) for r in kept["per_subject"].values())) if kept["per_subject"] else set()
+    todo = [(a, e) for a, e in attacks if _key(a, e) not in have]
+    if not todo and "bca" in have:
+        return kept
+    cfg = _run_config(run_dir)
+    ckpt = Path(ckpts[0])
+    if not ckpt.exists():  # the run directory was moved: the model lies beside the job's JSON
+        ckpt = job_path.with_suffix(".safetensors")
+    model, _ = load_checkpoint(ckpt)
+    test = load_fold_subjects(cfg, [int(s[1:]) for s in job["test_subjects"]], PreprocessConfig.from_dict(cfg.preprocess))
+    rows = evaluate_subjects(model, EvalSpec(test=test, test_batch=cfg.test_batch, attacks=todo), int(job["seed"]))
+    for s, row in rows.items():
+        benign = kept["per_subject"].get(s, {}).get("bca")
+        if benign is not None and abs(benign - row["bca"]) > 1e-12:
+            raise NeuroFedError(f"{job_path}: {s}'s benign BCA {row['bca']:.4f} differs from the sweep's earlier "
+                                f"{benign:.4f}; the model or the data changed (delete {out_path} to start again)")
+        kept["per_subject"][s] = {**kept["per_subject"].get(s, {}), **row}
+    kept.update(seed=job["seed"], fold=job["fold"], checkpoint=str(ckpt))
+    out_path.parent.mkdir(exist_ok=True)
+    _write_json(out_path, kept)
+    return kept
+
+
+def sweep_run(run_dir: str | os.PathLike, attacks: Sequence[tuple[str, float]],
+              on_job: Callable[[Path, int, int], None] | None = None) -> dict:
+    """Sweep every finished job of ``run_dir``; write and return ``run_dir/sweep.json``."""
+    from trainer.attacks import attack_budgets
+    from trainer.experiments.simulate import aggregate_seeds
+
+    run = Path(run_dir)
+    _run_config(run)
+    jobs = sorted((run / "jobs").glob("seed*_fold*.json"))
+    if not jobs:
+        raise NeuroFedError(f"{run}: no finished jobs (jobs/seed*_fold*.json) to sweep")
+    per_seed: dict[int, dict[str, dict]] = {}
+    for n, jp in enumerate(jobs, 1):
+        res = sweep_job(run, jp, attacks)
+        per_seed.setdefault(int(res["seed"]), {}).update(res["per_subject"])
+        if on_job:
+            on_job(jp, n, len(jobs))
+    keys = ["bca", *(_key(a, e) for a, e in attacks)]
+    per_seed = {sd: {s: {k: row[k] for k in keys} for s, row in ps.items()} for sd, ps in per_seed.items()}
+    per_subject, summary = aggregate_seeds(per_seed)
+    out = {"run": str(run), "attacks": [[a, e] for a, e in attacks], "summary": summary, "per_subject": per_subject,
+           "seeds": sorted(per_seed), "jobs": len(jobs), "attack_budgets": attack_budgets([a for a, _ in attacks])}
+    _write_json(run / "sweep.json", out)
+    return out
+
+
+def sweep_table(results: dict[str, dict]) -> str:
+    """Markdown: one row per ``attack@eps``, one column per run (mean ± sd over subjects, % of benign),
+    and the paired t-test p of each run against the first on the same subjects."""
+    from scipy import stats
+
+    names = list(results)
+    keys = list(next(iter(results.values()))["summary"])
+    head = "| attack@eps (x channel std) | " + " | ".join(names) + " |"
+    if len(names) > 1:
+        head += " " + " | ".join(f"p {n} vs {names[0]}" for n in names[1:]) + " |"
+    lines = [head, "|" + "---|" * (1 + len(names) + max(0, len(names) - 1))]
+    for k in keys:
+        cells = []
+        for n in names:
+            ps = results[n]["per_subject"]
+            v = 100 * np.array([row[k] for row in ps.values()])
+            benign = 100 * np.mean([row["bca"] for row in ps.values()])
+            cells.append(f"{v.mean():.1f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.1f}"
+                         + ("" if k == "bca" else f" ({v.mean() / benign:.0%})"))
+        ref = results[names[0]]["per_subject"]
+        for n in names[1:]:
+            ps = results[n]["per_subject"]
+            subs = sorted(set(ref) & set(ps))
+            a, b = np.array([ps[s][k] for s in subs]), np.array([ref[s][k] for s in subs])
+            cells.append(f"{stats.ttest_rel(a, b).pvalue:.2g}" if len(subs) > 1 and np.any(a != b) else "-")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def sweep_plot(results: dict[str, dict], path: str | os.PathLike) -> None:
+    """One panel per attack: mean BCA over subjects against eps (eps 0 = benign), one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    attacks = sorted({a for r in results.values() for a, _ in r["attacks"]})
+    fig, axes = plt.subplots(1, len(attacks), figsize=(3.6 * len(attacks), 3.2), squeeze=False, sharey=True)
+    for ax, attack in zip(axes[0], attacks):
+        for name, r in results.items():
+            eps = sorted({float(e) for a, e in r["attacks"] if a == attack})
+            means = [r["summary"]["bca"]["mean"]] + [r["summary"][_key(attack, e)]["mean"] for e in eps]
+            ax.plot([0.0, *eps], [100 * m for m in means], marker="o", label=name)
+        ax.axhline(50, color="grey", lw=0.8, ls=":")
+        ax.set_title(attack)
+        ax.set_xlabel("eps (x channel std)")
+    axes[0][0].set_ylabel("BCA (%)")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def sweep(
+    runs: Annotated[list[Path], typer.Argument(help="run directories trained with --save-models")],
+    attack: Annotated[str, typer.Option(help="NAME:EPS list, e.g. 'fgsm:0.01,fgsm:0.03,fgsm:0.05,square:0.05' "
+                                             "(eps x each trial's channel std)")],
+    plot: Annotated[Path | None, typer.Option(help="PNG: BCA against eps, one panel per attack")] = None,
+    names: Annotated[str | None, typer.Option(help="column names, comma-separated (default: the folders' names)")]
+    = None,
+) -> None:
+    """Attack the saved models of runs at several budgets (no training); table and plot of BCA against eps.
+
+    The first run is the reference of the paired t-tests. Results are kept per job (resumable)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from trainer.cli import parse_attacks
+
+    console = Console()
+    attacks = [(a, float(e)) for a, e in parse_attacks(attack)]
+    if not attacks:
+        raise typer.BadParameter("give at least one NAME:EPS", param_hint="--attack")
+    labels = names.split(",") if names else [r.name for r in runs]
+    if len(labels) != len(runs):
+        raise typer.BadParameter(f"{len(labels)} names for {len(runs)} runs", param_hint="--names")
+    results = {}
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
+                  console=console) as prog:
+        for label, run in zip(labels, runs):
+            task = prog.add_task(label, total=None)
+            results[label] = sweep_run(run, attacks, lambda _p, n, t, task=task: prog.update(task, completed=n, total=t))
+    console.print(sweep_table(results))
+    if plot:
+        sweep_plot(results, plot)
+        console.print(f"plot: {plot}")
+
+
+__all__ = ["sweep", "sweep_job", "sweep_plot", "sweep_run", "sweep_table"]
