@@ -37,6 +37,7 @@ def test_sweep_of_saved_models_equals_the_runs_inline_attack(saved_run, monkeypa
     assert job.with_suffix(".safetensors").exists()
     out = sweep_mod.sweep_run(run, [("fgsm", 0.03), ("fgsm", 0.1)])
     inline = json.loads(job.read_text())["per_subject"]
+    assert 0 < json.loads(job.read_text())["eval_seconds"] < 600  # the final evaluation, timed apart from training
     assert set(out["per_subject"]) == set(inline)
     for s, row in inline.items():  # same model, same held-out trials, same seed: the same numbers exactly
         assert out["per_subject"][s]["bca"] == row["bca"]

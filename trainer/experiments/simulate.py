@@ -173,6 +173,8 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
         "fold": fold_idx, "seed": seed, "test_subjects": [sd.subject for sd in test],
         "per_subject": per_subject,
         "curve": info["curve"], "participation": info.get("participation", {}), "seconds": seconds,
+        # the final evaluation (benign and every --attack) on the held-out subjects; "seconds" is the training
+        "eval_seconds": time.time() - t0 - seconds,
         **{k: info[k] for k in ("attackers", "privacy") if info.get(k)},
         "client_classes": info.get("client_classes", {}), "server_cost": info.get("server_cost", {}),
         "data_hashes": {k: v for sd in train + test for k, v in sd.file_hashes.items()},
