@@ -20,6 +20,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
+from trainer.atomic import atomic_write_bytes
 from trainer.errors import NeuroFedError
 
 logger = logging.getLogger("neurofed.trainer")
@@ -30,9 +31,7 @@ def _key(attack: str, eps: float) -> str:
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    atomic_write_bytes(path, json.dumps(obj, indent=1).encode())
 
 
 def _run_config(run_dir: Path):
@@ -44,10 +43,11 @@ def _run_config(run_dir: Path):
     return SimConfig(**json.loads(cfg_path.read_text()))
 
 
-def sweep_job(run_dir: Path, job_path: Path, attacks: Sequence[tuple[str, float]]) -> dict:
+def sweep_job(run_dir: Path, job_path: Path, attacks: Sequence[tuple[str, float]], cfg=None) -> dict:
     """Attack one job's saved model on its held-out subjects; returns (and keeps) ``{"per_subject": ...}``.
 
-    Only the ``attack@eps`` keys not already in ``run_dir/sweep/<job>.json`` are computed.
+    Only the ``attack@eps`` keys not already in ``run_dir/sweep/<job>.json`` are computed. ``cfg``: the run's
+    :class:`~trainer.experiments.simulate.SimConfig` (read from ``run_dir/config.json`` when not given).
     """
     from trainer.checkpoint import load_checkpoint
     from trainer.data import PreprocessConfig
@@ -67,7 +67,7 @@ def sweep_job(run_dir: Path, job_path: Path, attacks: Sequence[tuple[str, float]
     todo = [(a, e) for a, e in attacks if _key(a, e) not in have]
     if not todo and "bca" in have:
         return kept
-    cfg = _run_config(run_dir)
+    cfg = cfg or _run_config(run_dir)
     ckpt = Path(ckpts[0])
     if not ckpt.exists():  # the run directory was moved: the model lies beside the job's JSON
         ckpt = job_path.with_suffix(".safetensors")
@@ -93,13 +93,13 @@ def sweep_run(run_dir: str | os.PathLike, attacks: Sequence[tuple[str, float]],
     from trainer.experiments.simulate import aggregate_seeds
 
     run = Path(run_dir)
-    _run_config(run)
+    cfg = _run_config(run)
     jobs = sorted((run / "jobs").glob("seed*_fold*.json"))
     if not jobs:
         raise NeuroFedError(f"{run}: no finished jobs (jobs/seed*_fold*.json) to sweep")
     per_seed: dict[int, dict[str, dict]] = {}
     for n, jp in enumerate(jobs, 1):
-        res = sweep_job(run, jp, attacks)
+        res = sweep_job(run, jp, attacks, cfg)
         per_seed.setdefault(int(res["seed"]), {}).update(res["per_subject"])
         if on_job:
             on_job(jp, n, len(jobs))
