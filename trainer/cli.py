@@ -352,6 +352,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     from trainer.experiments import sweep as trainer_sweep
 
     app.command("sweep")(trainer_sweep.sweep)
+    from trainer.experiments import ensemble as trainer_ensemble
+
+    app.command("ensemble")(trainer_ensemble.ensemble)
     trainer_bench.register(bench)
 
 

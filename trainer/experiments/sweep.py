@@ -34,13 +34,39 @@ def _write_json(path: Path, obj: dict) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1).encode())
 
 
-def _run_config(run_dir: Path):
+def run_config(run_dir: Path):
+    """The :class:`~trainer.experiments.simulate.SimConfig` a run directory was trained with."""
     from trainer.experiments.simulate import SimConfig
 
     cfg_path = run_dir / "config.json"
     if not cfg_path.exists():
         raise NeuroFedError(f"{run_dir}: no config.json; not a `neurofed simulate` / `neurofed grid` run directory")
     return SimConfig(**json.loads(cfg_path.read_text()))
+
+
+def job_checkpoint(job_path: Path, job: dict) -> Path:
+    """The model a finished job saved (``--save-models``); a clear error when it saved none or several."""
+    ckpts = job.get("checkpoints") or ([job["checkpoint"]] if "checkpoint" in job else [])
+    if not ckpts:
+        raise NeuroFedError(f"{job_path}: the job saved no model (the run was trained without --save-models); "
+                            "train it again with --save-models into a new --out")
+    if len(ckpts) > 1:
+        raise NeuroFedError(f"{job_path}: one model per device profile; hierarchical runs are not supported here")
+    ckpt = Path(ckpts[0])
+    if not ckpt.exists():  # the run directory was moved: the model lies beside the job's JSON
+        ckpt = job_path.with_suffix(".safetensors")
+    if not ckpt.exists():
+        raise NeuroFedError(f"{job_path}: its model {ckpts[0]} is missing (nor beside the job's JSON)")
+    return ckpt
+
+
+def held_out_subjects(cfg, job: dict) -> list:
+    """The job's held-out subjects, loaded with the run's own preprocessing."""
+    from trainer.data import PreprocessConfig
+    from trainer.experiments.simulate import load_fold_subjects
+
+    return load_fold_subjects(cfg, [int(s[1:]) for s in job["test_subjects"]],
+                              PreprocessConfig.from_dict(cfg.preprocess))
 
 
 def sweep_job(run_dir: Path, job_path: Path, attacks: Sequence[tuple[str, float]], cfg=None) -> dict:
@@ -50,29 +76,19 @@ def sweep_job(run_dir: Path, job_path: Path, attacks: Sequence[tuple[str, float]
     :class:`~trainer.experiments.simulate.SimConfig` (read from ``run_dir/config.json`` when not given).
     """
     from trainer.checkpoint import load_checkpoint
-    from trainer.data import PreprocessConfig
     from trainer.experiments.runner import EvalSpec, evaluate_subjects
-    from trainer.experiments.simulate import load_fold_subjects
 
     job = json.loads(job_path.read_text())
-    ckpts = job.get("checkpoints") or ([job["checkpoint"]] if "checkpoint" in job else [])
-    if not ckpts:
-        raise NeuroFedError(f"{job_path}: the job saved no model (the run was trained without --save-models); "
-                            "train it again with --save-models into a new --out to sweep it")
-    if len(ckpts) > 1:
-        raise NeuroFedError(f"{job_path}: one model per device profile; sweeps of hierarchical runs are not supported")
+    ckpt = job_checkpoint(job_path, job)
     out_path = run_dir / "sweep" / job_path.name
     kept = json.loads(out_path.read_text()) if out_path.exists() else {"per_subject": {}}
     have = set.intersection(*(set(r) for r in kept["per_subject"].values())) if kept["per_subject"] else set()
     todo = [(a, e) for a, e in attacks if _key(a, e) not in have]
     if not todo and "bca" in have:
         return kept
-    cfg = cfg or _run_config(run_dir)
-    ckpt = Path(ckpts[0])
-    if not ckpt.exists():  # the run directory was moved: the model lies beside the job's JSON
-        ckpt = job_path.with_suffix(".safetensors")
+    cfg = cfg or run_config(run_dir)
     model, _ = load_checkpoint(ckpt)
-    test = load_fold_subjects(cfg, [int(s[1:]) for s in job["test_subjects"]], PreprocessConfig.from_dict(cfg.preprocess))
+    test = held_out_subjects(cfg, job)
     rows = evaluate_subjects(model, EvalSpec(test=test, test_batch=cfg.test_batch, attacks=todo), int(job["seed"]))
     for s, row in rows.items():
         benign = kept["per_subject"].get(s, {}).get("bca")
@@ -93,7 +109,7 @@ def sweep_run(run_dir: str | os.PathLike, attacks: Sequence[tuple[str, float]],
     from trainer.experiments.simulate import aggregate_seeds
 
     run = Path(run_dir)
-    cfg = _run_config(run)
+    cfg = run_config(run)
     jobs = sorted((run / "jobs").glob("seed*_fold*.json"))
     if not jobs:
         raise NeuroFedError(f"{run}: no finished jobs (jobs/seed*_fold*.json) to sweep")
@@ -200,4 +216,5 @@ def sweep(
         console.print(f"plot: {plot}")
 
 
-__all__ = ["sweep", "sweep_job", "sweep_plot", "sweep_run", "sweep_table"]
+__all__ = ["held_out_subjects", "job_checkpoint", "run_config", "sweep", "sweep_job", "sweep_plot", "sweep_run",
+           "sweep_table"]

@@ -1,0 +1,109 @@
+"""``neurofed ensemble``: a one-member ensemble is its member; averaging follows the softmax mean; bad runs refused."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from trainer.data import PreprocessConfig
+from trainer.data.config import SENSORIMOTOR_21
+from trainer.errors import NeuroFedError
+from trainer.experiments import ensemble as ens
+from trainer.experiments.simulate import SimConfig, run_simulation
+from trainer.fl.local import LocalConfig
+
+
+def _cfg(data_dir, **kw) -> SimConfig:
+    base = {"algorithm": "fedavg", "subjects": [1, 2, 3, 4], "protocol": "kfold:2", "rounds": 1, "fraction": 1.0,
+            "local": LocalConfig(local_epochs=1).to_dict(), "eval_every": 0, "data_dir": str(data_dir),
+            "preprocess": PreprocessConfig(channels=SENSORIMOTOR_21, resample=80.0).to_dict(), "save_models": True}
+    return SimConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def runs(data_dir, tmp_path_factory):
+    """Two seeds of FedAvg (2 folds each) and one seed of FedBS, all with saved models."""
+    import os
+
+    root = tmp_path_factory.mktemp("ens")
+    old = os.environ.get("NEUROFED_CACHE")
+    os.environ["NEUROFED_CACHE"] = str(root / "cache")
+    try:
+        run_simulation(_cfg(data_dir, seeds=[0, 1]), root / "fedavg")
+        run_simulation(_cfg(data_dir, algorithm="fedbs", seeds=[0]), root / "fedbs")
+    finally:
+        if old is None:
+            os.environ.pop("NEUROFED_CACHE")
+        else:
+            os.environ["NEUROFED_CACHE"] = old
+    return root
+
+
+def test_softmax_rows_sum_to_one_and_keep_the_argmax():
+    z = np.array([[1000.0, 999.0], [-3.0, 2.0]])
+    p = ens.softmax(z)
+    assert np.allclose(p.sum(1), 1) and np.array_equal(p.argmax(1), z.argmax(1))
+    assert np.isclose(p[0, 0], 1 / (1 + np.exp(-1.0)))
+
+
+def test_one_member_ensemble_is_the_member(runs):
+    """Seed 0 alone: each subject's ensemble BCA equals the job's own benign BCA (the same model, trials, batches)."""
+    res = ens.ensemble_runs([runs / "fedavg"], seeds=[0])
+    jobs = {s: r["bca"] for jp in (runs / "fedavg" / "jobs").glob("seed0_fold*.json")
+            for s, r in json.loads(jp.read_text())["per_subject"].items()}
+    assert set(res["per_subject"]) == set(jobs) == {"S001", "S002", "S003", "S004"}
+    for s, row in res["per_subject"].items():
+        assert row["bca"] == row["member_bca"] == jobs[s] and row["members"] == 1
+
+
+def test_ensemble_averages_softmax_of_every_member(runs, monkeypatch):
+    """Three members per fold (FedAvg seeds 0, 1 and FedBS seed 0): the ensemble's prediction is the arg-max of
+    their mean softmax, checked against a hand computation from each member's logits."""
+    from trainer.checkpoint import load_checkpoint
+    from trainer.evaluate import bca, logits
+    from trainer.experiments.sweep import held_out_subjects, run_config
+
+    res = ens.ensemble_runs([runs / "fedavg", runs / "fedbs"])
+    assert res["ensemble"]["seeds"] is None and len(res["ensemble"]["members"]) == 6
+    assert res["algorithm"] == "ensemble(fedavg+fedbs)" and set(res["per_seed"]) == {"0"}
+    cfg = run_config(runs / "fedavg")
+    for fold in (0, 1):
+        members = [runs / "fedavg" / "jobs" / f"seed{sd}_fold{fold:02d}" for sd in (0, 1)]
+        members.append(runs / "fedbs" / "jobs" / f"seed0_fold{fold:02d}")
+        job = json.loads(members[0].with_suffix(".json").read_text())
+        for sd in held_out_subjects(cfg, job):
+            probs = [ens.softmax(logits(load_checkpoint(m.with_suffix(".safetensors"))[0], sd.X, 8)) for m in members]
+            assert res["per_subject"][sd.subject]["bca"] == bca(sd.y, np.mean(probs, 0).argmax(1))
+            assert np.isclose(res["per_subject"][sd.subject]["member_bca"],
+                              np.mean([bca(sd.y, p.argmax(1)) for p in probs]))
+
+
+def test_cli_writes_a_results_json_that_report_reads(runs, tmp_path):
+    from neurofed.cli import app
+
+    out = tmp_path / "ens"
+    r = CliRunner().invoke(app, ["ensemble", str(runs / "fedavg"), "--seeds", "0,1", "--out", str(out)],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "2 members" not in r.output and "4 members" in r.output and "members alone" in r.output
+    rep = CliRunner().invoke(app, ["report", str(runs / "fedavg"), str(out), "--out", str(tmp_path / "rep")],
+                             env={"COLUMNS": "200"})
+    assert rep.exit_code == 0, rep.output
+    assert "ens" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_refuses_runs_split_differently_or_without_models(runs, data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("NEUROFED_CACHE", str(tmp_path / "cache"))
+    other = tmp_path / "other"
+    run_simulation(_cfg(data_dir, subjects=[1, 2, 3, 5], folds=[0]), other)
+    with pytest.raises(NeuroFedError, match="subjects, preprocessing or test batch differ"):
+        ens.ensemble_runs([runs / "fedavg", other])
+    plain = tmp_path / "plain"
+    run_simulation(_cfg(data_dir, save_models=False, folds=[0]), plain)
+    with pytest.raises(NeuroFedError, match="without --save-models"):
+        ens.ensemble_runs([plain])
+    with pytest.raises(NeuroFedError, match="no finished job of seeds"):
+        ens.ensemble_runs([runs / "fedavg"], seeds=[7])

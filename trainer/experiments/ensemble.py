@@ -1,0 +1,154 @@
+"""``neurofed ensemble``: the held-out BCA of an average of saved models, per fold, without training again.
+
+One of the cheap answers to "what closes the gap to the classical references" (issue 21): runs trained with
+``--save-models`` keep each (fold, seed) job's global model; for every fold, the ensemble averages the
+softmax outputs of every member saved for that fold (all the given runs x the chosen seeds) on the fold's
+held-out subjects, decoded in the runs' own test batches (batch-specific BN sees the deployment batch), and
+takes the arg-max. All members of a fold must hold out the same subjects with the same preprocessing (the
+k-fold split depends on the fold seed only, not the training seed); anything else is refused by name.
+
+The result is a ``results.json`` that ``neurofed report`` reads like any run's (one "seed": the ensemble
+is deterministic given its members), plus, per subject, the mean BCA of its members alone (``member_bca``),
+so the gain of averaging is paired subject by subject.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from trainer.atomic import atomic_write_bytes
+from trainer.errors import NeuroFedError
+from trainer.experiments.sweep import held_out_subjects, job_checkpoint, run_config
+
+logger = logging.getLogger("neurofed.trainer")
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of logits (numerically stable)."""
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _fold_members(runs: Sequence[Path], seeds: Sequence[int] | None) -> dict[int, list[tuple[Path, dict]]]:
+    """fold -> [(job path, job)] over every run and chosen seed; checks the members of a fold agree."""
+    folds: dict[int, list[tuple[Path, dict]]] = {}
+    for run in runs:
+        jobs = sorted((run / "jobs").glob("seed*_fold*.json"))
+        if not jobs:
+            raise NeuroFedError(f"{run}: no finished jobs (jobs/seed*_fold*.json) to ensemble")
+        for jp in jobs:
+            job = json.loads(jp.read_text())
+            if seeds is not None and int(job["seed"]) not in seeds:
+                continue
+            folds.setdefault(int(job["fold"]), []).append((jp, job))
+    if not folds:
+        raise NeuroFedError(f"no finished job of seeds {list(seeds or [])} in {', '.join(map(str, runs))}")
+    for fold, members in folds.items():
+        first = members[0][1]["test_subjects"]
+        for jp, job in members[1:]:
+            if job["test_subjects"] != first:
+                raise NeuroFedError(f"fold {fold}: {jp} holds out {job['test_subjects']}, but {members[0][0]} holds "
+                                    f"out {first}; the runs were split differently (fold seed or subjects)")
+    return folds
+
+
+def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None = None,
+                  on_fold: Callable[[int, int], None] | None = None) -> dict:
+    """Average the saved models of ``runs`` (jobs of ``seeds``, default all) fold by fold.
+
+    Returns
+    -------
+    dict
+        ``per_subject`` (ensemble ``bca``, members' mean ``member_bca``, ``members``), ``summary`` and the
+        ``neurofed report`` fields (``per_seed`` with the one key ``"0"``, ``algorithm``, ``config``...).
+
+    Raises
+    ------
+    NeuroFedError
+        A run without saved models, runs whose folds hold out different subjects or were preprocessed or
+        batched differently, no job of the chosen seeds.
+    """
+    from trainer.checkpoint import load_checkpoint
+    from trainer.evaluate import bca, logits
+    from trainer.experiments.simulate import aggregate_seeds
+
+    run_dirs = [Path(r) for r in runs]
+    cfgs = [run_config(r) for r in run_dirs]
+    for r, c in zip(run_dirs[1:], cfgs[1:]):
+        if c.preprocess != cfgs[0].preprocess or c.test_batch != cfgs[0].test_batch or c.subjects != cfgs[0].subjects:
+            raise NeuroFedError(f"{r}: its subjects, preprocessing or test batch differ from {run_dirs[0]}'s; "
+                                "an ensemble needs members evaluated on the same trials")
+    folds = _fold_members(run_dirs, seeds)
+    per_subject: dict[str, dict] = {}
+    members_used = []
+    for n, fold in enumerate(sorted(folds), 1):
+        members = folds[fold]
+        test = held_out_subjects(cfgs[0], members[0][1])
+        probs = {sd.subject: [] for sd in test}
+        for jp, job in members:
+            model, _ = load_checkpoint(job_checkpoint(jp, job))
+            members_used.append(str(jp))
+            for sd in test:
+                probs[sd.subject].append(softmax(logits(model, sd.X, cfgs[0].test_batch)))
+        for sd in test:
+            p = np.stack(probs[sd.subject])  # (members, trials, classes)
+            per_subject[sd.subject] = {"bca": bca(sd.y, p.mean(0).argmax(1)),
+                                       "member_bca": float(np.mean([bca(sd.y, m.argmax(1)) for m in p])),
+                                       "members": len(p)}
+        if on_fold:
+            on_fold(n, len(folds))
+    _, summary = aggregate_seeds({"0": {s: {k: r[k] for k in ("bca", "member_bca")} for s, r in per_subject.items()}})
+    first = json.loads((run_dirs[0] / "results.json").read_text()) if (run_dirs[0] / "results.json").exists() else {}
+    return {
+        "algorithm": "ensemble(" + "+".join(str(first.get("algorithm") or r.name) if i == 0 else r.name
+                                            for i, r in enumerate(run_dirs)) + ")",
+        "model": first.get("model", cfgs[0].model),
+        "config": first.get("config", {}),
+        "data_hashes": first.get("data_hashes", {}),
+        "ensemble": {"runs": [str(r) for r in run_dirs], "seeds": None if seeds is None else list(seeds),
+                     "members": members_used, "rule": "mean of softmax outputs, arg-max"},
+        "summary": summary,
+        "per_subject": per_subject,
+        "per_seed": {"0": {s: {"bca": r["bca"]} for s, r in per_subject.items()}},
+        "curve": [],
+    }
+
+
+def ensemble(
+    runs: Annotated[list[Path], typer.Argument(help="run directories trained with --save-models")],
+    out: Annotated[Path, typer.Option(help="folder for results.json (readable by `neurofed report`)")],
+    seeds: Annotated[str | None, typer.Option(help="seeds whose models are members, e.g. 0,1,2 (default: all)")]
+    = None,
+) -> None:
+    """Held-out BCA of the average of saved models (per fold: every run x seed), against its members alone."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+    from scipy import stats
+
+    console = Console()
+    chosen = [int(s) for s in seeds.split(",") if s.strip()] if seeds else None
+    with Progress(TextColumn("[bold]ensemble"), BarColumn(), TextColumn("{task.completed}/{task.total} folds"),
+                  console=console) as prog:
+        task = prog.add_task("folds", total=None)
+        res = ensemble_runs(runs, chosen, lambda n, t: prog.update(task, completed=n, total=t))
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / "results.json", json.dumps(res, indent=1).encode())
+    ps = res["per_subject"]
+    ens = 100 * np.array([r["bca"] for r in ps.values()])
+    mem = 100 * np.array([r["member_bca"] for r in ps.values()])
+    p = stats.ttest_rel(ens, mem).pvalue if len(ens) > 1 and np.any(ens != mem) else float("nan")
+    console.print(f"{len(ps)} subjects, {len(res['ensemble']['members'])} members: ensemble BCA "
+                  f"{ens.mean():.1f} ± {ens.std(ddof=1) if len(ens) > 1 else 0.0:.1f} %, members alone "
+                  f"{mem.mean():.1f} %; gain {ens.mean() - mem.mean():+.1f} points (paired t p {p:.2g})")
+    console.print(f"results: {out / 'results.json'}")
+
+
+__all__ = ["ensemble", "ensemble_runs", "softmax"]
