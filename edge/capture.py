@@ -217,7 +217,10 @@ class LiveCapture:
         A jump of more than this many seconds between consecutive timestamps counts as an outage.
     reconnect_after : float
         Seconds of silence after which, besides liblsl's own recovery (``recover=True``), the streams are
-        re-resolved by source_id and fresh inlets opened (retried every second).
+        re-resolved by source_id and fresh inlets opened (retried every second) -- only when the outlet was
+        re-created (a new uid): a sender that is merely stalled (a loaded host) keeps its inlets, since swapping
+        them lost the samples and cue markers that arrived while the new ones connected. On a swap the old
+        inlets are drained first and overlapping samples and repeated markers are dropped.
     """
 
     def __init__(self, name: str | None = None, source_id: str | None = None, marker_name: str | None = None,
@@ -262,11 +265,25 @@ class LiveCapture:
         self.stats = CaptureStats()
         self.gap_warn = gap_warn
         self._last_data: float | None = None
+        self._seen_markers: dict[tuple[float, str], None] = {}  # recent markers, oldest first
+        self._overlap_until = 0.0  # after swapping inlets: drop samples not newer than the buffer's newest
         self._silent = False
 
     def step(self, now: float) -> list[RawTrial]:
         """Pull what has arrived (never blocks) and return newly completed trials."""
-        data, ts = self.eeg.pull()
+        self._ingest(self.eeg, self.markers, now)
+        trials = self.cutter.poll(self.buf, now)
+        self.stats.trials += len(trials)
+        self.stats.skipped = self.cutter.skipped
+        return trials
+
+    def _ingest(self, eeg, markers, now: float) -> None:
+        """Move what ``eeg``/``markers`` hold into the ring buffer and the cutter; samples and markers not newer
+        than those already taken are dropped (two inlets of one source overlap while they are swapped)."""
+        data, ts = eeg.pull()
+        if len(ts) and now < self._overlap_until and self.buf.last_ts is not None and ts[0] <= self.buf.last_ts:
+            keep = ts > self.buf.last_ts
+            data, ts = data[keep], ts[keep]
         if len(ts):
             prev = self.buf.last_ts
             steps = np.diff(ts) if prev is None else np.diff(np.concatenate([[prev], ts]))
@@ -276,17 +293,19 @@ class LiveCapture:
                 if not self._silent:  # not already counted as a silence
                     self.stats.outages += 1
             if self._silent:
-                logger.info("%s: stream is back after %.1f s", self.eeg.meta.name, now - (self._last_data or now))
+                logger.info("%s: %s after %.1f s", self.eeg.meta.name,
+                            "stream is back" if self.stats.samples else "first samples", now - (self._last_data or now))
                 self._silent = False
             self.buf.append(data, ts, self._clock())
             self.stats.samples += len(ts)
             self._last_data = now
-        for t, label in self.markers.pull_markers():
+        for t, label in markers.pull_markers():
+            if (t, label) in self._seen_markers:  # the same marker again (through a second inlet)
+                continue
+            self._seen_markers[(t, label)] = None
+            if len(self._seen_markers) > 1000:
+                del self._seen_markers[next(iter(self._seen_markers))]
             self.cutter.add_marker(t, label, now)
-        trials = self.cutter.poll(self.buf, now)
-        self.stats.trials += len(trials)
-        self.stats.skipped = self.cutter.skipped
-        return trials
 
     def _reconnect(self, now: float) -> None:
         """Open fresh inlets if the same source is visible again (fallback to liblsl's recovery)."""
@@ -295,8 +314,10 @@ class LiveCapture:
         self._next_reconnect = now + 1.0
         old_e, old_m = self.eeg.meta, self.markers.meta
         try:
-            eeg = Inlet(find_stream(source_id=old_e.source_id, name=old_e.name, timeout=0.2, unique=False),
-                        self._processing)
+            e_info = find_stream(source_id=old_e.source_id, name=old_e.name, timeout=0.2, unique=False)
+            if e_info.uid() == old_e.uid:  # the same outlet, only silent (a stalled sender): the open inlets
+                return  # will get its next samples; fresh inlets would miss what arrives while they connect
+            eeg = Inlet(e_info, self._processing)
             mrk = Inlet(find_stream(source_id=old_m.source_id, name=old_m.name, timeout=0.5, unique=False),
                         self._processing)
         except StreamError:
@@ -304,6 +325,8 @@ class LiveCapture:
         if eeg.meta.ch_names != old_e.ch_names or eeg.meta.sfreq != old_e.sfreq:
             raise DataError(f"{old_e.name}: came back with other channels or rate; restart the capture")
         logger.info("%s: re-opened the streams after %.1f s of silence", old_e.name, now - (self._last_data or now))
+        self._overlap_until = now + 10.0
+        self._ingest(self.eeg, self.markers, now)  # what the old inlets still hold (liblsl may have recovered them)
         self.eeg.close()
         self.markers.close()
         self.eeg, self.markers = eeg, mrk
@@ -329,10 +352,14 @@ class LiveCapture:
                 break
             silent_for = now - (self._last_data or now)
             if silent_for > stall_warn and not self._silent:
-                logger.warning("%s: no EEG for %.1f s (stream vanished?); waiting for it to come back",
-                               self.eeg.meta.name, silent_for)
                 self._silent = True
-                self.stats.outages += 1
+                if self.stats.samples:  # a stream that stopped; before its first sample it has not started yet
+                    logger.warning("%s: no EEG for %.1f s (stream vanished?); waiting for it to come back",
+                                   self.eeg.meta.name, silent_for)
+                    self.stats.outages += 1
+                else:
+                    logger.info("%s: no EEG yet after %.1f s; waiting for the stream to start",
+                                self.eeg.meta.name, silent_for)
             if self.reconnect_after and silent_for > self.reconnect_after and now >= self._next_reconnect:
                 self._reconnect(now)
             if idle_timeout is not None and silent_for > idle_timeout:

@@ -52,6 +52,7 @@ class StreamMeta:
     units: list[str]
     channel_format: int
     hostname: str
+    uid: str = ""  # one outlet's identity: a re-created outlet keeps its source_id but gets a new uid
 
     @property
     def is_string(self) -> bool:
@@ -137,7 +138,7 @@ def _meta(info) -> StreamMeta:
     if len(names) != n:  # no (or partial) channel description
         names, units = [f"ch{i + 1}" for i in range(n)], [""] * n
     return StreamMeta(info.name(), info.type(), info.source_id(), float(info.nominal_srate()), n, names, units,
-                      int(info.channel_format()), info.hostname())
+                      int(info.channel_format()), info.hostname(), info.uid())
 
 
 class Inlet:

@@ -7,7 +7,8 @@ accumulates (drift-corrected scheduling, as mne-lsl's ``PlayerLSL``). Each cue m
 the chunk holding its sample, stamped with that sample's timestamp.
 
 Faults for tests: timestamp jitter, dropped chunks, outages (outlets destroyed then re-created with the
-same ``source_id`` so inlets with ``recover=True`` reconnect).
+same ``source_id`` so inlets with ``recover=True`` reconnect), stalls (the sender freezes with its outlets
+open, as a starved process does, then pushes its backlog at once).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class PlayerConfig:
         Probability that a chunk is lost (never pushed).
     outages : tuple of (float, float)
         (start, duration) in stream seconds during which the headset disappears.
+    stalls : tuple of (float, float)
+        (start in stream seconds, duration in wall seconds): the headset freezes, outlets open, then catches up.
     counter : bool
         Prepend a ``Samples`` channel holding the sample index.
     markers : bool
@@ -81,6 +84,7 @@ class PlayerConfig:
     jitter: float = 0.0
     drop_prob: float = 0.0
     outages: tuple[tuple[float, float], ...] = ()
+    stalls: tuple[tuple[float, float], ...] = ()
     counter: bool = False
     markers: bool = True
     wait_consumers: float = 0.0
@@ -102,9 +106,10 @@ class PlayerConfig:
             raise NeuroFedError(f"lead_in and wait_consumers must be >= 0, got {self.lead_in}, {self.wait_consumers}")
         if self.jitter < 0:
             raise NeuroFedError(f"jitter must be >= 0, got {self.jitter}")
-        for at, dur in self.outages:
-            if at < 0 or dur <= 0:
-                raise NeuroFedError(f"outage ({at}, {dur}) needs start >= 0 and duration > 0")
+        for kind, spans in (("outage", self.outages), ("stall", self.stalls)):
+            for at, dur in spans:
+                if at < 0 or dur <= 0:
+                    raise NeuroFedError(f"{kind} ({at}, {dur}) needs start >= 0 and duration > 0")
 
     @property
     def marker_name(self) -> str:
@@ -199,6 +204,7 @@ class HeadsetPlayer(threading.Thread):
         n, sfreq = rec.n_samples, rec.sfreq
         counter_col = 0 if rec.ch_names[0] == "Samples" else None
         markers = sorted(rec.markers)
+        stalls = sorted(c.stalls)
         total = c.max_samples if c.max_samples is not None else (None if c.loop else n)
         self.t0 = lsl_out.local_clock() + c.clock_offset
         wall0 = time.perf_counter()
@@ -217,6 +223,9 @@ class HeadsetPlayer(threading.Thread):
             if delay > 0:
                 self._stop_evt.wait(delay)
             t_stream = pos / sfreq
+            while stalls and t_stream >= stalls[0][0]:  # frozen sender: nothing pushed, outlets stay open
+                logger.info("headset %s: stalled at %.2f s for %g s", c.name, t_stream, stalls[0][1])
+                self._stop_evt.wait(stalls.pop(0)[1])
             if self._in_outage(t_stream):
                 if not down:
                     logger.info("headset %s: outage at %.2f s", c.name, t_stream)

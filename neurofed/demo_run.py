@@ -181,16 +181,39 @@ def capture(run: Run) -> dict:
     counts = {}
     from edge.store import LocalStore
 
+    sent = cues_sent(run.dir / "logs" / "headsets-train.log")
     for s in cfg.subjects:
         st = LocalStore(run.store(s))
         labels = st.labels
-        counts[run.clients[s]] = {"trials": len(st), **{c: labels.count(c) for c in ("left_fist", "right_fist")}}
+        log = run.dir / "logs" / f"record-{run.clients[s]}.log"
+        counts[run.clients[s]] = {"trials": len(st), **{c: labels.count(c) for c in ("left_fist", "right_fist")},
+                                  "cues_sent": sent.get(f"{run.stream}-S{s:03d}"), "not_stored": skip_reasons(log)}
         if len(st) < 8 or len(set(labels)) < 2:
-            raise DemoError(f"{run.clients[s]} captured only {len(st)} trials ({sorted(set(labels))}); "
-                            f"see {run.dir}/logs/record-{run.clients[s]}.log")
+            raise DemoError(f"{run.clients[s]} captured only {len(st)} trials ({sorted(set(labels))}); see {log}")
     run.phase("capture", t)
     console.print("  captured: " + ", ".join(f"{c} {v['trials']}" for c, v in counts.items()))
+    short = {c: v for c, v in counts.items() if v["cues_sent"] is not None and v["trials"] < v["cues_sent"]}
+    if short:  # the capture must keep every cue; say which headsets lost trials, and why, rather than train quietly
+        console.print("[yellow]  trials lost in capture (stored / cues sent): " + "; ".join(
+            f"{c} {v['trials']}/{v['cues_sent']} ({', '.join(v['not_stored']) or 'no reason logged'})"
+            for c, v in short.items()) + f"; see {run.dir}/logs/record-*.log[/]")
     return counts
+
+
+def cues_sent(headset_log: Path) -> dict[str, int]:
+    """Stream name -> cue markers a simulated headset sent (its closing line in the headset-sim log)."""
+    import re
+
+    text = headset_log.read_text(errors="replace") if headset_log.is_file() else ""
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\S+): \d+ samples pushed, \d+ lost, (\d+) markers", text, re.MULTILINE)}
+
+
+def skip_reasons(record_log: Path) -> list[str]:
+    """Why a recorder did not store a cue (the capture's logged reasons: skipped or dropped windows)."""
+    if not record_log.is_file():
+        return []
+    return [ln.split(": ", 1)[-1].strip() for ln in record_log.read_text(errors="replace").splitlines()
+            if "WARNING" in ln and ("skipped" in ln or "dropped" in ln)]
 
 
 def federation_toml(run: Run) -> Path:

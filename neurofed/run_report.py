@@ -44,6 +44,21 @@ def traffic_bytes(res: dict) -> dict:
             "broker_all_messages": tr["total_bytes"], "broker_messages": tr["total_messages"]}
 
 
+def capture_totals(capture: dict) -> dict:
+    """Trials the training headsets' recorders stored against the cues their headsets sent (None: not known)."""
+    known = [v for v in capture.values() if v.get("cues_sent") is not None]
+    return {"trials_stored": sum(v["trials"] for v in capture.values()),
+            "cues_sent": sum(v["cues_sent"] for v in known) if known and len(known) == len(capture) else None,
+            "headsets_short": sorted(c for c, v in capture.items()
+                                     if v.get("cues_sent") is not None and v["trials"] < v["cues_sent"])}
+
+
+def _stored(s: dict) -> str:
+    sent = "?" if s.get("cues_sent") is None else s["cues_sent"]
+    short = s.get("headsets_short") or []
+    return f"{s.get('trials_stored')} / {sent}" + (f" ({len(short)} headsets lost trials)" if short else "")
+
+
 def heldout_rows(res: dict) -> list[dict]:
     """Per held-out subject: live BCA/accuracy/interval, offline BCA, round-0 and final-round BCA."""
     curve = {p["round"]: p for p in res.get("curve", [])}
@@ -79,6 +94,7 @@ def summarise(res: dict) -> None:
         "latency_ms_p50": live["latency_ms"]["p50"], "latency_ms_p99": live["latency_ms"]["p99"],
         "predictions": live["predictions"], "cues": live["cues"], **b,
         "no_eeg_on_broker": audit["ok"], "seconds": res["timings_s"]["total"],
+        **capture_totals(res.get("capture", {})),
     }
     s = res["summary"]
     cfg = res["config"]
@@ -108,6 +124,7 @@ def summarise(res: dict) -> None:
     t.add_column("value", justify="right")
     t.add_row("training subjects, offline BCA (training set: trials they trained on)",
               _pct(s["bca_training_set_offline"]))
+    t.add_row("trials stored / cues sent (training headsets)", _stored(s))
     t.add_row("live predictions / cues (held-out)", f"{s['predictions']} / {s['cues']}")
     t.add_row("latency p50 / p99 (last sample -> prediction)",
               "n/a" if s["latency_ms_p50"] is None else f"{s['latency_ms_p50']:.1f} / {s['latency_ms_p99']:.1f} ms")
@@ -288,6 +305,8 @@ def write_report(d: Path, res: dict) -> Path:
               "## Other numbers", "", "| what | value | produced by |", "|---|---|---|",
               (f"| training subjects, offline BCA | {_pct(s['bca_training_set_offline'])} (training set: scored on the "
               "trials they trained on; not an accuracy estimate) | `neurofed evaluate --trained-on ...` |"),
+              (f"| trials stored / cues sent, training headsets | {_stored(s)} | each recorder's store / the "
+              "headsets' `N markers` line in `logs/headsets-train.log`; reasons in `results.json` `capture` |"),
               (f"| latency p50 / p99 | {lat} | arrival of the prediction sample - arrival of the window's last EEG "
               "sample (LSL) |"),
               f"| bytes down / up | {s['coordinator_down']} / {s['clients_up']} | coordinator `metrics.json` |",

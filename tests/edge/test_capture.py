@@ -155,3 +155,27 @@ def test_stream_vanishing_mid_trial_then_recovering(r04, offline):
     assert cap.stats.outages >= 1
     assert [t.label for t in trials] == labels[1:3]
     np.testing.assert_allclose(np.stack([t.data for t in trials]), x_off[1:3], atol=1e-4)
+
+
+def test_stalled_sender_keeps_its_inlets_and_loses_no_trial(r04, offline):
+    """A headset that freezes with its outlets open (a starved sender on a loaded host) for longer than
+    ``reconnect_after``, then pushes its backlog: the capture keeps its inlets (the outlet's uid is unchanged:
+    fresh inlets would miss what arrives while they connect), counts one outage and stores every trial."""
+    x_off, labels, _ = offline
+    pcfg = PlayerConfig(name=unique_name("stall"), wait_consumers=5.0, speed=8, max_samples=CUES_R04[2] + 700,
+                        stalls=((CUES_R04[1] / 160 + 1.0, 6.0),))  # frozen 6 s inside the second trial
+    p = HeadsetPlayer(r04, pcfg)
+    p.start()
+    try:
+        cap = LiveCapture(name=pcfg.name, cfg=CaptureConfig(), reconnect_after=1.0)
+        inlets = (cap.eeg, cap.markers)
+        trials: list[RawTrial] = []
+        cap.run(trials.append, max_trials=3, duration=30.0, stall_warn=0.5)
+        kept = (cap.eeg, cap.markers) == inlets
+        cap.close()
+    finally:
+        p.stop()
+        p.join(timeout=10)
+    assert kept and cap.stats.skipped == [] and cap.stats.outages == 1  # the stall is reported, not a loss
+    assert [t.label for t in trials] == labels[:3]
+    np.testing.assert_allclose(np.stack([t.data for t in trials]), x_off[:3], atol=1e-4)

@@ -44,6 +44,10 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
     assert [r["round"] for r in res["federation"]["rounds"]] == [1, 2]
     assert all(sorted(r["participants"]) == ["hs-S001", "hs-S002", "hs-S003"] for r in res["federation"]["rounds"])
     assert all(c["trials"] == 15 for c in res["capture"].values())  # run 4 holds 15 cued trials per subject
+    # every cue a headset sent was stored (counted from the headsets' own log), and the summary says so
+    assert all(c["cues_sent"] == 15 and c["not_stored"] == [] for c in res["capture"].values()), res["capture"]
+    assert res["summary"]["trials_stored"] == res["summary"]["cues_sent"] == 45
+    assert res["summary"]["headsets_short"] == []
     # ... exported to ONNX and verified
     assert (out / "model.onnx").stat().st_size > 1000
     assert res["export"]
@@ -69,7 +73,8 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
     assert res["offline"]["training_subjects"] == ["S001", "S002", "S003"]
     md = (out / "report.md").read_text()
     for want in ("## What was trained, on whom, how", "S004", "S005", "95 % CI of live accuracy (Wilson)",
-                 "round-0 BCA (untrained)", "chance is 50 %", "training set", "How to read it"):
+                 "round-0 BCA (untrained)", "chance is 50 %", "training set", "How to read it",
+                 "| trials stored / cues sent, training headsets | 45 / 45 |"):
         assert want in md, want
     # no EEG crossed the broker: all messages protocol-valid, weights only, detector proven on planted EEG
     audit = res["wire"]["audit"]
