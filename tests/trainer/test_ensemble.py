@@ -107,3 +107,14 @@ def test_refuses_runs_split_differently_or_without_models(runs, data_dir, tmp_pa
         ens.ensemble_runs([plain])
     with pytest.raises(NeuroFedError, match="no finished job of seeds"):
         ens.ensemble_runs([runs / "fedavg"], seeds=[7])
+
+
+def test_test_batch_override_changes_batch_specific_bn_only(runs):
+    """FedAvg (running BN statistics) gives the same predictions in any batch size; FedBS (batch-specific BN)
+    normalises over the batch, so a whole-subject batch may differ from batches of 8; bad sizes are refused."""
+    a = ens.ensemble_runs([runs / "fedavg"], seeds=[0])
+    b = ens.ensemble_runs([runs / "fedavg"], seeds=[0], test_batch=64)
+    assert {s: r["bca"] for s, r in a["per_subject"].items()} == {s: r["bca"] for s, r in b["per_subject"].items()}
+    assert b["ensemble"]["test_batch"] == 64 and a["ensemble"]["test_batch"] == 8
+    with pytest.raises(NeuroFedError, match="test batch must be >= 1"):
+        ens.ensemble_runs([runs / "fedavg"], test_batch=-1)

@@ -61,8 +61,12 @@ def _fold_members(runs: Sequence[Path], seeds: Sequence[int] | None) -> dict[int
 
 
 def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None = None,
-                  on_fold: Callable[[int, int], None] | None = None) -> dict:
+                  on_fold: Callable[[int, int], None] | None = None, test_batch: int | None = None) -> dict:
     """Average the saved models of ``runs`` (jobs of ``seeds``, default all) fold by fold.
+
+    ``test_batch`` overrides the runs' test batch (default: theirs, 8): with batch-specific BN a larger batch
+    gives the BN layers more of the subject's unlabelled trials (a value >= the trials per subject: all of them,
+    the information the Riemannian reference's per-subject re-centring uses).
 
     Returns
     -------
@@ -87,6 +91,9 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
             raise NeuroFedError(f"{r}: its subjects, preprocessing or test batch differ from {run_dirs[0]}'s; "
                                 "an ensemble needs members evaluated on the same trials")
     folds = _fold_members(run_dirs, seeds)
+    batch = int(test_batch or cfgs[0].test_batch)
+    if batch < 1:
+        raise NeuroFedError(f"test batch must be >= 1, got {batch}")
     per_subject: dict[str, dict] = {}
     members_used = []
     for n, fold in enumerate(sorted(folds), 1):
@@ -97,7 +104,7 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
             model, _ = load_checkpoint(job_checkpoint(jp, job))
             members_used.append(str(jp))
             for sd in test:
-                probs[sd.subject].append(softmax(logits(model, sd.X, cfgs[0].test_batch)))
+                probs[sd.subject].append(softmax(logits(model, sd.X, batch)))
         for sd in test:
             p = np.stack(probs[sd.subject])  # (members, trials, classes)
             per_subject[sd.subject] = {"bca": bca(sd.y, p.mean(0).argmax(1)),
@@ -114,7 +121,7 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
         "config": first.get("config", {}),
         "data_hashes": first.get("data_hashes", {}),
         "ensemble": {"runs": [str(r) for r in run_dirs], "seeds": None if seeds is None else list(seeds),
-                     "members": members_used, "rule": "mean of softmax outputs, arg-max"},
+                     "members": members_used, "rule": "mean of softmax outputs, arg-max", "test_batch": batch},
         "summary": summary,
         "per_subject": per_subject,
         "per_seed": {"0": {s: {"bca": r["bca"]} for s, r in per_subject.items()}},
@@ -127,6 +134,8 @@ def ensemble(
     out: Annotated[Path, typer.Option(help="folder for results.json (readable by `neurofed report`)")],
     seeds: Annotated[str | None, typer.Option(help="seeds whose models are members, e.g. 0,1,2 (default: all)")]
     = None,
+    test_batch: Annotated[int | None, typer.Option(help="trials per test batch (default: the runs', 8); batch-"
+                                                        "specific BN normalises over the batch")] = None,
 ) -> None:
     """Held-out BCA of the average of saved models (per fold: every run x seed), against its members alone."""
     from rich.console import Console
@@ -138,7 +147,7 @@ def ensemble(
     with Progress(TextColumn("[bold]ensemble"), BarColumn(), TextColumn("{task.completed}/{task.total} folds"),
                   console=console) as prog:
         task = prog.add_task("folds", total=None)
-        res = ensemble_runs(runs, chosen, lambda n, t: prog.update(task, completed=n, total=t))
+        res = ensemble_runs(runs, chosen, lambda n, t: prog.update(task, completed=n, total=t), test_batch)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out / "results.json", json.dumps(res, indent=1).encode())
     ps = res["per_subject"]
