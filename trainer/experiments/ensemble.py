@@ -142,7 +142,7 @@ def ensemble(
     from rich.progress import BarColumn, Progress, TextColumn
     from scipy import stats
 
-    console = Console()
+    console = Console(soft_wrap=True)
     chosen = [int(s) for s in seeds.split(",") if s.strip()] if seeds else None
     with Progress(TextColumn("[bold]ensemble"), BarColumn(), TextColumn("{task.completed}/{task.total} folds"),
                   console=console) as prog:
@@ -156,7 +156,8 @@ def ensemble(
     p = stats.ttest_rel(ens, mem).pvalue if len(ens) > 1 and np.any(ens != mem) else float("nan")
     console.print(f"{len(ps)} subjects, {len(res['ensemble']['members'])} members: ensemble BCA "
                   f"{ens.mean():.1f} ± {ens.std(ddof=1) if len(ens) > 1 else 0.0:.1f} %, members alone "
-                  f"{mem.mean():.1f} %; gain {ens.mean() - mem.mean():+.1f} points (paired t p {p:.2g})")
+                  f"{mem.mean():.1f} %; gain {ens.mean() - mem.mean():+.1f} points (paired t p "
+                  + ("-" if np.isnan(p) else f"{p:.2g}") + ")")
     console.print(f"results: {out / 'results.json'}")
 
 
