@@ -219,8 +219,8 @@ class LiveCapture:
         Seconds of silence after which, besides liblsl's own recovery (``recover=True``), the streams are
         re-resolved by source_id and fresh inlets opened (retried every second) -- only when the outlet was
         re-created (a new uid): a sender that is merely stalled (a loaded host) keeps its inlets, since swapping
-        them lost the samples and cue markers that arrived while the new ones connected. On a swap the old
-        inlets are drained first and overlapping samples and repeated markers are dropped.
+        them would lose what arrives in the old ones while the new ones connect. On a swap the old inlets are
+        drained first, and samples the buffer already holds and repeated markers are dropped.
     """
 
     def __init__(self, name: str | None = None, source_id: str | None = None, marker_name: str | None = None,
@@ -278,8 +278,9 @@ class LiveCapture:
         return trials
 
     def _ingest(self, eeg, markers, now: float) -> None:
-        """Move what ``eeg``/``markers`` hold into the ring buffer and the cutter; samples and markers not newer
-        than those already taken are dropped (two inlets of one source overlap while they are swapped)."""
+        """Move what ``eeg``/``markers`` hold into the ring buffer and the cutter. A marker seen before (same time,
+        same label) is dropped, and for 10 s after an inlet swap so are samples not newer than the buffer's
+        newest (two inlets of one source overlap while they are swapped)."""
         data, ts = eeg.pull()
         if len(ts) and now < self._overlap_until and self.buf.last_ts is not None and ts[0] <= self.buf.last_ts:
             keep = ts > self.buf.last_ts
