@@ -69,17 +69,21 @@ def test_find_stream_by_name_type_source_id_and_timeout():
     cfg = PlayerConfig(name=unique_name("res"), speed=1, markers=False)
     p = HeadsetPlayer(rec, cfg)
     p.start()
+    inlet = None
     try:
         info = find_stream(source_id=cfg.source_id, timeout=5)
         assert info.name() == cfg.name
         inlet = Inlet(find_stream(name=cfg.name, stype="EEG", timeout=5))
         assert inlet.meta.ch_names == ["C3", "Cz", "C4"] and inlet.meta.units == ["microvolts"] * 3
+        assert inlet.meta.uid == info.uid()  # one outlet's identity (capture re-opens inlets only on a new uid)
         with pytest.raises(StreamError, match=r"no LSL stream matching name='nope-.*within 0.5 s; visible: .*"
                                               + cfg.name):
             find_stream(name=unique_name("nope"), timeout=0.5)
         with pytest.raises(StreamError, match="at least one"):
             find_stream()
     finally:
+        if inlet is not None:  # inlets before outlets: liblsl can crash when an outlet dies under a live inlet
+            inlet.close()  # (a segfault in the outlet's destructor in CI, 2026-11-25; mne-lsl closes them this way)
         p.stop()
         p.join(timeout=5)
 
