@@ -13,6 +13,7 @@ open, as a starved process does, then pushes its backlog at once).
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -267,6 +268,20 @@ class HeadsetPlayer(threading.Thread):
         logger.info("headset %s: done (%d samples pushed, %d lost)", c.name, self.n_pushed, self.n_dropped)
 
 
+#: The line each headset prints when it ends (``headset-sim``'s log); :func:`markers_sent` reads it back.
+SUMMARY_RE = re.compile(r"^(\S+): (\d+) samples pushed, (\d+) lost, (\d+) markers$", re.MULTILINE)
+
+
+def summary_line(p: HeadsetPlayer) -> str:
+    """``NAME: N samples pushed, N lost, N markers`` (parsed by :data:`SUMMARY_RE`)."""
+    return f"{p.cfg.name}: {p.n_pushed} samples pushed, {p.n_dropped} lost, {len(p.markers_sent)} markers"
+
+
+def markers_sent(log_text: str) -> dict[str, int]:
+    """Stream name -> cue markers sent, from the summary lines of a headset-sim log."""
+    return {m[1]: int(m[4]) for m in SUMMARY_RE.finditer(log_text)}
+
+
 def run_to_end(players: list[HeadsetPlayer], deadline: float | None = None) -> None:
     """Wait until every player has finished (or ``deadline`` on the monotonic clock, or Ctrl-C),
     stop and join them, print one summary line each; raise one NeuroFedError naming any failure."""
@@ -285,8 +300,7 @@ def run_to_end(players: list[HeadsetPlayer], deadline: float | None = None) -> N
             p.join(timeout=5)
         except NeuroFedError as exc:
             errors.append(str(exc))
-        print(f"{p.cfg.name}: {p.n_pushed} samples pushed, {p.n_dropped} lost, {len(p.markers_sent)} markers",
-              flush=True)
+        print(summary_line(p), flush=True)
     if errors:
         raise NeuroFedError("; ".join(errors))
 

@@ -202,10 +202,9 @@ def capture(run: Run) -> dict:
 
 def cues_sent(headset_log: Path) -> dict[str, int]:
     """Stream name -> cue markers a simulated headset sent (its closing line in the headset-sim log)."""
-    import re
+    from firmware_sim.player import markers_sent
 
-    text = headset_log.read_text(errors="replace") if headset_log.is_file() else ""
-    return {m[1]: int(m[2]) for m in re.finditer(r"^(\S+): \d+ samples pushed, \d+ lost, (\d+) markers", text, re.MULTILINE)}
+    return markers_sent(headset_log.read_text(errors="replace")) if headset_log.is_file() else {}
 
 
 def skip_reasons(record_log: Path) -> list[str]:

@@ -26,19 +26,11 @@ def _cfg(data_dir, **kw) -> SimConfig:
 @pytest.fixture(scope="module")
 def runs(data_dir, tmp_path_factory):
     """Two seeds of FedAvg (2 folds each) and one seed of FedBS, all with saved models."""
-    import os
-
     root = tmp_path_factory.mktemp("ens")
-    old = os.environ.get("NEUROFED_CACHE")
-    os.environ["NEUROFED_CACHE"] = str(root / "cache")
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NEUROFED_CACHE", str(root / "cache"))
         run_simulation(_cfg(data_dir, seeds=[0, 1]), root / "fedavg")
         run_simulation(_cfg(data_dir, algorithm="fedbs", seeds=[0]), root / "fedbs")
-    finally:
-        if old is None:
-            os.environ.pop("NEUROFED_CACHE")
-        else:
-            os.environ["NEUROFED_CACHE"] = old
     return root
 
 

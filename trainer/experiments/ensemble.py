@@ -24,17 +24,17 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from trainer.atomic import atomic_write_bytes
 from trainer.errors import NeuroFedError
-from trainer.experiments.sweep import held_out_subjects, job_checkpoint, run_config
+from trainer.experiments.sweep import held_out_subjects, job_checkpoint, run_config, write_json
 
 logger = logging.getLogger("neurofed.trainer")
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
-    """Row-wise softmax of logits (numerically stable)."""
-    e = np.exp(z - z.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
+    """Row-wise softmax of logits (scipy's, numerically stable)."""
+    from scipy.special import softmax as _softmax
+
+    return _softmax(z, axis=1)
 
 
 def _fold_members(runs: Sequence[Path], seeds: Sequence[int] | None) -> dict[int, list[tuple[Path, dict]]]:
@@ -115,8 +115,7 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
     _, summary = aggregate_seeds({"0": {s: {k: r[k] for k in ("bca", "member_bca")} for s, r in per_subject.items()}})
     first = json.loads((run_dirs[0] / "results.json").read_text()) if (run_dirs[0] / "results.json").exists() else {}
     return {
-        "algorithm": "ensemble(" + "+".join(str(first.get("algorithm") or r.name) if i == 0 else r.name
-                                            for i, r in enumerate(run_dirs)) + ")",
+        "algorithm": "ensemble(" + "+".join(r.name for r in run_dirs) + ")",
         "model": first.get("model", cfgs[0].model),
         "config": first.get("config", {}),
         "data_hashes": first.get("data_hashes", {}),
@@ -149,7 +148,7 @@ def ensemble(
         task = prog.add_task("folds", total=None)
         res = ensemble_runs(runs, chosen, lambda n, t: prog.update(task, completed=n, total=t), test_batch)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out / "results.json", json.dumps(res, indent=1).encode())
+    write_json(out / "results.json", res)
     ps = res["per_subject"]
     ens = 100 * np.array([r["bca"] for r in ps.values()])
     mem = 100 * np.array([r["member_bca"] for r in ps.values()])

@@ -30,7 +30,8 @@ def _key(attack: str, eps: float) -> str:
     return f"{attack}@{eps:g}"
 
 
-def _write_json(path: Path, obj: dict) -> None:
+def write_json(path: Path, obj: dict) -> None:
+    """``obj`` as indented JSON, written atomically."""
     atomic_write_bytes(path, json.dumps(obj, indent=1).encode())
 
 
@@ -98,7 +99,7 @@ def sweep_job(run_dir: Path, job_path: Path, attacks: Sequence[tuple[str, float]
         kept["per_subject"][s] = {**kept["per_subject"].get(s, {}), **row}
     kept.update(seed=job["seed"], fold=job["fold"], checkpoint=str(ckpt))
     out_path.parent.mkdir(exist_ok=True)
-    _write_json(out_path, kept)
+    write_json(out_path, kept)
     return kept
 
 
@@ -124,7 +125,7 @@ def sweep_run(run_dir: str | os.PathLike, attacks: Sequence[tuple[str, float]],
     per_subject, summary = aggregate_seeds(per_seed)
     out = {"run": str(run), "attacks": [[a, e] for a, e in attacks], "summary": summary, "per_subject": per_subject,
            "seeds": sorted(per_seed), "jobs": len(jobs), "attack_budgets": attack_budgets([a for a, _ in attacks])}
-    _write_json(run / "sweep.json", out)
+    write_json(run / "sweep.json", out)
     return out
 
 
@@ -217,4 +218,4 @@ def sweep(
 
 
 __all__ = ["held_out_subjects", "job_checkpoint", "run_config", "sweep", "sweep_job", "sweep_plot", "sweep_run",
-           "sweep_table"]
+           "sweep_table", "write_json"]
