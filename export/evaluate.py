@@ -32,17 +32,13 @@ def torch_twin(
     BN exports, whose initializers keep the state-dict names; standard-BN exports fold BN into
     the convolutions, so they need the checkpoint).
     """
-    from trainer.models import build_model
-
     if checkpoint is not None:
         from trainer.checkpoint import load_checkpoint
 
         model, _ = load_checkpoint(checkpoint)
         source = str(checkpoint)
     else:
-        model = build_model(
-            meta.model, meta.n_channels, meta.n_classes, meta.n_times, meta.sfreq, meta.bn_mode
-        )
+        model = meta.model_meta().build()  # any model a checkpoint describes, ensembles included
         inits = {i.name: i for i in onnx.load(str(onnx_path)).graph.initializer}
         state = model.state_dict()
         missing = [k for k, v in state.items() if k not in inits or tuple(inits[k].dims) != tuple(v.shape)]

@@ -71,7 +71,10 @@ class ModelMeta:
         """A fresh model of this architecture and shape (``extra["model_kwargs"]``: e.g. fleeg_eegnet's
         ``local_bn_mode``)."""
         from trainer.models import build_model
+        from trainer.models.ensemble import ENSEMBLE, SoftmaxEnsemble
 
+        if self.model == ENSEMBLE:  # the members' own descriptions (combine_checkpoints)
+            return SoftmaxEnsemble([ModelMeta(**m).build() for m in self.extra.get("members", [])])
         return build_model(self.model, self.n_channels, self.n_classes, self.n_times, self.sfreq, self.bn_mode,
                            ch_names=self.ch_names, **dict(self.extra.get("model_kwargs", {})))
 
@@ -130,17 +133,89 @@ def read_meta(path: str | os.PathLike) -> ModelMeta:
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[nn.Module, ModelMeta]:
     """Rebuild the model of a checkpoint and load its weights (strict)."""
+    from trainer.models.ensemble import SoftmaxEnsemble
     from trainer.models.heads import install_concept_head_for
 
     meta = read_meta(path)
-    model = meta.build()
+    try:
+        model = meta.build()
+    except (TypeError, ValueError) as exc:
+        raise NeuroFedError(f"{path}: cannot rebuild its {meta.model} model ({exc})") from None
     state = load_file(str(path))
-    install_concept_head_for(model, state)  # a FedBM model: projection + frozen concept classifier
+    if isinstance(model, SoftmaxEnsemble):  # each member may be a FedBM model
+        for i, member in enumerate(model.members):
+            pre = f"members.{i}."
+            install_concept_head_for(member, {k[len(pre):]: v for k, v in state.items() if k.startswith(pre)})
+    else:
+        install_concept_head_for(model, state)  # a FedBM model: projection + frozen concept classifier
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         raise NeuroFedError(f"{path}: weights do not fit a {meta.model} model ({exc})") from None
     return model, meta
+
+
+# ---------------------------------------------------------------------------- ensembles (issue 21)
+#: what every member of an ensemble must share: the input it reads, the classes it emits, its test batch
+#: and the device it is for (``extra["device"]``/``extra["profile"]``)
+ENSEMBLE_SHARED: tuple[str, ...] = ("n_channels", "ch_names", "n_times", "sfreq", "classes", "preprocess",
+                                    "test_batch_size")
+
+
+def combine_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> ModelMeta:
+    """Write one checkpoint holding the softmax-mean ensemble of ``paths``' models
+    (:class:`trainer.models.ensemble.SoftmaxEnsemble`); everything that reads a checkpoint (export, ``--standalone``,
+    attacks, evaluation) then takes the ensemble like any model.
+
+    The members' descriptions go to ``extra["members"]`` (their training data hashes to the ensemble's union); its
+    ``bn_mode`` is ``batch_specific`` when any member's is (its output then depends on the test batch).
+
+    Raises
+    ------
+    NeuroFedError
+        Fewer than two checkpoints, an unreadable one, a member that is itself an ensemble or a per-device-profile
+        (fleeg) server state, or members that differ in what :data:`ENSEMBLE_SHARED` names or in their device.
+    """
+    from trainer.models.ensemble import ENSEMBLE
+
+    if len(paths) < 2:
+        raise NeuroFedError(f"an ensemble needs at least two checkpoints, got {len(paths)}")
+    metas: list[ModelMeta] = []
+    state: dict[str, torch.Tensor] = {}
+    for i, p in enumerate(paths):
+        if not Path(p).is_file():
+            raise NeuroFedError(f"{p}: checkpoint file not found")
+        with safe_open(str(p), framework="pt") as f:
+            if is_hierarchical(f.keys()):
+                raise NeuroFedError(f"{p}: a per-device-profile (fleeg) server state; combine the models of one "
+                                    "device profile instead")
+        model, meta = load_checkpoint(p)
+        if meta.model == ENSEMBLE:
+            raise NeuroFedError(f"{p}: already an ensemble; combine its base checkpoints instead (equal weights)")
+        for name in ENSEMBLE_SHARED if metas else ():
+            if getattr(meta, name) != getattr(metas[0], name):
+                raise NeuroFedError(f"{p}: its {name} ({getattr(meta, name)!r}) differs from {paths[0]}'s "
+                                    f"({getattr(metas[0], name)!r}); ensemble members must read the same input "
+                                    "the same way")
+        if metas and device_of(meta) != device_of(metas[0]):
+            raise NeuroFedError(f"{p}: made for a different device profile than {paths[0]}")
+        metas.append(meta)
+        state.update({f"members.{i}.{k}": v for k, v in model.state_dict().items()})
+    first = metas[0]
+    device = {k: first.extra[k] for k in ("device", "profile") if k in first.extra}
+    meta = ModelMeta(
+        model=ENSEMBLE, n_channels=first.n_channels, n_classes=first.n_classes, n_times=first.n_times,
+        sfreq=first.sfreq,
+        bn_mode="batch_specific" if any(m.bn_mode == "batch_specific" for m in metas) else "standard",
+        ch_names=list(first.ch_names), classes=list(first.classes), preprocess=dict(first.preprocess),
+        strategy="ensemble(" + "+".join(m.strategy or m.model for m in metas) + ")",
+        test_batch_size=first.test_batch_size,
+        data_hashes={k: v for m in metas for k, v in m.data_hashes.items()},
+        extra={**device, "members": [{**asdict(m), "data_hashes": {}} for m in metas], "rule": "log of the mean of the members' softmax outputs",
+               "member_files": [Path(p).name for p in paths]},
+    )
+    save_checkpoint(out, state, meta)
+    return meta
 
 
 # ---------------------------------------------------------------------------- device profiles (issue 19)

@@ -290,6 +290,23 @@ def algorithms(markdown: Annotated[bool, typer.Option(help="print the docs' mark
     console.print(t)
 
 
+def combine(
+    checkpoints: Annotated[list[Path], typer.Argument(help="two or more .safetensors checkpoints (same input and "
+                                                            "classes; e.g. several seeds or strategies)")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="ensemble checkpoint to write")] = Path(
+        "ensemble.safetensors"),
+) -> None:
+    """One checkpoint that is the mean of the models' softmax outputs (the ensembles of `neurofed ensemble`).
+
+    It exports (`neurofed export`, `--standalone`), evaluates and decodes live like any checkpoint.
+    """
+    from trainer.checkpoint import combine_checkpoints
+
+    meta = combine_checkpoints(checkpoints, output)
+    console.print(f"wrote {output}: {len(checkpoints)} members ({meta.strategy}), {meta.n_channels} ch x "
+                  f"{meta.n_times} samples, classes {meta.classes}, bn_mode {meta.bn_mode}")
+
+
 data_app = typer.Typer(help="Find, check and download EEG recordings.", no_args_is_help=True)
 
 
@@ -338,6 +355,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add trainer commands and benchmarks."""
     app.command("simulate")(with_strategy_options(simulate))
     app.command("algorithms")(algorithms)
+    app.command("combine")(combine)
     app.add_typer(data_app, name="data")
     from trainer import bench as trainer_bench
     from trainer import report as trainer_report

@@ -17,3 +17,12 @@ def test_bench_shape_smoke():
     assert row["speedup_fp32_vs_torch"] == row["torch_eager"]["p50_ms"] / row["onnxruntime_fp32"]["p50_ms"]
     assert r["size_bytes"]["int8"] < r["size_bytes"]["fp32"]
     assert "edge_engine" not in r  # the engine is timed by `neurofed bench standalone` (export/ imports no edge/)
+
+
+def test_bench_shape_ensemble_is_one_graph_of_its_members():
+    """members=3: one ONNX graph holding three EEGNets (about three times one EEGNet's graph and weights)."""
+    one = bench_shape("eegnet", 21, 320, 80.0, "batch_specific", reps=3, warmup=1, batches=(1,))
+    three = bench_shape("eegnet", 21, 320, 80.0, "batch_specific", reps=3, warmup=1, batches=(1,), members=3)
+    assert one["members"] == 1 and three["members"] == 3
+    assert 2.5 * one["size_bytes"]["fp32"] < three["size_bytes"]["fp32"] < 4.0 * one["size_bytes"]["fp32"]
+    assert three["batch_1"]["onnxruntime_fp32"]["reps"] == 3

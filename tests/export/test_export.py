@@ -141,3 +141,45 @@ def test_static_export_matches_dynamic_shape_contract():
     with torch.no_grad():
         ref = net(torch.from_numpy(x)).numpy()
     assert np.abs(s.run(None, {"x": x})[0] - ref).max() <= 1e-4
+
+
+def test_ensemble_checkpoint_exports_as_one_verified_graph(tmp_path, data_dir, cache_env):
+    """`neurofed combine` of a batch-specific and a standard-BN EEGNet, then `neurofed export` and `--standalone`:
+    one graph, verified against torch; its softmax is the mean of the two members' own exported softmax outputs;
+    the standalone graph decodes a held-out session like the edge engine running the plain ensemble graph."""
+    from typer.testing import CliRunner
+
+    from edge.infer import InferenceEngine
+    from export.standalone import StandaloneModel, eegmmidb_session_windows
+    from neurofed.cli import app
+    from scipy.special import softmax
+
+    a = make_checkpoint(tmp_path / "a.safetensors", "eegnet", "batch_specific", data_dir, seed=0)
+    b = make_checkpoint(tmp_path / "b.safetensors", "eegnet", "standard", data_dir, seed=1)
+    run = CliRunner()
+    r = run.invoke(app, ["combine", str(a), str(b), "-o", str(tmp_path / "ens.safetensors")], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    for src, out in ((a, "a.onnx"), (b, "b.onnx"), (tmp_path / "ens.safetensors", "ens.onnx")):
+        r = run.invoke(app, ["export", str(src), "-o", str(tmp_path / out), "--json", str(tmp_path / f"{out}.json")],
+                       env={"COLUMNS": "200"})
+        assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "ens.onnx.json").read_text())
+    assert rep["model"] == "ensemble" and rep["bn_mode"] == "batch_specific" and rep["subjects"] == ["S003"]
+    assert max(rep["max_abs_diff"].values()) <= 1e-4 and not any(rep["class_mismatches"].values())
+    X, _, _, _ = held_out_data(read_onnx_meta(tmp_path / "ens.onnx").model_meta(), data_dir)
+    p = {n: softmax(OnnxModel(tmp_path / f"{n}.onnx").logits(X, 8), axis=1) for n in ("a", "b", "ens")}
+    assert np.abs(p["ens"] - (p["a"] + p["b"]) / 2).max() < 1e-5
+    assert not np.array_equal(p["a"].argmax(1), p["b"].argmax(1)) or np.abs(p["a"] - p["b"]).max() > 1e-3
+
+    r = run.invoke(app, ["export", str(tmp_path / "ens.safetensors"), "--standalone", "-o", str(tmp_path / "sa.onnx")],
+                   env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    om, sm = OnnxModel(tmp_path / "ens.onnx"), StandaloneModel(tmp_path / "sa.onnx")
+    eng = InferenceEngine(om, om.meta.ch_names, 160.0)
+    sess = eegmmidb_session_windows(3, list(om.meta.ch_names), list(om.meta.classes), 0.0, 4.0, data_dir)
+    want = np.array([eng.process(w, 0.0).probabilities for w in sess[0][1]])
+    state, got = sm.initial_state(), []
+    for w in sess[0][1]:
+        prob, state = sm.run(w.astype(np.float32), state)
+        got.append(prob)
+    assert np.abs(np.array(got) - want).max() <= 1e-4

@@ -110,3 +110,86 @@ def test_test_batch_override_changes_batch_specific_bn_only(runs):
     assert b["ensemble"]["test_batch"] == 64 and a["ensemble"]["test_batch"] == 8
     with pytest.raises(NeuroFedError, match="test batch must be >= 1"):
         ens.ensemble_runs([runs / "fedavg"], test_batch=-1)
+
+
+# ------------------------------------------------------------------ one checkpoint: `neurofed combine`
+def test_softmax_ensemble_is_the_log_of_the_mean_probability():
+    """Hand case: two fixed 'members' with known logits; one member gives its own log-softmax."""
+    import torch
+
+    from trainer.models.ensemble import SoftmaxEnsemble
+
+    class Fixed(torch.nn.Module):
+        def __init__(self, z):
+            super().__init__()
+            self.z = torch.tensor(z)
+
+        def forward(self, x):
+            return self.z.expand(len(x), -1)
+
+    x = torch.zeros(3, 1)
+    a, b = [2.0, 0.0], [0.0, 1.0]
+    pa = np.exp(a) / np.exp(a).sum()
+    pb = np.exp(b) / np.exp(b).sum()
+    out = SoftmaxEnsemble([Fixed(a), Fixed(b)])(x).numpy()
+    assert out.shape == (3, 2) and np.allclose(np.exp(out), (pa + pb) / 2, atol=1e-7)
+    assert np.allclose(SoftmaxEnsemble([Fixed(a)])(x).numpy(), np.log(pa), atol=1e-6)
+    with pytest.raises(ValueError, match="at least one member"):
+        SoftmaxEnsemble([])
+
+
+def test_combined_checkpoint_decides_like_neurofed_ensemble(runs, tmp_path):
+    """`neurofed combine` of a fold's three saved models (FedAvg seeds 0, 1 and FedBS seed 0) is one model whose
+    held-out BCA equals `neurofed ensemble`'s for every subject of that fold; it loads like any checkpoint."""
+    from neurofed.cli import app
+    from trainer.checkpoint import load_checkpoint, read_meta
+    from trainer.evaluate import bca, logits
+    from trainer.experiments.sweep import held_out_subjects, run_config
+
+    res = ens.ensemble_runs([runs / "fedavg", runs / "fedbs"])
+    cfg = run_config(runs / "fedavg")
+    for fold in (0, 1):
+        members = [runs / "fedavg" / "jobs" / f"seed{sd}_fold{fold:02d}.safetensors" for sd in (0, 1)]
+        members.append(runs / "fedbs" / "jobs" / f"seed0_fold{fold:02d}.safetensors")
+        out = tmp_path / f"ens{fold}.safetensors"
+        r = CliRunner().invoke(app, ["combine", *map(str, members), "-o", str(out)], env={"COLUMNS": "200"})
+        assert r.exit_code == 0, r.output
+        assert "3 members" in r.output
+        meta = read_meta(out)
+        assert meta.model == "ensemble" and meta.bn_mode == "batch_specific"  # FedBS is batch-specific
+        assert meta.strategy == "ensemble(fedavg+fedavg+fedbs)" and len(meta.extra["members"]) == 3
+        assert set(meta.data_hashes) == set().union(*(read_meta(m).data_hashes for m in members))
+        model, _ = load_checkpoint(out)
+        job = json.loads((runs / "fedavg" / "jobs" / f"seed0_fold{fold:02d}.json").read_text())
+        for sd in held_out_subjects(cfg, job):
+            assert bca(sd.y, logits(model, sd.X, 8).argmax(1)) == res["per_subject"][sd.subject]["bca"]
+
+
+def test_combine_refuses_what_cannot_be_one_model(runs, data_dir, tmp_path):
+    from dataclasses import replace
+
+    import torch
+    from safetensors.torch import load_file
+
+    from trainer.checkpoint import combine_checkpoints, read_meta, save_checkpoint
+
+    a = runs / "fedavg" / "jobs" / "seed0_fold00.safetensors"
+    b = runs / "fedavg" / "jobs" / "seed1_fold00.safetensors"
+    with pytest.raises(NeuroFedError, match="at least two checkpoints"):
+        combine_checkpoints([a], tmp_path / "x.safetensors")
+    with pytest.raises(NeuroFedError, match="checkpoint file not found"):
+        combine_checkpoints([a, tmp_path / "nope.safetensors"], tmp_path / "x.safetensors")
+    meta = read_meta(b)
+    other = save_checkpoint(tmp_path / "other.safetensors", load_file(str(b)),
+                            replace(meta, classes=list(reversed(meta.classes))))
+    with pytest.raises(NeuroFedError, match="its classes .* differs"):
+        combine_checkpoints([a, other], tmp_path / "x.safetensors")
+    batch = save_checkpoint(tmp_path / "batch.safetensors", load_file(str(b)), replace(meta, test_batch_size=4))
+    with pytest.raises(NeuroFedError, match="test_batch_size"):
+        combine_checkpoints([a, batch], tmp_path / "x.safetensors")
+    ens2 = tmp_path / "ens.safetensors"
+    combine_checkpoints([a, b], ens2)
+    with pytest.raises(NeuroFedError, match="already an ensemble"):
+        combine_checkpoints([ens2, a], tmp_path / "x.safetensors")
+    assert not (tmp_path / "x.safetensors").exists()
+    assert torch.equal(load_file(str(ens2))["members.1.classifier.weight"], load_file(str(b))["classifier.weight"])
