@@ -84,3 +84,20 @@ def test_save_models_does_not_change_the_run(data_dir):
 
     a, b = asdict(_cfg(data_dir)), asdict(_cfg(data_dir, save_models=True))
     assert same_run(a, b) and same_run(b, a)
+
+
+def test_workers_and_seeds_give_the_same_numbers(data_dir, tmp_path, monkeypatch):
+    """Two seeds' jobs attacked by two processes equal the one-at-a-time sweep; --seeds keeps only its jobs."""
+    monkeypatch.setenv("NEUROFED_CACHE", str(tmp_path / "cache"))
+    a, b = tmp_path / "a", tmp_path / "b"
+    for run in (a, b):
+        run_simulation(_cfg(data_dir, save_models=True, seeds=[0, 1]), run)
+    seq = sweep_mod.sweep_runs([a], [("fgsm", 0.05)])[str(a)]
+    par = sweep_mod.sweep_runs([b], [("fgsm", 0.05)], workers=2)[str(b)]
+    assert seq["jobs"] == par["jobs"] == 2 and seq["seeds"] == par["seeds"] == [0, 1]
+    assert seq["per_subject"] == par["per_subject"] and seq["summary"] == par["summary"]
+    one = sweep_mod.sweep_runs([a], [("fgsm", 0.05)], seeds=[1])[str(a)]
+    assert one["jobs"] == 1 and one["seeds"] == [1]
+    assert json.loads((a / "sweep.json").read_text())["seeds"] == [1]
+    with pytest.raises(NeuroFedError, match="no finished job of seeds"):
+        sweep_mod.sweep_runs([a], [("fgsm", 0.05)], seeds=[5])

@@ -103,30 +103,79 @@ def sweep_job(run_dir: Path, job_path: Path, attacks: Sequence[tuple[str, float]
     return kept
 
 
-def sweep_run(run_dir: str | os.PathLike, attacks: Sequence[tuple[str, float]],
-              on_job: Callable[[Path, int, int], None] | None = None) -> dict:
-    """Sweep every finished job of ``run_dir``; write and return ``run_dir/sweep.json``."""
+def _sweep_job_1thread(run_dir: Path, job_path: Path, attacks: Sequence[tuple[str, float]]) -> dict:
+    """:func:`sweep_job` with one torch thread (a pool worker: one job per core)."""
+    import torch
+
+    torch.set_num_threads(1)
+    return sweep_job(run_dir, job_path, attacks)
+
+
+def run_jobs(run_dir: Path, seeds: Sequence[int] | None = None) -> list[Path]:
+    """The finished jobs of a run (``jobs/seed*_fold*.json``), only those of ``seeds`` when given."""
+    jobs = sorted((run_dir / "jobs").glob("seed*_fold*.json"))
+    if not jobs:
+        raise NeuroFedError(f"{run_dir}: no finished jobs (jobs/seed*_fold*.json) to sweep")
+    if seeds is not None:
+        jobs = [jp for jp in jobs if int(jp.name[4:].split("_")[0]) in seeds]
+        if not jobs:
+            raise NeuroFedError(f"{run_dir}: no finished job of seeds {list(seeds)}")
+    return jobs
+
+
+def sweep_runs(runs: Sequence[str | os.PathLike], attacks: Sequence[tuple[str, float]],
+               on_job: Callable[[Path, Path], None] | None = None, seeds: Sequence[int] | None = None,
+               workers: int = 1) -> dict[str, dict]:
+    """Sweep every finished job (of ``seeds``) of every run, ``workers`` jobs at a time (processes, one torch
+    thread each); write and return each run's ``sweep.json`` (keyed by run path). Results per job are the same
+    whatever ``workers`` is: each job attacks with its own seed."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    cfgs = {Path(r): run_config(Path(r)) for r in runs}
+    todo = list(dict.fromkeys((Path(r), jp) for r in runs for jp in run_jobs(Path(r), seeds)))  # a run given twice: once
+    done: dict[tuple[Path, Path], dict] = {}
+    if workers <= 1:
+        for r, jp in todo:
+            done[(r, jp)] = sweep_job(r, jp, attacks, cfgs[r])
+            if on_job:
+                on_job(r, jp)
+    else:
+        with ProcessPoolExecutor(workers) as ex:
+            futs = {ex.submit(_sweep_job_1thread, r, jp, attacks): (r, jp) for r, jp in todo}
+            for f in as_completed(futs):
+                done[futs[f]] = f.result()
+                if on_job:
+                    on_job(*futs[f])
+    return {str(r): _summarise(r, attacks, [done[(q, jp)] for q, jp in todo if q == r]) for r in dict.fromkeys(
+        q for q, _ in todo)}
+
+
+def _summarise(run: Path, attacks: Sequence[tuple[str, float]], results: list[dict]) -> dict:
+    """``run/sweep.json`` from its swept jobs: per-subject means over seeds and the summary."""
     from trainer.attacks import attack_budgets
     from trainer.experiments.simulate import aggregate_seeds
 
-    run = Path(run_dir)
-    cfg = run_config(run)
-    jobs = sorted((run / "jobs").glob("seed*_fold*.json"))
-    if not jobs:
-        raise NeuroFedError(f"{run}: no finished jobs (jobs/seed*_fold*.json) to sweep")
     per_seed: dict[int, dict[str, dict]] = {}
-    for n, jp in enumerate(jobs, 1):
-        res = sweep_job(run, jp, attacks, cfg)
+    for res in results:
         per_seed.setdefault(int(res["seed"]), {}).update(res["per_subject"])
-        if on_job:
-            on_job(jp, n, len(jobs))
     keys = ["bca", *(_key(a, e) for a, e in attacks)]
     per_seed = {sd: {s: {k: row[k] for k in keys} for s, row in ps.items()} for sd, ps in per_seed.items()}
     per_subject, summary = aggregate_seeds(per_seed)
     out = {"run": str(run), "attacks": [[a, e] for a, e in attacks], "summary": summary, "per_subject": per_subject,
-           "seeds": sorted(per_seed), "jobs": len(jobs), "attack_budgets": attack_budgets([a for a, _ in attacks])}
+           "seeds": sorted(per_seed), "jobs": len(results), "attack_budgets": attack_budgets([a for a, _ in attacks])}
     write_json(run / "sweep.json", out)
     return out
+
+
+def sweep_run(run_dir: str | os.PathLike, attacks: Sequence[tuple[str, float]],
+              on_job: Callable[[Path, int, int], None] | None = None, seeds: Sequence[int] | None = None) -> dict:
+    """Sweep every finished job (of ``seeds``) of ``run_dir``, one at a time; write and return ``run_dir/sweep.json``."""
+    run = Path(run_dir)
+    run_config(run)  # a folder that is not a run: said first
+    total = len(run_jobs(run, seeds))
+    count = iter(range(1, total + 1))
+    return sweep_runs([run], attacks, (lambda _r, jp: on_job(jp, next(count), total)) if on_job else None,
+                      seeds)[str(run)]
 
 
 def sweep_table(results: dict[str, dict]) -> str:
@@ -189,6 +238,8 @@ def sweep(
     plot: Annotated[Path | None, typer.Option(help="PNG: BCA against eps, one panel per attack")] = None,
     names: Annotated[str | None, typer.Option(help="column names, comma-separated (default: the folders' names)")]
     = None,
+    seeds: Annotated[str | None, typer.Option(help="only the jobs of these seeds, e.g. 0 (default: all)")] = None,
+    workers: Annotated[int, typer.Option(help="jobs attacked at once (processes, one torch thread each)")] = 1,
 ) -> None:
     """Attack the saved models of runs at several budgets (no training); table and plot of BCA against eps.
 
@@ -205,17 +256,25 @@ def sweep(
     labels = names.split(",") if names else [r.name for r in runs]
     if len(labels) != len(runs):
         raise typer.BadParameter(f"{len(labels)} names for {len(runs)} runs", param_hint="--names")
-    results = {}
+    chosen = [int(x) for x in seeds.split(",") if x.strip()] if seeds else None
+    counts = {str(r): len(run_jobs(r, chosen)) for r in runs}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
                   console=console) as prog:
-        for label, run in zip(labels, runs):
-            task = prog.add_task(label, total=None)
-            results[label] = sweep_run(run, attacks, lambda _p, n, t, task=task: prog.update(task, completed=n, total=t))
+        tasks: dict[str, list] = {}
+        for label, r in zip(labels, runs):
+            tasks.setdefault(str(r), []).append(prog.add_task(label, total=counts[str(r)]))
+
+        def advance(r: Path, _jp: Path) -> None:
+            for t in tasks[str(r)]:
+                prog.advance(t)
+
+        by_run = sweep_runs(runs, attacks, advance, chosen, max(1, workers))
+    results = {label: by_run[str(r)] for label, r in zip(labels, runs)}
     console.print(sweep_table(results))
     if plot:
         sweep_plot(results, plot)
         console.print(f"plot: {plot}")
 
 
-__all__ = ["held_out_subjects", "job_checkpoint", "run_config", "sweep", "sweep_job", "sweep_plot", "sweep_run",
-           "sweep_table", "write_json"]
+__all__ = ["held_out_subjects", "job_checkpoint", "run_config", "run_jobs", "sweep", "sweep_job", "sweep_plot",
+           "sweep_run", "sweep_runs", "sweep_table", "write_json"]
