@@ -211,8 +211,8 @@ def combine_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
         strategy="ensemble(" + "+".join(m.strategy or m.model for m in metas) + ")",
         test_batch_size=first.test_batch_size,
         data_hashes={k: v for m in metas for k, v in m.data_hashes.items()},
-        extra={**device, "members": [{**asdict(m), "data_hashes": {}} for m in metas], "rule": "log of the mean of the members' softmax outputs",
-               "member_files": [Path(p).name for p in paths]},
+        extra={**device, "members": [{**asdict(m), "data_hashes": {}} for m in metas],
+               "rule": "log of the mean of the members' softmax outputs", "member_files": [Path(p).name for p in paths]},
     )
     save_checkpoint(out, state, meta)
     return meta

@@ -147,12 +147,12 @@ def test_ensemble_checkpoint_exports_as_one_verified_graph(tmp_path, data_dir, c
     """`neurofed combine` of a batch-specific and a standard-BN EEGNet, then `neurofed export` and `--standalone`:
     one graph, verified against torch; its softmax is the mean of the two members' own exported softmax outputs;
     the standalone graph decodes a held-out session like the edge engine running the plain ensemble graph."""
+    from scipy.special import softmax
     from typer.testing import CliRunner
 
     from edge.infer import InferenceEngine
     from export.standalone import StandaloneModel, eegmmidb_session_windows
     from neurofed.cli import app
-    from scipy.special import softmax
 
     a = make_checkpoint(tmp_path / "a.safetensors", "eegnet", "batch_specific", data_dir, seed=0)
     b = make_checkpoint(tmp_path / "b.safetensors", "eegnet", "standard", data_dir, seed=1)

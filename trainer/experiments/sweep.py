@@ -132,7 +132,8 @@ def sweep_runs(runs: Sequence[str | os.PathLike], attacks: Sequence[tuple[str, f
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     cfgs = {Path(r): run_config(Path(r)) for r in runs}
-    todo = list(dict.fromkeys((Path(r), jp) for r in runs for jp in run_jobs(Path(r), seeds)))  # a run given twice: once
+    # (run, job) pairs in order; a run given twice is swept once
+    todo = list(dict.fromkeys((Path(r), jp) for r in runs for jp in run_jobs(Path(r), seeds)))
     done: dict[tuple[Path, Path], dict] = {}
     if workers <= 1:
         for r, jp in todo:
@@ -169,7 +170,8 @@ def _summarise(run: Path, attacks: Sequence[tuple[str, float]], results: list[di
 
 def sweep_run(run_dir: str | os.PathLike, attacks: Sequence[tuple[str, float]],
               on_job: Callable[[Path, int, int], None] | None = None, seeds: Sequence[int] | None = None) -> dict:
-    """Sweep every finished job (of ``seeds``) of ``run_dir``, one at a time; write and return ``run_dir/sweep.json``."""
+    """Sweep every finished job (of ``seeds``) of ``run_dir``, one at a time; write and return
+    ``run_dir/sweep.json``."""
     run = Path(run_dir)
     run_config(run)  # a folder that is not a run: said first
     total = len(run_jobs(run, seeds))
