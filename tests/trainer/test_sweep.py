@@ -52,6 +52,12 @@ def test_sweep_of_saved_models_equals_the_runs_inline_attack(saved_run, monkeypa
     monkeypatch.setattr("trainer.experiments.runner.evaluate_subjects", no_eval)
     again = sweep_mod.sweep_run(run, [("fgsm", 0.1)])  # a subset of what is kept: nothing to compute
     assert again["per_subject"] == {s: {k: r[k] for k in ("bca", "fgsm@0.1")} for s, r in out["per_subject"].items()}
+    # a fresh clone has the kept results (git) but not the models (*.safetensors are not committed): kept results
+    # still read; anything new needs the model and says so
+    job.with_suffix(".safetensors").unlink()
+    assert sweep_mod.sweep_run(run, [("fgsm", 0.03)])["summary"]["fgsm@0.03"] == out["summary"]["fgsm@0.03"]
+    with pytest.raises(NeuroFedError, match="is missing"):
+        sweep_mod.sweep_run(run, [("fgsm", 0.05)])
 
 
 def test_sweep_cli_prints_a_table_and_draws_the_plot(saved_run, tmp_path):

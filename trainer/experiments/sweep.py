@@ -73,20 +73,22 @@ def held_out_subjects(cfg, job: dict) -> list:
 def sweep_job(run_dir: Path, job_path: Path, attacks: Sequence[tuple[str, float]], cfg=None) -> dict:
     """Attack one job's saved model on its held-out subjects; returns (and keeps) ``{"per_subject": ...}``.
 
-    Only the ``attack@eps`` keys not already in ``run_dir/sweep/<job>.json`` are computed. ``cfg``: the run's
-    :class:`~trainer.experiments.simulate.SimConfig` (read from ``run_dir/config.json`` when not given).
+    Only the ``attack@eps`` keys not already in ``run_dir/sweep/<job>.json`` are computed, and the saved model is
+    needed only then: kept results (committed to git, where models are not) are read on a machine without the
+    models. ``cfg``: the run's :class:`~trainer.experiments.simulate.SimConfig` (read from ``run_dir/config.json``
+    when not given).
     """
     from trainer.checkpoint import load_checkpoint
     from trainer.experiments.runner import EvalSpec, evaluate_subjects
 
     job = json.loads(job_path.read_text())
-    ckpt = job_checkpoint(job_path, job)
     out_path = run_dir / "sweep" / job_path.name
     kept = json.loads(out_path.read_text()) if out_path.exists() else {"per_subject": {}}
     have = set.intersection(*(set(r) for r in kept["per_subject"].values())) if kept["per_subject"] else set()
     todo = [(a, e) for a, e in attacks if _key(a, e) not in have]
     if not todo and "bca" in have:
         return kept
+    ckpt = job_checkpoint(job_path, job)
     cfg = cfg or run_config(run_dir)
     model, _ = load_checkpoint(ckpt)
     test = held_out_subjects(cfg, job)
