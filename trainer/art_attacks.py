@@ -14,13 +14,21 @@ queried row as the batch trial it is nearest to (the perturbations are far small
 between trials), puts it in its place in the batch — the other trials keep their clean values — and
 returns that row's logits. Queries of the whole batch are therefore exactly the model on the batch.
 
+Score-based attacks ask the same batch again and again (ART's Square asks for the whole batch, then the
+still-robust trials, then the proposal, every iteration; when no proposal was accepted or no trial has fallen
+yet, the first two are the batch it just scored). Without gradients the wrapper therefore keeps the logits of
+its last few batches by their exact bytes and answers a repeated batch from them: the same numbers, fewer
+forward passes (``ScaledBatch.forwards`` against ``ScaledBatch.queries``).
+
 Budgets (``LIBRARY_BUDGETS``) are stated in each run's results (``attack_budgets``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 
 import numpy as np
@@ -81,6 +89,30 @@ class ScaledBatch(nn.Module):
         #: rows queried so far, and the most allowed (None: no limit); past it a query raises QueryBudgetExceeded
         self.queries = 0
         self.max_queries: int | None = None
+        #: forward passes of the model actually run (a batch asked again is answered from the cache)
+        self.forwards = 0
+        self._cache: OrderedDict[bytes, Tensor] = OrderedDict()
+
+    #: batches whose logits are kept (by their exact bytes) for repeated gradient-free queries
+    CACHE_SIZE = 4
+
+    def _batch_logits(self, xb: Tensor) -> Tensor:
+        """``model(xb)``; without gradients a batch seen among the last ``CACHE_SIZE`` is answered from the cache."""
+        if torch.is_grad_enabled() and xb.requires_grad:
+            self.forwards += 1
+            return self.model(xb)
+        key = hashlib.blake2b(xb.detach().contiguous().numpy().tobytes(), digest_size=16).digest()
+        hit = self._cache.get(key)
+        if hit is None:
+            self.forwards += 1
+            with torch.no_grad():
+                hit = self.model(xb).detach()
+            self._cache[key] = hit
+            if len(self._cache) > self.CACHE_SIZE:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return hit
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -116,7 +148,7 @@ class ScaledBatch(nn.Module):
                 used.add(int(idx[i]))
             g = torch.tensor(group)
             xb = self.x.index_put((idx[g],), z[g] * self.scale[idx[g]])
-            logits = self.model(xb)[idx[g]]
+            logits = self._batch_logits(xb)[idx[g]]
             for k, i in enumerate(group):
                 out[i] = logits[k]
             pending = rest

@@ -121,3 +121,28 @@ def test_hsj_stops_a_trial_at_its_query_budget_and_keeps_it_clean(monkeypatch):
     xb = art_attacks.hsj(model, x, y, 0.5, seed=0)
     assert art_attacks.HSJ_STATS == {"attacked": 8, "capped": 0}
     assert not torch.allclose(xb, x, atol=1e-6)
+
+
+def test_repeated_batches_are_answered_from_the_cache_with_the_same_numbers(monkeypatch):
+    """Square on batch-specific BN: cached answers change no adversarial trial and save forward passes."""
+    from trainer import art_attacks
+
+    monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "square", {"queries": 60, "restarts": 1, "p_init": 0.8})
+    model, x, y = _small()
+    runs = {}
+    for size in (0, art_attacks.ScaledBatch.CACHE_SIZE):
+        monkeypatch.setattr(art_attacks.ScaledBatch, "CACHE_SIZE", size)
+        wrapper, clf, _ = art_attacks._setup(model, x, seed=3)
+        runs[size] = art_attacks._square(wrapper, clf, x, y, 0.1), wrapper.forwards
+    (uncached, n0), (cached, n1) = runs[0], runs[art_attacks.ScaledBatch.CACHE_SIZE]
+    assert torch.equal(cached, uncached)
+    assert n1 < n0
+
+
+def test_the_cache_is_not_used_when_gradients_are_asked_for():
+    model, x, _ = _small()
+    w = ScaledBatch(model, x)
+    z = torch.as_tensor(w.to_z(x)).requires_grad_(True)
+    w(z).sum().backward()
+    w(z).sum().backward()
+    assert w.forwards == 2 and z.grad is not None and z.grad.abs().sum() > 0

@@ -104,6 +104,8 @@ def test_workers_and_seeds_give_the_same_numbers(data_dir, tmp_path, monkeypatch
     assert seq["per_subject"] == par["per_subject"] and seq["summary"] == par["summary"]
     one = sweep_mod.sweep_runs([a], [("fgsm", 0.05)], seeds=[1])[str(a)]
     assert one["jobs"] == 1 and one["seeds"] == [1]
-    assert json.loads((a / "sweep.json").read_text())["seeds"] == [1]
+    # a sweep of some seeds has its own file: the summary of all seeds stays
+    assert json.loads((a / "sweep_seeds1.json").read_text())["seeds"] == [1]
+    assert json.loads((a / "sweep.json").read_text())["seeds"] == [0, 1]
     with pytest.raises(NeuroFedError, match="no finished job of seeds"):
         sweep_mod.sweep_runs([a], [("fgsm", 0.05)], seeds=[5])

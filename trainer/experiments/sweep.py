@@ -5,7 +5,9 @@ A run trained with ``--save-models`` keeps each (fold, seed) job's global model 
 run's own preprocessing, and measures BCA under every ``attack@eps`` asked for (SAFE's Figs. 4-7: BCA against
 the budget, one curve per method), with the job's seed, so an attack the job already ran inline gives the same
 number. Results are kept per job (``sweep/seedS_foldKK.json``): a sweep re-run computes only what is missing,
-and a wider budget list adds to it. ``sweep.json`` holds the per-subject means over seeds and the summary.
+and a wider budget list adds to it. ``sweep.json`` holds the per-subject means over seeds and the summary; a sweep of
+only some of the run's seeds (``--seeds``) writes ``sweep_seeds0.json`` (``sweep_seeds0_1.json``, ...) instead, so it
+never replaces the summary of all seeds.
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def run_jobs(run_dir: Path, seeds: Sequence[int] | None = None) -> list[Path]:
     if not jobs:
         raise NeuroFedError(f"{run_dir}: no finished jobs (jobs/seed*_fold*.json) to sweep")
     if seeds is not None:
-        jobs = [jp for jp in jobs if int(jp.name[4:].split("_")[0]) in seeds]
+        jobs = [jp for jp in jobs if job_seed(jp) in seeds]
         if not jobs:
             raise NeuroFedError(f"{run_dir}: no finished job of seeds {list(seeds)}")
     return jobs
@@ -149,12 +151,26 @@ def sweep_runs(runs: Sequence[str | os.PathLike], attacks: Sequence[tuple[str, f
                 done[futs[f]] = f.result()
                 if on_job:
                     on_job(*futs[f])
-    return {str(r): _summarise(r, attacks, [done[(q, jp)] for q, jp in todo if q == r]) for r in dict.fromkeys(
+    return {str(r): _summarise(r, attacks, [done[(q, jp)] for q, jp in todo if q == r], seeds) for r in dict.fromkeys(
         q for q, _ in todo)}
 
 
-def _summarise(run: Path, attacks: Sequence[tuple[str, float]], results: list[dict]) -> dict:
-    """``run/sweep.json`` from its swept jobs: per-subject means over seeds and the summary."""
+def job_seed(job: Path) -> int:
+    """The seed of a job file ``seedS_foldKK.json``."""
+    return int(job.name[4:].split("_")[0])
+
+
+def sweep_file(run: Path, seeds: Sequence[int] | None = None) -> Path:
+    """Where a sweep's summary goes: ``sweep.json`` when it covers every seed the run finished, else
+    ``sweep_seeds0_1.json`` (a partial sweep never replaces the summary of all seeds)."""
+    if seeds is None or set(seeds) >= {job_seed(jp) for jp in run_jobs(run)}:
+        return run / "sweep.json"
+    return run / f"sweep_seeds{'_'.join(str(s) for s in sorted(set(seeds)))}.json"
+
+
+def _summarise(run: Path, attacks: Sequence[tuple[str, float]], results: list[dict],
+               seeds: Sequence[int] | None = None) -> dict:
+    """``run/sweep.json`` (:func:`sweep_file`) from its swept jobs: per-subject means over seeds and the summary."""
     from trainer.attacks import attack_budgets
     from trainer.experiments.simulate import aggregate_seeds
 
@@ -166,7 +182,7 @@ def _summarise(run: Path, attacks: Sequence[tuple[str, float]], results: list[di
     per_subject, summary = aggregate_seeds(per_seed)
     out = {"run": str(run), "attacks": [[a, e] for a, e in attacks], "summary": summary, "per_subject": per_subject,
            "seeds": sorted(per_seed), "jobs": len(results), "attack_budgets": attack_budgets([a for a, _ in attacks])}
-    write_json(run / "sweep.json", out)
+    write_json(sweep_file(run, seeds), out)
     return out
 
 
@@ -280,5 +296,5 @@ def sweep(
         console.print(f"plot: {plot}")
 
 
-__all__ = ["held_out_subjects", "job_checkpoint", "run_config", "run_jobs", "sweep", "sweep_job", "sweep_plot",
-           "sweep_run", "sweep_runs", "sweep_table", "write_json"]
+__all__ = ["held_out_subjects", "job_checkpoint", "job_seed", "run_config", "run_jobs", "sweep", "sweep_file",
+           "sweep_job", "sweep_plot", "sweep_run", "sweep_runs", "sweep_table", "write_json"]
