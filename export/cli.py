@@ -213,11 +213,13 @@ def evaluate_cmd(
     event_map: Annotated[
         str, typer.Option(help="annotation -> class for --recording")
     ] = "T1=left_fist,T2=right_fist",
-    attack: Annotated[str | None, typer.Option(help="fgsm or pgd (white-box, on a torch twin)")] = None,
+    attack: Annotated[str | None, typer.Option(
+        help="fgsm, pgd or autoattack (white-box, on a torch twin); square or hsj (black-box: they query the ONNX "
+             "graph itself, no checkpoint needed)")] = None,
     eps: Annotated[
         float, typer.Option(help="attack budget, multiple of each trial's per-channel std")
     ] = 0.03,
-    checkpoint: Annotated[Path | None, typer.Option(help="checkpoint for the attack's torch twin")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(help="checkpoint for a white-box attack's torch twin")] = None,
     batch_size: Annotated[int | None, typer.Option(help="test batch (default: model metadata)")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="write results as JSON")] = None,

@@ -1,9 +1,11 @@
-"""Balanced accuracy of an exported ONNX model on recordings, clean and under white-box attack.
+"""Balanced accuracy of an exported ONNX model on recordings, clean and under attack.
 
 Forward passes run in onnxruntime only, in consecutive batches of the model's test batch size
-(batch-specific BN). Attacks need gradients: they are computed on a torch twin (rebuilt from a
+(batch-specific BN). White-box attacks need gradients: they are computed on a torch twin (rebuilt from a
 checkpoint, or from the ONNX initializers when they hold the full state dict) whose weight hash
 must equal the model's ``model_hash``; the adversarial trials are then classified by onnxruntime.
+Black-box attacks (Square, HopSkipJump) need no weights: they query the deployed graph itself through
+onnxruntime, as an attacker holding only the app's model file would (:func:`query_attack_batches`).
 """
 
 from __future__ import annotations
@@ -68,6 +70,34 @@ def attack_batches(
         raise NeuroFedError(f"unknown attack {attack!r}; choose from {sorted(ATTACKS)}")
     xs = adversarial_batches(twin, X, y, attack, eps, batch_size, seed)
     return np.concatenate([xa.numpy() for xa in xs]).astype(np.float32)
+
+
+#: Attacks that only query the model (scores or labels): run against the ONNX graph, no torch twin.
+BLACK_BOX_ATTACKS = ("square", "hsj")
+
+
+def query_attack_batches(
+    om: OnnxModel, X: np.ndarray, y: np.ndarray, attack: str, eps: float, batch_size: int, seed: int = 0
+) -> np.ndarray:
+    """Adversarial trials found by a black-box library attack querying the ONNX graph (onnxruntime).
+
+    Batch by batch as the forward pass (batch ``b`` with seed ``seed + b``), through the same std-scaled
+    wrapper, budgets and box as the torch attacks (:func:`trainer.art_attacks.blackbox_on_scores`).
+    """
+    if attack not in BLACK_BOX_ATTACKS:
+        raise NeuroFedError(f"attack {attack!r} is not a black-box attack ({', '.join(BLACK_BOX_ATTACKS)})")
+    import importlib.util
+
+    from trainer.art_attacks import blackbox_on_scores
+    from trainer.attacks import AttackUnavailable
+
+    if importlib.util.find_spec("art") is None:
+        raise AttackUnavailable(f"attack {attack!r} needs the Adversarial Robustness Toolbox: "
+                                "pip install 'neurofed[attacks]'")
+
+    out = [blackbox_on_scores(attack, om.forward, X[i : i + batch_size], y[i : i + batch_size], eps, seed + b)
+           for b, i in enumerate(range(0, len(X), batch_size))]
+    return np.concatenate(out).astype(np.float32)
 
 
 def load_eegmmidb_for(
@@ -142,6 +172,12 @@ def subject_id(s: str | int) -> str:
     return f"S{int(t):03d}"
 
 
+def _budget(attack: str) -> dict:
+    from trainer.attacks import attack_budgets
+
+    return attack_budgets([attack])[attack]
+
+
 def group_summary(rows: Mapping[str, dict], metrics: Sequence[str]) -> dict:
     """Per metric: mean, sample std (ddof=1; 0 for one subject) and number of subjects; {} if no rows."""
     if not rows:
@@ -177,12 +213,14 @@ def evaluate(
 
     om = OnnxModel(model_path)
     bs = batch_size or om.meta.test_batch_size
-    twin = torch_twin(om.meta, model_path, checkpoint) if attack else None
+    black_box = attack in BLACK_BOX_ATTACKS
+    twin = torch_twin(om.meta, model_path, checkpoint) if attack and not black_box else None
     per: dict[str, dict] = {}
     for subj, (X, y) in data.items():
         row = {"n_trials": len(X), "bca": bca(y, om.predict(X, bs))}
-        if twin is not None:
-            Xa = attack_batches(twin, X, y, attack, eps, bs, seed)
+        if attack:
+            Xa = (query_attack_batches(om, X, y, attack, eps, bs, seed) if black_box
+                  else attack_batches(twin, X, y, attack, eps, bs, seed))
             row["bca_attacked"] = bca(y, om.predict(Xa, bs))
         per[subj] = row
         if on_subject:
@@ -200,7 +238,9 @@ def evaluate(
         "bn_mode": om.meta.bn_mode,
         "quantized": om.meta.quantized,
         "test_batch_size": bs,
-        "attack": {"name": attack, "eps": eps, "seed": seed} if attack else None,
+        "attack": ({"name": attack, "eps": eps, "seed": seed}
+                   | ({"queried": "onnxruntime (the exported graph)", "budget": _budget(attack)} if black_box else {})
+                   if attack else None),
         "training_subjects": None if trained is None else sorted(trained),
         "training_subjects_source": source,
         "per_subject": per,

@@ -140,3 +140,32 @@ def test_training_subjects_are_marked_and_summarised_apart(eegnet_bs, data_dir, 
     d = json.loads(out.read_text())
     assert d["training_subjects"] == ["S003"] and d["per_subject"]["S003"]["trained_on"]
     assert "training set" in cli.output and "held out" in cli.output and "not accuracy estimates" in cli.output
+
+
+def test_black_box_attacks_query_the_onnx_graph_itself(eegnet_bs, data_dir, monkeypatch):
+    """Square needs no checkpoint: it queries onnxruntime, and finds what it finds on the torch model."""
+    pytest.importorskip("art")
+    from export.evaluate import query_attack_batches
+    from trainer import art_attacks
+    from trainer.evaluate import adversarial_batches
+
+    monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "square", {"queries": 30, "restarts": 1, "p_init": 0.8})
+    ckpt, onnx_path = eegnet_bs
+    meta = read_onnx_meta(onnx_path)
+    data = load_eegmmidb_for(meta, [3], data_dir)
+    X, y = data["S003"]
+    X, y = X[:16], y[:16]
+    om = OnnxModel(onnx_path)
+    Xa = query_attack_batches(om, X, y, "square", 0.1, 8, seed=2)
+    assert np.all(np.abs(Xa - X) <= 0.1 * X.std(axis=-1, ddof=1, keepdims=True) * 1.001 + 1e-6)
+    net, _ = load_checkpoint(ckpt)
+    ref = np.concatenate([xa.numpy() for xa in adversarial_batches(net.eval(), X, y, "square", 0.1, 8, seed=2)])
+    # the same attack, seeds and wrapper on the same weights: the graph and torch agree up to float rounding
+    assert np.mean(np.isclose(Xa, ref, atol=1e-4)) > 0.99
+    assert np.array_equal(om.predict(Xa), om.predict(ref))
+    res = evaluate(onnx_path, {"S003": (X, y)}, attack="square", eps=0.1)  # no checkpoint, no twin
+    assert res["attack"]["queried"].startswith("onnxruntime")
+    assert res["attack"]["budget"] == art_attacks.LIBRARY_BUDGETS["square"]
+    assert 0.0 <= res["per_subject"]["S003"]["bca_attacked"] <= res["per_subject"]["S003"]["bca"] + 1e-9
+    with pytest.raises(NeuroFedError, match="not a black-box attack"):
+        query_attack_batches(om, X, y, "fgsm", 0.1, 8)
