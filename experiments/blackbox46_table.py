@@ -1,0 +1,83 @@
+"""Table of the black-box runs of experiments/blackbox46_onnx.sh: BCA under an attack on the exported graphs, 46 subjects.
+
+Run: python experiments/blackbox46_table.py [--attack square_0.05] [--out docs/results/blackbox46_s0] [RUN ...]
+(runs default: safe fedavg, under experiments/results/blackbox46). Per run: the held-out subjects of every finished
+fold (seed 0), benign and attacked BCA as `neurofed evaluate` measured them on the ONNX graph (mean ± sample sd over
+subjects), the share of benign BCA kept (mean attacked / mean benign) and the paired t-test attacked vs benign; then
+each run against the first on the subjects both have. Also checks that each fold's benign BCA on the graph equals
+the training job's own torch BCA (`jobs/seed0_foldKK.json`) subject by subject. Writes OUT/summary.json and
+OUT/table.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+RES = Path("experiments/results/blackbox46")
+
+
+def load(run: str, attack: str) -> tuple[dict[str, dict], list[str], int]:
+    """Per-subject rows of a run's finished folds, the folds, and how many subjects' benign BCA differ from training."""
+    rows: dict[str, dict] = {}
+    folds, differ = [], 0
+    for p in sorted((RES / run / "onnx_attack" / attack).glob("seed0_fold*.json")):
+        res = json.loads(p.read_text())
+        job = json.loads((RES / run / "jobs" / p.name).read_text())
+        for s, row in res["per_subject"].items():
+            if row["trained_on"]:
+                raise SystemExit(f"{p}: {s} is a training subject of that model")
+            rows[s] = row
+            differ += abs(row["bca"] - job["per_subject"][s]["bca"]) > 1e-9
+        folds.append(p.stem)
+    return rows, folds, differ
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("runs", nargs="*", default=["safe", "fedavg"])
+    ap.add_argument("--attack", default="square_0.05")
+    ap.add_argument("--out", type=Path, default=Path("docs/results/blackbox46_s0"))
+    a = ap.parse_args()
+    data = {r: load(r, a.attack) for r in a.runs}
+    data = {r: d for r, d in data.items() if d[0]}
+    if not data:
+        raise SystemExit(f"no results under {RES}/*/onnx_attack/{a.attack}")
+    summary: dict[str, dict] = {}
+    lines = [f"| run (seed 0) | folds | subjects | benign BCA % | {a.attack} BCA % | retained | p attacked vs benign |",
+             "|---|---|---|---|---|---|---|"]
+    for r, (rows, folds, differ) in data.items():
+        b = 100 * np.array([row["bca"] for row in rows.values()])
+        x = 100 * np.array([row["bca_attacked"] for row in rows.values()])
+        p = float(stats.ttest_rel(x, b).pvalue) if len(b) > 1 else float("nan")
+        summary[r] = {"folds": folds, "n_subjects": len(b), "benign_mean": b.mean(), "benign_sd": b.std(ddof=1),
+                      "attacked_mean": x.mean(), "attacked_sd": x.std(ddof=1), "retained": x.mean() / b.mean(),
+                      "p_attacked_vs_benign": p, "benign_differs_from_training_job": differ}
+        lines.append(f"| {r} | {len(folds)} | {len(b)} | {b.mean():.1f} ± {b.std(ddof=1):.1f} | "
+                     f"{x.mean():.1f} ± {x.std(ddof=1):.1f} | {100 * x.mean() / b.mean():.0f} % | {p:.2g} |")
+    first = next(iter(data))
+    for r in list(data)[1:]:
+        common = sorted(set(data[first][0]) & set(data[r][0]))
+        if len(common) < 2:
+            continue
+        for key, label in (("bca", "benign"), ("bca_attacked", a.attack)):
+            u = 100 * np.array([data[first][0][s][key] for s in common])
+            v = 100 * np.array([data[r][0][s][key] for s in common])
+            p = float(stats.ttest_rel(u, v).pvalue)
+            summary[f"{first}-{r}:{label}"] = {"n_subjects": len(common), "diff_mean": float((u - v).mean()), "p": p}
+            lines.append(f"\n- {first} − {r}, {label}: {(u - v).mean():+.1f} points (n={len(common)}, paired t p={p:.2g})")
+    text = "\n".join(lines)
+    print(text)
+    for r, (_, _, differ) in data.items():
+        print(f"{r}: benign BCA on the graph differs from the training job's on {differ} subjects")
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "summary.json").write_text(json.dumps({"attack": a.attack, "runs": summary}, indent=1, default=float))
+    (a.out / "table.md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
