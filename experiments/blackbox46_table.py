@@ -59,6 +59,7 @@ def main() -> None:
                       "p_attacked_vs_benign": p, "benign_differs_from_training_job": differ}
         lines.append(f"| {r} | {len(folds)} | {len(b)} | {b.mean():.1f} ± {b.std(ddof=1):.1f} | "
                      f"{x.mean():.1f} ± {x.std(ddof=1):.1f} | {100 * x.mean() / b.mean():.0f} % | {p:.2g} |")
+    bullets: list[str] = []
     first = next(iter(data))
     for r in list(data)[1:]:
         common = sorted(set(data[first][0]) & set(data[r][0]))
@@ -69,8 +70,8 @@ def main() -> None:
             v = 100 * np.array([data[r][0][s][key] for s in common])
             p = float(stats.ttest_rel(u, v).pvalue)
             summary[f"{first}-{r}:{label}"] = {"n_subjects": len(common), "diff_mean": float((u - v).mean()), "p": p}
-            lines.append(f"\n- {first} − {r}, {label}: {(u - v).mean():+.1f} points (n={len(common)}, paired t p={p:.2g})")
-    text = "\n".join(lines)
+            bullets.append(f"- {first} − {r}, {label}: {(u - v).mean():+.1f} points (n={len(common)}, paired t p={p:.2g})")
+    text = "\n".join(lines) + ("\n\n" + "\n".join(bullets) if bullets else "")
     print(text)
     for r, (_, _, differ) in data.items():
         print(f"{r}: benign BCA on the graph differs from the training job's on {differ} subjects")
