@@ -1,6 +1,8 @@
 """Table of the black-box runs of experiments/blackbox46_onnx.sh: BCA under an attack on the exported graphs, 46 subjects.
 
 Run: python experiments/blackbox46_table.py [--attack square_0.05] [--out docs/results/blackbox46_s0] [RUN ...]
+     python experiments/blackbox46_table.py --swept autoattack@0.03,fgsm@0.03 [RUN ...]   (the white-box attacks that
+     `neurofed sweep RUN --seeds 0 --attack ...` has finished so far, per fold: mean over those folds' subjects)
 (runs default: safe fedavg, under experiments/results/blackbox46). Per run: the held-out subjects of every finished
 fold (seed 0), benign and attacked BCA as `neurofed evaluate` measured them on the ONNX graph (mean ± sample sd over
 subjects), the share of benign BCA kept (mean attacked / mean benign) and the paired t-test attacked vs benign; then
@@ -42,7 +44,10 @@ def main() -> None:
     ap.add_argument("runs", nargs="*", default=["safe", "fedavg"])
     ap.add_argument("--attack", default="square_0.05")
     ap.add_argument("--out", type=Path, default=Path("docs/results/blackbox46_s0"))
+    ap.add_argument("--swept", help="comma-separated attack@eps keys of the runs' finished sweep/seed0_fold*.json")
     a = ap.parse_args()
+    if a.swept:
+        return swept(a.runs, a.swept.split(","))
     data = {r: load(r, a.attack) for r in a.runs}
     data = {r: d for r, d in data.items() if d[0]}
     if not data:
@@ -78,6 +83,24 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "summary.json").write_text(json.dumps({"attack": a.attack, "runs": summary}, indent=1, default=float))
     (a.out / "table.md").write_text(text + "\n")
+
+
+def swept(runs: list[str], keys: list[str]) -> None:
+    """Benign and ``keys`` BCA (mean ± sd over subjects) of each run's finished sweep jobs, and the lowest per subject."""
+    for r in runs:
+        jobs = sorted((RES / r / "sweep").glob("seed0_fold*.json"))
+        rows = {s: row for jp in jobs for s, row in json.loads(jp.read_text())["per_subject"].items()
+                if all(k in row for k in keys)}
+        if not rows:
+            print(f"{r}: no finished sweep job with {keys}")
+            continue
+        cells = []
+        for k in ["bca", *keys]:
+            v = 100 * np.array([row[k] for row in rows.values()])
+            cells.append(f"{k} {v.mean():.1f} ± {v.std(ddof=1):.1f}")
+        low = 100 * np.array([min(row[k] for k in keys) for row in rows.values()])
+        print(f"{r}: folds {[jp.stem for jp in jobs]}, {len(rows)} subjects: " + "; ".join(cells)
+              + f"; lowest per subject {low.mean():.1f}")
 
 
 if __name__ == "__main__":
