@@ -86,15 +86,9 @@ def query_attack_batches(
     """
     if attack not in BLACK_BOX_ATTACKS:
         raise NeuroFedError(f"attack {attack!r} is not a black-box attack ({', '.join(BLACK_BOX_ATTACKS)})")
-    import importlib.util
+    from trainer.attacks import art_attacks_module
 
-    from trainer.art_attacks import blackbox_on_scores
-    from trainer.attacks import AttackUnavailable
-
-    if importlib.util.find_spec("art") is None:
-        raise AttackUnavailable(f"attack {attack!r} needs the Adversarial Robustness Toolbox: "
-                                "pip install 'neurofed[attacks]'")
-
+    blackbox_on_scores = art_attacks_module(attack).blackbox_on_scores
     out = [blackbox_on_scores(attack, om.forward, X[i : i + batch_size], y[i : i + batch_size], eps, seed + b)
            for b, i in enumerate(range(0, len(X), batch_size))]
     return np.concatenate(out).astype(np.float32)

@@ -63,16 +63,23 @@ class AttackUnavailable(NeuroFedError):
     """A library attack was asked for but its library is not installed."""
 
 
+def art_attacks_module(name: str):
+    """:mod:`trainer.art_attacks`, imported when attack ``name`` runs; :class:`AttackUnavailable` without ART."""
+    try:
+        import art  # noqa: F401  (trainer.art_attacks imports it lazily, inside each attack)
+
+        from trainer import art_attacks
+    except ImportError as exc:
+        raise AttackUnavailable(f"attack {name!r} needs the Adversarial Robustness Toolbox: "
+                                "pip install 'neurofed[attacks]'") from exc
+    return art_attacks
+
+
 def _library_attack(name: str) -> Callable[..., Tensor]:
     """A library attack, importing the Adversarial Robustness Toolbox only when it runs."""
 
     def run(model: nn.Module, x: Tensor, y: Tensor, eps: float, seed: int = 0) -> Tensor:
-        try:
-            from trainer.art_attacks import LIBRARY_ATTACKS
-        except ImportError as exc:
-            raise AttackUnavailable(f"attack {name!r} needs the Adversarial Robustness Toolbox: "
-                                    "pip install 'neurofed[attacks]'") from exc
-        return LIBRARY_ATTACKS[name](model, x, y, eps, seed)
+        return art_attacks_module(name).LIBRARY_ATTACKS[name](model, x, y, eps, seed)
 
     run.__name__ = name
     return run

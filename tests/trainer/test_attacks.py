@@ -52,3 +52,22 @@ def test_pgd_random_start_is_seeded_and_attacks_a_network():
         assert F.cross_entropy(m(a), y) > F.cross_entropy(m(x), y)  # PGD raises the loss
     # without a random start and with one step of size eps, PGD is FGSM
     torch.testing.assert_close(pgd(m, x, y, 0.1, steps=1, step_size=0.1, random_start=False), fgsm(m, x, y, 0.1))
+
+
+def test_library_attacks_without_art_name_the_missing_library(monkeypatch):
+    """Without ART, the torch path and the ONNX query path both raise AttackUnavailable naming the extra."""
+    import sys
+
+    import pytest
+
+    from export.evaluate import query_attack_batches
+    from trainer.attacks import ATTACKS, AttackUnavailable
+
+    monkeypatch.setitem(sys.modules, "art", None)  # import art -> ImportError
+    monkeypatch.delitem(sys.modules, "trainer.art_attacks", raising=False)
+    model = build_model("eegnet", 4, 2, 80, 80.0, "batch_specific").eval()
+    x, y = torch.zeros(2, 4, 80), torch.tensor([0, 1])
+    with pytest.raises(AttackUnavailable, match=r"square.*neurofed\[attacks\]"):
+        ATTACKS["square"](model, x, y, 0.05)
+    with pytest.raises(AttackUnavailable, match=r"hsj.*neurofed\[attacks\]"):
+        query_attack_batches(None, x.numpy(), y.numpy(), "hsj", 0.05, batch_size=8)
