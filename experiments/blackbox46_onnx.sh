@@ -4,10 +4,12 @@
 # (1000 queries per test batch of 8, eps x each trial's channel std) against the exported graph itself through
 # onnxruntime — what an attacker holding the app's model file can do; no gradients, no checkpoint. onnxruntime
 # queries are ~2x faster than torch's and find the same adversarial trials (tests/export/test_evaluate.py).
-# Resumable: a fold whose JSON exists is skipped. Two folds at a time (one thread each).
+# Resumable: a fold whose JSON exists is skipped. Two folds at a time (one thread each; JOBS=N for N).
 #   neurofed grid experiments/blackbox46.txt --backend pool --workers 2      (the models; seed 0)
 #   bash experiments/blackbox46_onnx.sh safe fedavg                          (then this; minutes to ~half an hour per fold)
 #   python experiments/blackbox46_table.py                                   (table, retention, paired tests)
+# A RUN is a folder under experiments/results/blackbox46 or (with a "/") any run folder trained with --save-models:
+#   bash experiments/blackbox46_onnx.sh experiments/results/baselines46/ct_at
 set -euo pipefail
 RES=experiments/results/blackbox46
 ATTACK=${ATTACK:-square}
@@ -16,9 +18,9 @@ export OMP_NUM_THREADS=1 NEUROFED_DATA=${NEUROFED_DATA:-../shared/data/eegmmidb}
 one() {  # RUN JOB.json
   local run=$1 job=$2 name out onnx subjects
   name=$(basename "$job" .json)
-  out=$RES/$run/onnx_attack/${ATTACK}_${EPS}/$name.json
+  out=$run/onnx_attack/${ATTACK}_${EPS}/$name.json
   [ -f "$out" ] && return 0
-  onnx=$RES/$run/onnx/$name.onnx
+  onnx=$run/onnx/$name.onnx
   mkdir -p "$(dirname "$out")" "$(dirname "$onnx")"
   [ -f "$onnx" ] || neurofed export "${job%.json}.safetensors" -o "$onnx" --no-verify > /dev/null
   subjects=$(python -c "import json,sys; print(','.join(str(int(s[1:])) for s in json.load(open(sys.argv[1]))['test_subjects']))" "$job")
@@ -28,7 +30,8 @@ one() {  # RUN JOB.json
 export -f one
 export RES ATTACK EPS
 for run in "$@"; do
-  for job in "$RES/$run"/jobs/seed0_fold0*.json; do
+  case $run in */*) ;; *) run=$RES/$run ;; esac
+  for job in "$run"/jobs/seed0_fold0*.json; do
     [ -f "${job%.json}.safetensors" ] && echo "$run $job"
   done
-done | xargs -P 2 -L 1 bash -c 'one "$0" "$1"'
+done | xargs -P "${JOBS:-2}" -L 1 bash -c 'one "$0" "$1"'

@@ -3,7 +3,8 @@
 Run: python experiments/blackbox46_table.py [--attack square_0.05] [--out docs/results/blackbox46_s0] [RUN ...]
      python experiments/blackbox46_table.py --swept autoattack@0.03,fgsm@0.03 [RUN ...]   (the white-box attacks that
      `neurofed sweep RUN --seeds 0 --attack ...` has finished so far, per fold: mean over those folds' subjects)
-(runs default: safe fedavg, under experiments/results/blackbox46). Per run: the held-out subjects of every finished
+(runs default: safe fedavg; a name is a folder under experiments/results/blackbox46, a path with a "/" any run folder
+trained with --save-models, e.g. experiments/results/baselines46/ct_at). Per run: the held-out subjects of every finished
 fold (seed 0), benign and attacked BCA as `neurofed evaluate` measured them on the ONNX graph (mean ± sample sd over
 subjects), the share of benign BCA kept (mean attacked / mean benign) and the paired t-test attacked vs benign; then
 each run against the first on the subjects both have. Also checks that each fold's benign BCA on the graph equals
@@ -23,13 +24,18 @@ from scipy import stats
 RES = Path("experiments/results/blackbox46")
 
 
+def run_dir(run: str) -> Path:
+    """A run's folder: a bare name lives under :data:`RES`, a path is taken as given."""
+    return Path(run) if "/" in run else RES / run
+
+
 def load(run: str, attack: str) -> tuple[dict[str, dict], list[str], int]:
     """Per-subject rows of a run's finished folds, the folds, and how many subjects' benign BCA differ from training."""
     rows: dict[str, dict] = {}
     folds, differ = [], 0
-    for p in sorted((RES / run / "onnx_attack" / attack).glob("seed0_fold*.json")):
+    for p in sorted((run_dir(run) / "onnx_attack" / attack).glob("seed0_fold*.json")):
         res = json.loads(p.read_text())
-        job = json.loads((RES / run / "jobs" / p.name).read_text())
+        job = json.loads((run_dir(run) / "jobs" / p.name).read_text())
         for s, row in res["per_subject"].items():
             if row["trained_on"]:
                 raise SystemExit(f"{p}: {s} is a training subject of that model")
@@ -51,7 +57,7 @@ def main() -> None:
     data = {r: load(r, a.attack) for r in a.runs}
     data = {r: d for r, d in data.items() if d[0]}
     if not data:
-        raise SystemExit(f"no results under {RES}/*/onnx_attack/{a.attack}")
+        raise SystemExit(f"no results under {', '.join(str(run_dir(r)) for r in a.runs)} /onnx_attack/{a.attack}")
     summary: dict[str, dict] = {}
     lines = [f"| run (seed 0) | folds | subjects | benign BCA % | {a.attack} BCA % | retained | p attacked vs benign |",
              "|---|---|---|---|---|---|---|"]
@@ -88,7 +94,7 @@ def main() -> None:
 def swept(runs: list[str], keys: list[str]) -> None:
     """Benign and ``keys`` BCA (mean ± sd over subjects) of each run's finished sweep jobs, and the lowest per subject."""
     for r in runs:
-        jobs = sorted((RES / r / "sweep").glob("seed0_fold*.json"))
+        jobs = sorted((run_dir(r) / "sweep").glob("seed0_fold*.json"))
         rows = {s: row for jp in jobs for s, row in json.loads(jp.read_text())["per_subject"].items()
                 if all(k in row for k in keys)}
         if not rows:
