@@ -54,7 +54,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.swept:
         return swept(a.runs, a.swept.split(","))
-    data = {r: load(r, a.attack) for r in a.runs}
+    data = {Path(r).name: load(r, a.attack) for r in a.runs}  # labelled by the run folder's name
     data = {r: d for r, d in data.items() if d[0]}
     if not data:
         raise SystemExit(f"no results under {', '.join(str(run_dir(r)) for r in a.runs)} /onnx_attack/{a.attack}")
