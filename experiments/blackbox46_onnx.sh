@@ -4,7 +4,7 @@
 # (1000 queries per test batch of 8, eps x each trial's channel std) against the exported graph itself through
 # onnxruntime — what an attacker holding the app's model file can do; no gradients, no checkpoint. onnxruntime
 # queries are ~2x faster than torch's and find the same adversarial trials (tests/export/test_evaluate.py).
-# Resumable: a fold whose JSON exists is skipped. Two folds at a time (one thread each; JOBS=N for N).
+# Seed 0 unless SEEDS="0 1 2". Resumable: a fold whose JSON exists is skipped. Two folds at a time (one thread each; JOBS=N for N).
 #   neurofed grid experiments/blackbox46.txt --backend pool --workers 2      (the models; seed 0)
 #   bash experiments/blackbox46_onnx.sh safe fedavg                          (then this; minutes to ~half an hour per fold)
 #   python experiments/blackbox46_table.py                                   (table, retention, paired tests)
@@ -31,7 +31,9 @@ export -f one
 export RES ATTACK EPS
 for run in "$@"; do
   case $run in */*) ;; *) run=$RES/$run ;; esac
-  for job in "$run"/jobs/seed0_fold0*.json; do
-    [ -f "${job%.json}.safetensors" ] && echo "$run $job"
+  for seed in ${SEEDS:-0}; do
+    for job in "$run"/jobs/seed${seed}_fold0*.json; do
+      [ -f "${job%.json}.safetensors" ] && echo "$run $job"
+    done
   done
 done | xargs -P "${JOBS:-2}" -L 1 bash -c 'one "$0" "$1"'

@@ -1,14 +1,14 @@
 """Table of the black-box runs of experiments/blackbox46_onnx.sh: BCA under an attack on the exported graphs, 46 subjects.
 
-Run: python experiments/blackbox46_table.py [--attack square_0.05] [--out docs/results/blackbox46_s0] [RUN ...]
+Run: python experiments/blackbox46_table.py [--attack square_0.05] [--seeds 0,1,2] [--out docs/results/blackbox46_s0] [RUN ...]
      python experiments/blackbox46_table.py --swept autoattack@0.03,fgsm@0.03 [RUN ...]   (the white-box attacks that
      `neurofed sweep RUN --seeds 0 --attack ...` has finished so far, per fold: mean over those folds' subjects)
 (runs default: safe fedavg; a name is a folder under experiments/results/blackbox46, a path with a "/" any run folder
-trained with --save-models, e.g. experiments/results/baselines46/ct_at). Per run: the held-out subjects of every finished
-fold (seed 0), benign and attacked BCA as `neurofed evaluate` measured them on the ONNX graph (mean ± sample sd over
-subjects), the share of benign BCA kept (mean attacked / mean benign) and the paired t-test attacked vs benign; then
+trained with --save-models, e.g. experiments/results/baselines46/ct_at). Per run: the held-out subjects of every
+finished job of the given seeds (default 0; several seeds: each subject's mean over them), benign and attacked BCA as
+`neurofed evaluate` measured them on the ONNX graph (mean ± sample sd over subjects), the share of benign BCA kept (mean attacked / mean benign) and the paired t-test attacked vs benign; then
 each run against the first on the subjects both have. Also checks that each fold's benign BCA on the graph equals
-the training job's own torch BCA (`jobs/seed0_foldKK.json`) subject by subject. Writes OUT/summary.json and
+the training job's own torch BCA (`jobs/seedS_foldKK.json`) subject by subject. Writes OUT/summary.json and
 OUT/table.md.
 """
 
@@ -29,20 +29,24 @@ def run_dir(run: str) -> Path:
     return Path(run) if "/" in run else RES / run
 
 
-def load(run: str, attack: str) -> tuple[dict[str, dict], list[str], int]:
-    """Per-subject rows of a run's finished folds, the folds, and how many subjects' benign BCA differ from training."""
-    rows: dict[str, dict] = {}
-    folds, differ = [], 0
-    for p in sorted((run_dir(run) / "onnx_attack" / attack).glob("seed0_fold*.json")):
-        res = json.loads(p.read_text())
-        job = json.loads((run_dir(run) / "jobs" / p.name).read_text())
-        for s, row in res["per_subject"].items():
-            if row["trained_on"]:
-                raise SystemExit(f"{p}: {s} is a training subject of that model")
-            rows[s] = row
-            differ += abs(row["bca"] - job["per_subject"][s]["bca"]) > 1e-9
-        folds.append(p.stem)
-    return rows, folds, differ
+def load(run: str, attack: str, seeds: list[int]) -> tuple[dict[str, dict], list[str], int]:
+    """Per-subject rows of a run's finished jobs (mean over ``seeds`` per subject, and each seed's value), the jobs,
+    and how many (subject, seed) benign BCAs on the graph differ from the training job's."""
+    per: dict[str, list[dict]] = {}
+    jobs, differ = [], 0
+    for seed in seeds:
+        for p in sorted((run_dir(run) / "onnx_attack" / attack).glob(f"seed{seed}_fold*.json")):
+            res = json.loads(p.read_text())
+            job = json.loads((run_dir(run) / "jobs" / p.name).read_text())
+            for s, row in res["per_subject"].items():
+                if row["trained_on"]:
+                    raise SystemExit(f"{p}: {s} is a training subject of that model")
+                per.setdefault(s, []).append({**row, "seed": seed})
+                differ += abs(row["bca"] - job["per_subject"][s]["bca"]) > 1e-9
+            jobs.append(p.stem)
+    rows = {s: {k: float(np.mean([r[k] for r in rs])) for k in ("bca", "bca_attacked")} | {"seeds": rs}
+            for s, rs in per.items()}
+    return rows, jobs, differ
 
 
 def main() -> None:
@@ -50,22 +54,27 @@ def main() -> None:
     ap.add_argument("runs", nargs="*", default=["safe", "fedavg"])
     ap.add_argument("--attack", default="square_0.05")
     ap.add_argument("--out", type=Path, default=Path("docs/results/blackbox46_s0"))
+    ap.add_argument("--seeds", default="0", help="comma-separated run seeds (per subject: the mean over them)")
     ap.add_argument("--swept", help="comma-separated attack@eps keys of the runs' finished sweep/seed0_fold*.json")
     a = ap.parse_args()
     if a.swept:
         return swept(a.runs, a.swept.split(","))
-    data = {Path(r).name: load(r, a.attack) for r in a.runs}  # labelled by the run folder's name
+    seeds = [int(x) for x in a.seeds.split(",")]
+    data = {Path(r).name: load(r, a.attack, seeds) for r in a.runs}  # labelled by the run folder's name
     data = {r: d for r, d in data.items() if d[0]}
     if not data:
         raise SystemExit(f"no results under {', '.join(str(run_dir(r)) for r in a.runs)} /onnx_attack/{a.attack}")
     summary: dict[str, dict] = {}
-    lines = [f"| run (seed 0) | folds | subjects | benign BCA % | {a.attack} BCA % | retained | p attacked vs benign |",
+    lines = [f"| run (seeds {a.seeds}) | jobs | subjects | benign BCA % | {a.attack} BCA % | retained | p attacked vs benign |",
              "|---|---|---|---|---|---|---|"]
     for r, (rows, folds, differ) in data.items():
         b = 100 * np.array([row["bca"] for row in rows.values()])
         x = 100 * np.array([row["bca_attacked"] for row in rows.values()])
         p = float(stats.ttest_rel(x, b).pvalue) if len(b) > 1 else float("nan")
-        summary[r] = {"folds": folds, "n_subjects": len(b), "benign_mean": b.mean(), "benign_sd": b.std(ddof=1),
+        per_seed = {sd: 100 * np.mean([x["bca_attacked"] for row in rows.values() for x in row["seeds"]
+                                        if x["seed"] == sd]) for sd in seeds}
+        summary[r] = {"jobs": folds, "attacked_per_seed": per_seed,
+                      "n_subjects": len(b), "benign_mean": b.mean(), "benign_sd": b.std(ddof=1),
                       "attacked_mean": x.mean(), "attacked_sd": x.std(ddof=1), "retained": x.mean() / b.mean(),
                       "p_attacked_vs_benign": p, "benign_differs_from_training_job": differ}
         lines.append(f"| {r} | {len(folds)} | {len(b)} | {b.mean():.1f} ± {b.std(ddof=1):.1f} | "
@@ -87,7 +96,7 @@ def main() -> None:
     for r, (_, _, differ) in data.items():
         print(f"{r}: benign BCA on the graph differs from the training job's on {differ} subjects")
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "summary.json").write_text(json.dumps({"attack": a.attack, "runs": summary}, indent=1, default=float))
+    (a.out / "summary.json").write_text(json.dumps({"attack": a.attack, "seeds": seeds, "runs": summary}, indent=1, default=float))
     (a.out / "table.md").write_text(text + "\n")
 
 
