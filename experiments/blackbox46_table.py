@@ -6,8 +6,9 @@ Run: python experiments/blackbox46_table.py [--attack square_0.05] [--seeds 0,1,
 (runs default: safe fedavg; a name is a folder under experiments/results/blackbox46, a path with a "/" any run folder
 trained with --save-models, e.g. experiments/results/baselines46/ct_at). Per run: the held-out subjects of every
 finished job of the given seeds (default 0; several seeds: each subject's mean over them), benign and attacked BCA as
-`neurofed evaluate` measured them on the ONNX graph (mean ± sample sd over subjects), the share of benign BCA kept (mean attacked / mean benign) and the paired t-test attacked vs benign; then
-each run against the first on the subjects both have. Also checks that each fold's benign BCA on the graph equals
+`neurofed evaluate` measured them on the ONNX graph (mean ± sample sd over subjects), the share of benign BCA kept
+(mean attacked / mean benign) and the paired t-test attacked vs benign; then each run against the first on the
+subjects both have. Also checks that each fold's benign BCA on the graph equals
 the training job's own torch BCA (`jobs/seedS_foldKK.json`) subject by subject. Writes OUT/summary.json and
 OUT/table.md.
 """
@@ -63,7 +64,7 @@ def main() -> None:
     data = {Path(r).name: load(r, a.attack, seeds) for r in a.runs}  # labelled by the run folder's name
     data = {r: d for r, d in data.items() if d[0]}
     if not data:
-        raise SystemExit(f"no results under {', '.join(str(run_dir(r)) for r in a.runs)} /onnx_attack/{a.attack}")
+        raise SystemExit(f"no results under {', '.join(str(run_dir(r) / 'onnx_attack' / a.attack) for r in a.runs)}")
     summary: dict[str, dict] = {}
     lines = [f"| run (seeds {a.seeds}) | jobs | subjects | benign BCA % | {a.attack} BCA % | retained | p attacked vs benign |",
              "|---|---|---|---|---|---|---|"]
@@ -71,8 +72,8 @@ def main() -> None:
         b = 100 * np.array([row["bca"] for row in rows.values()])
         x = 100 * np.array([row["bca_attacked"] for row in rows.values()])
         p = float(stats.ttest_rel(x, b).pvalue) if len(b) > 1 else float("nan")
-        per_seed = {sd: 100 * np.mean([x["bca_attacked"] for row in rows.values() for x in row["seeds"]
-                                        if x["seed"] == sd]) for sd in seeds}
+        per_seed = {sd: 100 * np.mean([j["bca_attacked"] for row in rows.values() for j in row["seeds"]
+                                        if j["seed"] == sd]) for sd in seeds}
         summary[r] = {"jobs": folds, "attacked_per_seed": per_seed,
                       "n_subjects": len(b), "benign_mean": b.mean(), "benign_sd": b.std(ddof=1),
                       "attacked_mean": x.mean(), "attacked_sd": x.std(ddof=1), "retained": x.mean() / b.mean(),

@@ -8,6 +8,7 @@ The budget ``eps`` is a multiple of each trial's per-channel standard deviation 
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +64,7 @@ class AttackUnavailable(NeuroFedError):
     """A library attack was asked for but its library is not installed."""
 
 
-def art_attacks_module(name: str):
+def art_attacks_module(name: str) -> ModuleType:
     """:mod:`trainer.art_attacks`, imported when attack ``name`` runs; :class:`AttackUnavailable` without ART."""
     try:
         import art  # noqa: F401  (trainer.art_attacks imports it lazily, inside each attack)
