@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -127,3 +128,30 @@ def test_runs_made_when_local_bn_mode_was_a_config_field_still_resume():
     moved = asdict(SimConfig(subjects=[1, 2], strategy_overrides={"local_bn_mode": "batch_specific"}))
     assert same_run({**new, "local_bn_mode": "batch_specific"}, moved)
     assert not same_run({**new, "local_bn_mode": "batch_specific"}, new)
+
+
+def test_a_run_resumes_from_another_spelling_of_its_data_folder_and_a_refusal_names_the_field(
+        tmp_path, data_dir, monkeypatch):
+    """The data folder counts by the files it names; any other difference is refused with the field in the message."""
+    from dataclasses import asdict
+
+    import pytest
+
+    from trainer.data.eegmmidb import _subjects_root
+    from trainer.errors import NeuroFedError
+    from trainer.experiments.simulate import SimConfig, refuse_other_run, run_differences, same_run
+
+    root = _subjects_root(data_dir)
+    monkeypatch.setenv("NEUROFED_DATA", str(data_dir))
+    old = asdict(SimConfig(subjects=[1, 2], data_dir=None))
+    for spelling in (str(data_dir), str(root), os.path.relpath(root)):
+        assert same_run(old, {**old, "data_dir": spelling}), spelling
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    assert run_differences(old, {**old, "data_dir": str(other)}) == [f"data_dir: None -> {str(other)!r}"]
+    assert run_differences(old, {**old, "rounds": 7}) == [f"rounds: {old['rounds']!r} -> 7"]
+    with pytest.raises(NeuroFedError, match=r"\(rounds: \d+ -> 7\); only --seeds may be extended"):
+        refuse_other_run(tmp_path, old, {**old, "rounds": 7})
+    refuse_other_run(tmp_path, old, {**old, "seeds": [0, 1]})  # more seeds: resumes
+    with pytest.raises(NeuroFedError, match="seeds: fewer"):
+        refuse_other_run(tmp_path, {**old, "seeds": [0, 1]}, old)

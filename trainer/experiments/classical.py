@@ -192,13 +192,13 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
     import sklearn
 
     from trainer.attacks import attack_budgets
-    from trainer.experiments.simulate import aggregate_seeds, same_run
+    from trainer.experiments.simulate import aggregate_seeds, refuse_other_run
 
     out = Path(out_dir)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
-    if cfg_path.exists() and not same_run(json.loads(cfg_path.read_text()), asdict(cfg)):
-        raise NeuroFedError(f"{out} holds a run with a different configuration; use another --out or delete it")
+    if cfg_path.exists():
+        refuse_other_run(out, json.loads(cfg_path.read_text()), json.loads(json.dumps(asdict(cfg))))
     cfg_path.write_text(json.dumps(asdict(cfg), indent=1, sort_keys=True))
     pre = PreprocessConfig.from_dict(cfg.preprocess)
     data = {int(sd.subject[1:]): sd for sd in load_subjects(cfg.subjects, pre, cfg.data_dir)}

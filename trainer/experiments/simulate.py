@@ -251,10 +251,28 @@ def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
     }
 
 
-def same_run(old: dict, new: dict) -> bool:
-    """Whether ``new`` may resume ``old``'s directory: equal configurations, except that seeds may be added.
+def _data_root(data_dir: str | None) -> str | None:
+    """The EEGMMIDB subjects folder ``data_dir`` resolves to (None = the default places), for comparing runs.
 
-    Jobs are stored per (seed, fold), so extending ``--seeds 0`` to ``--seeds 0,1,2`` reuses seed 0's jobs.
+    ``/work/shared/data``, ``../shared/data/eegmmidb`` and no ``--data-dir`` at all name the same files on one
+    machine; a folder that cannot be resolved here is compared as written.
+    """
+    from trainer.data.eegmmidb import _subjects_root, resolve_data_dir
+    from trainer.errors import DataError
+
+    try:
+        root = _subjects_root(resolve_data_dir(data_dir))
+    except DataError:
+        return data_dir
+    return str(root) if root is not None else data_dir
+
+
+def run_differences(old: dict, new: dict) -> list[str]:
+    """The configuration fields that keep ``new`` from resuming ``old``'s directory (empty: it may resume).
+
+    Equal configurations may resume, except that seeds may be added: jobs are stored per (seed, fold), so extending
+    ``--seeds 0`` to ``--seeds 0,1,2`` reuses seed 0's jobs. The data folder counts by the files it resolves to.
+    Each entry reads ``field: OLD -> NEW``.
     """
     a, b = dict(old), dict(new)
     a.pop("save_models", None), b.pop("save_models", None)  # output only: switching it on or off is the same run
@@ -265,7 +283,25 @@ def same_run(old: dict, new: dict) -> bool:
     defaults = asdict(SimConfig())
     for k in [k for k in b if k not in a and b[k] == defaults.get(k)]:  # a field added later, at its default
         b.pop(k)
-    return set(a.pop("seeds", [])) <= set(b.pop("seeds", [])) and a == b
+    if a.get("data_dir") != b.get("data_dir") and _data_root(a.get("data_dir")) == _data_root(b.get("data_dir")):
+        b["data_dir"] = a.get("data_dir")
+    diffs = [] if set(a.pop("seeds", [])) <= set(b.pop("seeds", [])) else ["seeds: fewer than the run's"]
+    return diffs + [f"{k}: {a.get(k, '(absent)')!r} -> {b.get(k, '(absent)')!r}"
+                    for k in sorted(set(a) | set(b)) if a.get(k, "(absent)") != b.get(k, "(absent)")]
+
+
+def same_run(old: dict, new: dict) -> bool:
+    """Whether ``new`` may resume ``old``'s directory (:func:`run_differences` finds nothing)."""
+    return not run_differences(old, new)
+
+
+def refuse_other_run(out: Path, old: dict, new: dict) -> None:
+    """Raise :class:`NeuroFedError` naming the fields when ``new`` may not resume the run in ``out``."""
+    diffs = run_differences(old, new)
+    if diffs:
+        shown = "; ".join(d if len(d) < 160 else d[:157] + "..." for d in diffs[:4])
+        raise NeuroFedError(f"{out} holds a run with a different configuration ({shown}{'; ...' if len(diffs) > 4 else ''}); "
+                            "only --seeds may be extended: use another --out or delete it")
 
 
 def plan_jobs(cfg: SimConfig, out_dir: str | os.PathLike) -> tuple[list[tuple[int, list[int], int, str]], list[dict]]:
@@ -282,9 +318,8 @@ def plan_jobs(cfg: SimConfig, out_dir: str | os.PathLike) -> tuple[list[tuple[in
     (out / "jobs").mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
     cfg_json = json.dumps(asdict(cfg), indent=1, sort_keys=True)
-    if cfg_path.exists() and not same_run(json.loads(cfg_path.read_text()), json.loads(cfg_json)):
-        raise NeuroFedError(f"{out} holds a run with a different configuration (only --seeds may be extended); "
-                             "use another --out or delete it")
+    if cfg_path.exists():
+        refuse_other_run(out, json.loads(cfg_path.read_text()), json.loads(cfg_json))
     cfg_path.write_text(cfg_json)
     folds = make_folds(cfg.subjects, cfg.protocol, cfg.fold_seed)
     todo, done = [], []
