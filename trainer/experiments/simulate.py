@@ -286,8 +286,8 @@ def run_differences(old: dict, new: dict) -> list[str]:
     if a.get("data_dir") != b.get("data_dir") and _data_root(a.get("data_dir")) == _data_root(b.get("data_dir")):
         b["data_dir"] = a.get("data_dir")
     diffs = [] if set(a.pop("seeds", [])) <= set(b.pop("seeds", [])) else ["seeds: fewer than the run's"]
-    return diffs + [f"{k}: {a.get(k, '(absent)')!r} -> {b.get(k, '(absent)')!r}"
-                    for k in sorted(set(a) | set(b)) if a.get(k, "(absent)") != b.get(k, "(absent)")]
+    pairs = {k: (a.get(k, "(absent)"), b.get(k, "(absent)")) for k in sorted(set(a) | set(b))}
+    return diffs + [f"{k}: {u!r} -> {v!r}" for k, (u, v) in pairs.items() if u != v]
 
 
 def same_run(old: dict, new: dict) -> bool:
