@@ -1,8 +1,8 @@
 """Table of the black-box runs of experiments/blackbox46_onnx.sh: BCA under an attack on the exported graphs, 46 subjects.
 
 Run: python experiments/blackbox46_table.py [--attack square_0.05] [--seeds 0,1,2] [--out docs/results/blackbox46_s0] [RUN ...]
-     python experiments/blackbox46_table.py --swept autoattack@0.03,fgsm@0.03 [RUN ...]   (the white-box attacks that
-     `neurofed sweep RUN --seeds 0 --attack ...` has finished so far, per fold: mean over those folds' subjects)
+     python experiments/blackbox46_table.py --swept autoattack@0.03,fgsm@0.03 [--seeds 0,1,2] [RUN ...]   (the
+     white-box attacks that `neurofed sweep RUN --attack ...` has finished so far: mean over those jobs' subjects)
 (runs default: safe fedavg; a name is a folder under experiments/results/blackbox46, a path with a "/" any run folder
 trained with --save-models, e.g. experiments/results/baselines46/ct_at). Per run: the held-out subjects of every
 finished job of the given seeds (default 0; several seeds: each subject's mean over them), benign and attacked BCA as
@@ -56,10 +56,11 @@ def main() -> None:
     ap.add_argument("--attack", default="square_0.05")
     ap.add_argument("--out", type=Path, default=Path("docs/results/blackbox46_s0"))
     ap.add_argument("--seeds", default="0", help="comma-separated run seeds (per subject: the mean over them)")
-    ap.add_argument("--swept", help="comma-separated attack@eps keys of the runs' finished sweep/seed0_fold*.json")
+    ap.add_argument("--swept", help="comma-separated attack@eps keys of the runs' finished sweep/seedS_fold*.json "
+                    "(of --seeds)")
     a = ap.parse_args()
     if a.swept:
-        return swept(a.runs, a.swept.split(","))
+        return swept(a.runs, a.swept.split(","), [int(x) for x in a.seeds.split(",")])
     seeds = [int(x) for x in a.seeds.split(",")]
     data = {Path(r).name: load(r, a.attack, seeds) for r in a.runs}  # labelled by the run folder's name
     data = {r: d for r, d in data.items() if d[0]}
@@ -101,21 +102,29 @@ def main() -> None:
     (a.out / "table.md").write_text(text + "\n")
 
 
-def swept(runs: list[str], keys: list[str]) -> None:
-    """Benign and ``keys`` BCA (mean ± sd over subjects) of each run's finished sweep jobs, and the lowest per subject."""
+def swept(runs: list[str], keys: list[str], seeds: list[int]) -> None:
+    """Benign and ``keys`` BCA (mean ± sd over subjects; per subject the mean over ``seeds``) of each run's finished
+    sweep jobs, the lowest per subject, and each seed's mean."""
     for r in runs:
-        jobs = sorted((run_dir(r) / "sweep").glob("seed0_fold*.json"))
-        rows = {s: row for jp in jobs for s, row in json.loads(jp.read_text())["per_subject"].items()
-                if all(k in row for k in keys)}
-        if not rows:
-            print(f"{r}: no finished sweep job with {keys}")
+        jobs = sorted(jp for sd in seeds for jp in (run_dir(r) / "sweep").glob(f"seed{sd}_fold*.json"))
+        per: dict[str, list[dict]] = {}
+        for jp in jobs:
+            res = json.loads(jp.read_text())
+            for s, row in res["per_subject"].items():
+                if all(k in row for k in keys):
+                    per.setdefault(s, []).append({**row, "seed": res["seed"]})
+        if not per:
+            print(f"{r}: no finished sweep job of seeds {seeds} with {keys}")
             continue
+        rows = {s: {k: float(np.mean([x[k] for x in xs])) for k in ["bca", *keys]} for s, xs in per.items()}
         cells = []
         for k in ["bca", *keys]:
             v = 100 * np.array([row[k] for row in rows.values()])
-            cells.append(f"{k} {v.mean():.1f} ± {v.std(ddof=1):.1f}")
+            by_seed = [100 * np.mean([x[k] for xs in per.values() for x in xs if x["seed"] == sd]) for sd in seeds
+                       if any(x["seed"] == sd for xs in per.values() for x in xs)]
+            cells.append(f"{k} {v.mean():.1f} ± {v.std(ddof=1):.1f} (seeds {', '.join(f'{m:.1f}' for m in by_seed)})")
         low = 100 * np.array([min(row[k] for k in keys) for row in rows.values()])
-        print(f"{r}: folds {[jp.stem for jp in jobs]}, {len(rows)} subjects: " + "; ".join(cells)
+        print(f"{r}: {len(jobs)} jobs ({', '.join(jp.stem for jp in jobs)}), {len(rows)} subjects: " + "; ".join(cells)
               + f"; lowest per subject {low.mean():.1f}")
 
 

@@ -98,13 +98,13 @@ def test_default_simulate_leaves_chance_and_paper_preset_does_not(tmp_path, data
 def test_runs_made_before_a_config_field_existed_still_resume():
     from dataclasses import asdict
 
-    from trainer.experiments.simulate import SimConfig, same_run
+    from trainer.experiments.simulate import SimConfig, run_differences
 
     new = asdict(SimConfig(subjects=[1, 2], seeds=[0, 1]))
     old = {k: v for k, v in new.items() if k not in ("byzantine", "folds")}
     old["seeds"] = [0]
-    assert same_run(old, new)  # fields added later, at their defaults, do not block resuming
-    assert not same_run(old, {**new, "byzantine": "0.2:scale:10"})
+    assert not run_differences(old, new)  # fields added later, at their defaults, do not block resuming
+    assert run_differences(old, {**new, "byzantine": "0.2:scale:10"})
 
 
 def test_folds_option_runs_a_subset(tmp_path, data_dir):
@@ -121,13 +121,13 @@ def test_runs_made_when_local_bn_mode_was_a_config_field_still_resume():
     """fleeg_eegnet's local BN moved from a SimConfig field to the strategy parameter local_bn_mode."""
     from dataclasses import asdict
 
-    from trainer.experiments.simulate import SimConfig, same_run
+    from trainer.experiments.simulate import SimConfig, run_differences
 
     new = asdict(SimConfig(subjects=[1, 2]))
-    assert same_run({**new, "local_bn_mode": None}, new)
+    assert not run_differences({**new, "local_bn_mode": None}, new)
     moved = asdict(SimConfig(subjects=[1, 2], strategy_overrides={"local_bn_mode": "batch_specific"}))
-    assert same_run({**new, "local_bn_mode": "batch_specific"}, moved)
-    assert not same_run({**new, "local_bn_mode": "batch_specific"}, new)
+    assert not run_differences({**new, "local_bn_mode": "batch_specific"}, moved)
+    assert run_differences({**new, "local_bn_mode": "batch_specific"}, new)
 
 
 def test_a_run_resumes_from_another_spelling_of_its_data_folder_and_a_refusal_names_the_field(
@@ -137,15 +137,15 @@ def test_a_run_resumes_from_another_spelling_of_its_data_folder_and_a_refusal_na
 
     import pytest
 
-    from trainer.data.eegmmidb import _subjects_root
+    from trainer.data.eegmmidb import subjects_root
     from trainer.errors import NeuroFedError
-    from trainer.experiments.simulate import SimConfig, refuse_other_run, run_differences, same_run
+    from trainer.experiments.simulate import SimConfig, refuse_other_run, run_differences
 
-    root = _subjects_root(data_dir)
+    root = subjects_root(data_dir)
     monkeypatch.setenv("NEUROFED_DATA", str(data_dir))
     old = asdict(SimConfig(subjects=[1, 2], data_dir=None))
     for spelling in (str(data_dir), str(root), os.path.relpath(root)):
-        assert same_run(old, {**old, "data_dir": spelling}), spelling
+        assert not run_differences(old, {**old, "data_dir": spelling}), spelling
     other = tmp_path / "elsewhere"
     other.mkdir()
     assert run_differences(old, {**old, "data_dir": str(other)}) == [f"data_dir: None -> {str(other)!r}"]

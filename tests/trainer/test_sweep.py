@@ -52,6 +52,9 @@ def test_sweep_of_saved_models_equals_the_runs_inline_attack(saved_run, monkeypa
     monkeypatch.setattr("trainer.experiments.runner.evaluate_subjects", no_eval)
     again = sweep_mod.sweep_run(run, [("fgsm", 0.1)])  # a subset of what is kept: nothing to compute
     assert again["per_subject"] == {s: {k: r[k] for k in ("bca", "fgsm@0.1")} for s, r in out["per_subject"].items()}
+    # the file still summarises every budget the jobs hold, not only the last command's
+    kept = json.loads((run / "sweep.json").read_text())
+    assert kept["summary"] == out["summary"] and kept["attacks"] == [["fgsm", 0.1], ["fgsm", 0.03]]
     # a fresh clone has the kept results (git) but not the models (*.safetensors are not committed): kept results
     # still read; anything new needs the model and says so
     job.with_suffix(".safetensors").unlink()
@@ -86,10 +89,10 @@ def test_save_models_does_not_change_the_run(data_dir):
     """--save-models is output only: a run may be resumed with it on, and trains the same."""
     from dataclasses import asdict
 
-    from trainer.experiments.simulate import same_run
+    from trainer.experiments.simulate import run_differences
 
     a, b = asdict(_cfg(data_dir)), asdict(_cfg(data_dir, save_models=True))
-    assert same_run(a, b) and same_run(b, a)
+    assert run_differences(a, b) == [] and run_differences(b, a) == []
 
 
 def test_workers_and_seeds_give_the_same_numbers(data_dir, tmp_path, monkeypatch):

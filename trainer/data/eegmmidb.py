@@ -69,7 +69,7 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
             raise DataError(f"data folder {p} does not exist (set --data-dir or ${ENV_VAR})")
         return p.resolve()
     for p in candidate_data_dirs():
-        if p.is_dir() and _subjects_root(p) is not None:
+        if p.is_dir() and subjects_root(p) is not None:
             return p.resolve()
     tried = ", ".join(str(p) for p in candidate_data_dirs())
     raise DataError(
@@ -78,7 +78,7 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     )
 
 
-def _subjects_root(data_dir: Path) -> Path | None:
+def subjects_root(data_dir: Path) -> Path | None:
     """The folder whose children are SNNN subject folders, within the known layouts."""
     for rel in ("eegmmidb", "eegmmidb/1.0.0", "files/eegmmidb/1.0.0",
                 "MNE-eegbci-data/files/eegmmidb/1.0.0", "."):
@@ -90,7 +90,7 @@ def _subjects_root(data_dir: Path) -> Path | None:
 
 def list_subjects(data_dir: str | os.PathLike | None = None, task: str = "left_right") -> list[int]:
     """Subjects that have every run of ``task`` in the data folder, sorted."""
-    root = _subjects_root(resolve_data_dir(data_dir))
+    root = subjects_root(resolve_data_dir(data_dir))
     if root is None:
         raise DataError(f"no SNNN subject folders under {data_dir}")
     runs = TASKS[task][0]
@@ -105,7 +105,7 @@ def list_subjects(data_dir: str | os.PathLike | None = None, task: str = "left_r
 def subject_files(data_dir: str | os.PathLike | None, subject: int, runs: Iterable[int]) -> list[Path]:
     """EDF paths of one subject's runs; a clear error names every missing file."""
     base = resolve_data_dir(data_dir)
-    root = _subjects_root(base)
+    root = subjects_root(base)
     if root is None:
         raise DataError(f"no EEGMMIDB subject folders (SNNN/) under {base}")
     sid = f"S{subject:03d}"
@@ -197,7 +197,7 @@ def check_files(data_dir: str | os.PathLike | None = None, task: str = "left_rig
     dict
         Subject -> ``{"files": {name: {"cues": int, "problems": [...]}}, "ok": bool}``, sorted by subject.
     """
-    root = _subjects_root(resolve_data_dir(data_dir))
+    root = subjects_root(resolve_data_dir(data_dir))
     if root is None:
         raise DataError(f"no SNNN subject folders under {data_dir}")
     runs = TASKS[task][0]

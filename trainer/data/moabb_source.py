@@ -47,9 +47,9 @@ def eegmmidb_as_mne_data(data_dir: str | Path, target: str | Path, subjects: lis
     Path
         ``target`` (set ``MNE_DATA`` to it and ``MOABB_DOWNLOAD_PROVIDER=upstream`` before using MOABB).
     """
-    from trainer.data.eegmmidb import _subjects_root
+    from trainer.data.eegmmidb import subjects_root
 
-    root = _subjects_root(Path(data_dir))
+    root = subjects_root(Path(data_dir))
     if root is None:
         raise DataError(f"{data_dir}: no EEGMMIDB subject folders (SNNN/SNNNRkk.edf)")
     dest = Path(target).joinpath(*EEGBCI_LAYOUT)

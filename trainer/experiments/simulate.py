@@ -257,11 +257,11 @@ def _data_root(data_dir: str | None) -> str | None:
     ``/work/shared/data``, ``../shared/data/eegmmidb`` and no ``--data-dir`` at all name the same files on one
     machine; a folder that cannot be resolved here is compared as written.
     """
-    from trainer.data.eegmmidb import _subjects_root, resolve_data_dir
+    from trainer.data.eegmmidb import resolve_data_dir, subjects_root
     from trainer.errors import DataError
 
     try:
-        root = _subjects_root(resolve_data_dir(data_dir))
+        root = subjects_root(resolve_data_dir(data_dir))
     except DataError:
         return data_dir
     return str(root) if root is not None else data_dir
@@ -288,11 +288,6 @@ def run_differences(old: dict, new: dict) -> list[str]:
     diffs = [] if set(a.pop("seeds", [])) <= set(b.pop("seeds", [])) else ["seeds: fewer than the run's"]
     pairs = {k: (a.get(k, "(absent)"), b.get(k, "(absent)")) for k in sorted(set(a) | set(b))}
     return diffs + [f"{k}: {u!r} -> {v!r}" for k, (u, v) in pairs.items() if u != v]
-
-
-def same_run(old: dict, new: dict) -> bool:
-    """Whether ``new`` may resume ``old``'s directory (:func:`run_differences` finds nothing)."""
-    return not run_differences(old, new)
 
 
 def refuse_other_run(out: Path, old: dict, new: dict) -> None:

@@ -5,7 +5,8 @@ A run trained with ``--save-models`` keeps each (fold, seed) job's global model 
 run's own preprocessing, and measures BCA under every ``attack@eps`` asked for (SAFE's Figs. 4-7: BCA against
 the budget, one curve per method), with the job's seed, so an attack the job already ran inline gives the same
 number. Results are kept per job (``sweep/seedS_foldKK.json``): a sweep re-run computes only what is missing,
-and a wider budget list adds to it. ``sweep.json`` holds the per-subject means over seeds and the summary; a sweep of
+and a wider budget list adds to it. ``sweep.json`` holds the per-subject means over seeds and the summary of every
+budget all the jobs hold (not only the last command's); a sweep of
 only some of the run's seeds (``--seeds``) writes ``sweep_seeds0.json`` (``sweep_seeds0_1.json``, ...) instead, so it
 never replaces the summary of all seeds.
 """
@@ -131,7 +132,8 @@ def sweep_runs(runs: Sequence[str | os.PathLike], attacks: Sequence[tuple[str, f
                on_job: Callable[[Path, Path], None] | None = None, seeds: Sequence[int] | None = None,
                workers: int = 1) -> dict[str, dict]:
     """Sweep every finished job (of ``seeds``) of every run, ``workers`` jobs at a time (processes, one torch
-    thread each); write and return each run's ``sweep.json`` (keyed by run path). Results per job are the same
+    thread each); write each run's ``sweep.json`` and return each run's summary of ``attacks`` (keyed by run path,
+    see :func:`_summarise`). Results per job are the same
     whatever ``workers`` is: each job attacks with its own seed."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -170,26 +172,39 @@ def sweep_file(run: Path, seeds: Sequence[int] | None = None) -> Path:
 
 def _summarise(run: Path, attacks: Sequence[tuple[str, float]], results: list[dict],
                seeds: Sequence[int] | None = None) -> dict:
-    """``run/sweep.json`` (:func:`sweep_file`) from its swept jobs: per-subject means over seeds and the summary."""
+    """Write ``run/sweep.json`` (:func:`sweep_file`) and return this sweep's summary of ``attacks``.
+
+    The file summarises every ``attack@eps`` that all the swept jobs hold, not only this command's (a sweep of
+    AutoAttack after one of FGSM keeps FGSM in the summary); the returned dict has this command's attacks only.
+    """
+    asked = [_key(a, e) for a, e in attacks]
+    rows = [row for res in results for row in res["per_subject"].values()]
+    held = set.intersection(*(set(r) for r in rows)) if rows else set()
+    kept = sorted((k for k in held if "@" in k and k not in asked), key=lambda k: (k.split("@")[0], float(k.split("@")[1])))
+    write_json(sweep_file(run, seeds), _summary(run, asked + kept, results))
+    return _summary(run, asked, results)
+
+
+def _summary(run: Path, keys: list[str], results: list[dict]) -> dict:
+    """Per-subject means over seeds and the summary of the ``attack@eps`` ``keys`` (and benign BCA)."""
     from trainer.attacks import attack_budgets
     from trainer.experiments.simulate import aggregate_seeds
 
     per_seed: dict[int, dict[str, dict]] = {}
     for res in results:
         per_seed.setdefault(int(res["seed"]), {}).update(res["per_subject"])
-    keys = ["bca", *(_key(a, e) for a, e in attacks)]
-    per_seed = {sd: {s: {k: row[k] for k in keys} for s, row in ps.items()} for sd, ps in per_seed.items()}
+    per_seed = {sd: {s: {k: row[k] for k in ["bca", *keys]} for s, row in ps.items()} for sd, ps in per_seed.items()}
     per_subject, summary = aggregate_seeds(per_seed)
-    out = {"run": str(run), "attacks": [[a, e] for a, e in attacks], "summary": summary, "per_subject": per_subject,
-           "seeds": sorted(per_seed), "jobs": len(results), "attack_budgets": attack_budgets([a for a, _ in attacks])}
-    write_json(sweep_file(run, seeds), out)
-    return out
+    pairs = [[k.split("@")[0], float(k.split("@")[1])] for k in keys]
+    return {"run": str(run), "attacks": pairs, "summary": summary, "per_subject": per_subject,
+            "seeds": sorted(per_seed), "jobs": len(results),
+            "attack_budgets": attack_budgets(list(dict.fromkeys(a for a, _ in pairs)))}
 
 
 def sweep_run(run_dir: str | os.PathLike, attacks: Sequence[tuple[str, float]],
               on_job: Callable[[Path, int, int], None] | None = None, seeds: Sequence[int] | None = None) -> dict:
-    """Sweep every finished job (of ``seeds``) of ``run_dir``, one at a time; write and return
-    ``run_dir/sweep.json``."""
+    """Sweep every finished job (of ``seeds``) of ``run_dir``, one at a time; write ``run_dir/sweep.json`` and return
+    the summary of ``attacks`` (:func:`_summarise`)."""
     run = Path(run_dir)
     run_config(run)  # a folder that is not a run: said first
     total = len(run_jobs(run, seeds))
