@@ -16,7 +16,7 @@ ATTACK=${ATTACK:-square}
 EPS=${EPS:-0.05}
 export OMP_NUM_THREADS=1 NEUROFED_DATA=${NEUROFED_DATA:-../shared/data/eegmmidb}
 one() {  # RUN JOB.json
-  local run=$1 job=$2 name out onnx subjects
+  local run=$1 job=$2 name out onnx subjects seed
   name=$(basename "$job" .json)
   out=$run/onnx_attack/${ATTACK}_${EPS}/$name.json
   [ -f "$out" ] && return 0
@@ -24,7 +24,8 @@ one() {  # RUN JOB.json
   mkdir -p "$(dirname "$out")" "$(dirname "$onnx")"
   [ -f "$onnx" ] || neurofed export "${job%.json}.safetensors" -o "$onnx" --no-verify > /dev/null
   subjects=$(python -c "import json,sys; print(','.join(str(int(s[1:])) for s in json.load(open(sys.argv[1]))['test_subjects']))" "$job")
-  neurofed evaluate --model "$onnx" --subjects "$subjects" --attack "$ATTACK" --eps "$EPS" --seed 0 \
+  seed=${name#seed}; seed=${seed%%_*}  # the attack's random draws use the training job's seed (as `neurofed sweep` does)
+  neurofed evaluate --model "$onnx" --subjects "$subjects" --attack "$ATTACK" --eps "$EPS" --seed "$seed" \
     --json "$out.part" > /dev/null && mv "$out.part" "$out" && echo "$(date +%T) $run $name done"
 }
 export -f one
