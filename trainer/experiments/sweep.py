@@ -33,6 +33,12 @@ def _key(attack: str, eps: float) -> str:
     return f"{attack}@{eps:g}"
 
 
+def _pair(key: str) -> tuple[str, float]:
+    """``(attack, eps)`` of an ``attack@eps`` key (the inverse of :func:`_key`)."""
+    attack, eps = key.split("@")
+    return attack, float(eps)
+
+
 def write_json(path: Path, obj: dict) -> None:
     """``obj`` as indented JSON, written atomically."""
     atomic_write_bytes(path, json.dumps(obj, indent=1).encode())
@@ -180,7 +186,7 @@ def _summarise(run: Path, attacks: Sequence[tuple[str, float]], results: list[di
     asked = [_key(a, e) for a, e in attacks]
     rows = [row for res in results for row in res["per_subject"].values()]
     held = set.intersection(*(set(r) for r in rows)) if rows else set()
-    kept = sorted((k for k in held if "@" in k and k not in asked), key=lambda k: (k.split("@")[0], float(k.split("@")[1])))
+    kept = sorted((k for k in held if "@" in k and k not in asked), key=_pair)
     write_json(sweep_file(run, seeds), _summary(run, asked + kept, results))
     return _summary(run, asked, results)
 
@@ -195,7 +201,7 @@ def _summary(run: Path, keys: list[str], results: list[dict]) -> dict:
         per_seed.setdefault(int(res["seed"]), {}).update(res["per_subject"])
     per_seed = {sd: {s: {k: row[k] for k in ["bca", *keys]} for s, row in ps.items()} for sd, ps in per_seed.items()}
     per_subject, summary = aggregate_seeds(per_seed)
-    pairs = [[k.split("@")[0], float(k.split("@")[1])] for k in keys]
+    pairs = [list(_pair(k)) for k in keys]
     return {"run": str(run), "attacks": pairs, "summary": summary, "per_subject": per_subject,
             "seeds": sorted(per_seed), "jobs": len(results),
             "attack_budgets": attack_budgets(list(dict.fromkeys(a for a, _ in pairs)))}
