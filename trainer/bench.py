@@ -106,11 +106,18 @@ def bench_train(
             xb, yb = X[:batch_size], y[:batch_size]
             wall: dict[str, list[float]] = {a: [] for a in per_alg}
             cpu: dict[str, list[float]] = {a: [] for a in per_alg}
+            passes = {}  # forward passes of the model in one step, counted in the warm-up step: what the ratios track
             for i in range(steps + 1):
                 for alg, (strat, model) in per_alg.items():
+                    count = [0]
+                    hook = model.register_forward_pre_hook(lambda *_a, n=count: n.__setitem__(0, n[0] + 1)) \
+                        if not i else None
                     t0, c0 = time.perf_counter(), time.thread_time()
                     train_local(model, xb, yb, strat, cfg, 0)
-                    if i:  # first round is warm-up
+                    if hook is not None:
+                        hook.remove()
+                        passes[alg] = count[0]
+                    else:  # the first round is warm-up (and counted)
                         wall[alg].append(time.perf_counter() - t0)
                         cpu[alg].append(time.thread_time() - c0)
             timings = {a: float(np.median(v)) for a, v in wall.items()}
@@ -122,7 +129,9 @@ def bench_train(
                          "safe_over_sgd": timings["safe"] / timings["fedavg"],
                          "sgd_step_cpu_ms": 1000 * cpu_t["fedavg"],
                          "sam_over_sgd_cpu": cpu_t["fedbs"] / cpu_t["fedavg"],
-                         "safe_over_sgd_cpu": cpu_t["safe"] / cpu_t["fedavg"]})
+                         "safe_over_sgd_cpu": cpu_t["safe"] / cpu_t["fedavg"],
+                         "forward_passes_per_step": {"sgd": passes["fedavg"], "sam": passes["fedbs"],
+                                                     "safe": passes["safe"]}})
             r = rows[-1]
             typer.echo(f"{shape_name:18s} {model_name:8s} SGD {r['sgd_step_ms']:.1f} ms/step "
                        f"({r['sgd_trials_per_s']:.0f} trials/s)  SAM x{r['sam_over_sgd']:.2f} "

