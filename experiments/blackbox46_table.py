@@ -45,9 +45,21 @@ def load(run: str, attack: str, seeds: list[int]) -> tuple[dict[str, dict], list
                 per.setdefault(s, []).append({**row, "seed": seed})
                 differ += abs(row["bca"] - job["per_subject"][s]["bca"]) > 1e-9
             jobs.append(p.stem)
-    rows = {s: {k: float(np.mean([r[k] for r in rs])) for k in ("bca", "bca_attacked")} | {"seeds": rs}
-            for s, rs in per.items()}
-    return rows, jobs, differ
+    return by_subject(per, ["bca", "bca_attacked"]), jobs, differ
+
+
+def by_subject(per: dict[str, list[dict]], keys: list[str]) -> dict[str, dict]:
+    """Each subject's mean of ``keys`` over its seeds' rows, the rows themselves under ``"seeds"``."""
+    return {s: {k: float(np.mean([r[k] for r in rs])) for k in keys} | {"seeds": rs} for s, rs in per.items()}
+
+
+def seed_means(rows: dict[str, dict], key: str) -> dict[int, float]:
+    """Per seed the mean of ``key`` over the subjects that seed scored (%), from :func:`by_subject` rows."""
+    per_seed: dict[int, list[float]] = {}
+    for row in rows.values():
+        for r in row["seeds"]:
+            per_seed.setdefault(r["seed"], []).append(r[key])
+    return {sd: 100 * float(np.mean(v)) for sd, v in sorted(per_seed.items())}
 
 
 def main() -> None:
@@ -73,9 +85,7 @@ def main() -> None:
         b = 100 * np.array([row["bca"] for row in rows.values()])
         x = 100 * np.array([row["bca_attacked"] for row in rows.values()])
         p = float(stats.ttest_rel(x, b).pvalue) if len(b) > 1 else float("nan")
-        per_seed = {sd: 100 * np.mean([j["bca_attacked"] for row in rows.values() for j in row["seeds"]
-                                        if j["seed"] == sd]) for sd in seeds}
-        summary[r] = {"jobs": folds, "attacked_per_seed": per_seed,
+        summary[r] = {"jobs": folds, "attacked_per_seed": seed_means(rows, "bca_attacked"),
                       "n_subjects": len(b), "benign_mean": b.mean(), "benign_sd": b.std(ddof=1),
                       "attacked_mean": x.mean(), "attacked_sd": x.std(ddof=1), "retained": x.mean() / b.mean(),
                       "p_attacked_vs_benign": p, "benign_differs_from_training_job": differ}
@@ -116,12 +126,11 @@ def swept(runs: list[str], keys: list[str], seeds: list[int]) -> None:
         if not per:
             print(f"{r}: no finished sweep job of seeds {seeds} with {keys}")
             continue
-        rows = {s: {k: float(np.mean([x[k] for x in xs])) for k in ["bca", *keys]} for s, xs in per.items()}
+        rows = by_subject(per, ["bca", *keys])
         cells = []
         for k in ["bca", *keys]:
             v = 100 * np.array([row[k] for row in rows.values()])
-            by_seed = [100 * np.mean([x[k] for xs in per.values() for x in xs if x["seed"] == sd]) for sd in seeds
-                       if any(x["seed"] == sd for xs in per.values() for x in xs)]
+            by_seed = seed_means(rows, k).values()
             cells.append(f"{k} {v.mean():.1f} ± {v.std(ddof=1):.1f} (seeds {', '.join(f'{m:.1f}' for m in by_seed)})")
         low = 100 * np.array([min(row[k] for k in keys) for row in rows.values()])
         print(f"{r}: {len(jobs)} jobs ({', '.join(jp.stem for jp in jobs)}), {len(rows)} subjects: " + "; ".join(cells)

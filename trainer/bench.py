@@ -106,20 +106,20 @@ def bench_train(
             xb, yb = X[:batch_size], y[:batch_size]
             wall: dict[str, list[float]] = {a: [] for a in per_alg}
             cpu: dict[str, list[float]] = {a: [] for a in per_alg}
-            passes = {}  # forward passes of the model in one step, counted in the warm-up step: what the ratios track
+            passes = {}  # forward passes of the model in one step: what the ratios track
             for i in range(steps + 1):
                 for alg, (strat, model) in per_alg.items():
-                    count = [0]
-                    hook = model.register_forward_pre_hook(lambda *_a, n=count: n.__setitem__(0, n[0] + 1)) \
-                        if not i else None
-                    t0, c0 = time.perf_counter(), time.thread_time()
-                    train_local(model, xb, yb, strat, cfg, 0)
-                    if hook is not None:
+                    if i == 0:  # warm-up, not timed: count the passes instead
+                        count = [0]
+                        hook = model.register_forward_pre_hook(lambda *_a, n=count: n.__setitem__(0, n[0] + 1))
+                        train_local(model, xb, yb, strat, cfg, 0)
                         hook.remove()
                         passes[alg] = count[0]
-                    else:  # the first round is warm-up (and counted)
-                        wall[alg].append(time.perf_counter() - t0)
-                        cpu[alg].append(time.thread_time() - c0)
+                        continue
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    train_local(model, xb, yb, strat, cfg, 0)
+                    wall[alg].append(time.perf_counter() - t0)
+                    cpu[alg].append(time.thread_time() - c0)
             timings = {a: float(np.median(v)) for a, v in wall.items()}
             cpu_t = {a: float(np.median(v)) for a, v in cpu.items()}
             model = per_alg["fedavg"][1]
