@@ -192,15 +192,9 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
     import sklearn
 
     from trainer.attacks import attack_budgets
-    from trainer.experiments.simulate import aggregate_seeds, refuse_other_run
+    from trainer.experiments.simulate import aggregate_seeds, open_run
 
-    out = Path(out_dir)
-    (out / "jobs").mkdir(parents=True, exist_ok=True)
-    cfg_path = out / "config.json"
-    cfg_json = json.dumps(asdict(cfg), indent=1, sort_keys=True)
-    if cfg_path.exists():
-        refuse_other_run(out, json.loads(cfg_path.read_text()), json.loads(cfg_json))
-    cfg_path.write_text(cfg_json)
+    out = open_run(out_dir, cfg)
     pre = PreprocessConfig.from_dict(cfg.preprocess)
     data = {int(sd.subject[1:]): sd for sd in load_subjects(cfg.subjects, pre, cfg.data_dir)}
     folds = make_folds(cfg.subjects, cfg.protocol, cfg.fold_seed)

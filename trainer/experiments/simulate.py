@@ -10,6 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -299,6 +300,22 @@ def refuse_other_run(out: Path, old: dict, new: dict) -> None:
                             "only --seeds may be extended: use another --out or delete it")
 
 
+def open_run(out_dir: str | os.PathLike, cfg: Any) -> Path:
+    """Create ``out_dir/jobs`` and write the run configuration ``cfg`` (a dataclass) as ``config.json``.
+
+    A folder that already holds a run resumes it only when :func:`run_differences` finds nothing but more seeds;
+    otherwise :func:`refuse_other_run` raises and nothing is written.
+    """
+    out = Path(out_dir)
+    (out / "jobs").mkdir(parents=True, exist_ok=True)
+    cfg_path = out / "config.json"
+    cfg_json = json.dumps(asdict(cfg), indent=1, sort_keys=True)
+    if cfg_path.exists():
+        refuse_other_run(out, json.loads(cfg_path.read_text()), json.loads(cfg_json))
+    cfg_path.write_text(cfg_json)
+    return out
+
+
 def plan_jobs(cfg: SimConfig, out_dir: str | os.PathLike) -> tuple[list[tuple[int, list[int], int, str]], list[dict]]:
     """Prepare ``out_dir`` for ``cfg`` and split its (seed, fold) jobs into to-do and finished (resume).
 
@@ -309,13 +326,7 @@ def plan_jobs(cfg: SimConfig, out_dir: str | os.PathLike) -> tuple[list[tuple[in
     todo : list of (fold index, test subjects, seed, job JSON path)
     done : list of finished job results
     """
-    out = Path(out_dir)
-    (out / "jobs").mkdir(parents=True, exist_ok=True)
-    cfg_path = out / "config.json"
-    cfg_json = json.dumps(asdict(cfg), indent=1, sort_keys=True)
-    if cfg_path.exists():
-        refuse_other_run(out, json.loads(cfg_path.read_text()), json.loads(cfg_json))
-    cfg_path.write_text(cfg_json)
+    out = open_run(out_dir, cfg)
     folds = make_folds(cfg.subjects, cfg.protocol, cfg.fold_seed)
     todo, done = [], []
     for seed in cfg.seeds:
