@@ -304,7 +304,7 @@ def open_run(out_dir: str | os.PathLike, cfg: Any) -> Path:
     """Create ``out_dir/jobs`` and write the run configuration ``cfg`` (a dataclass) as ``config.json``.
 
     A folder that already holds a run resumes it only when :func:`run_differences` finds nothing but more seeds;
-    otherwise :func:`refuse_other_run` raises and nothing is written.
+    otherwise :func:`refuse_other_run` raises, naming the fields, and the folder's configuration is left as it was.
     """
     out = Path(out_dir)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
