@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.atomic import atomic_write_bytes
 from trainer.attacks import attack_budgets
 from trainer.checkpoint import ModelMeta, save_checkpoint
 from trainer.data import PreprocessConfig, load_subjects
@@ -312,7 +313,7 @@ def open_run(out_dir: str | os.PathLike, cfg: Any) -> Path:
     cfg_json = json.dumps(asdict(cfg), indent=1, sort_keys=True)
     if cfg_path.exists():
         refuse_other_run(out, json.loads(cfg_path.read_text()), json.loads(cfg_json))
-    cfg_path.write_text(cfg_json)
+    atomic_write_bytes(cfg_path, cfg_json.encode())  # a crash mid-write never leaves a config that blocks resuming
     return out
 
 
