@@ -46,6 +46,7 @@ from broker.rounds import RoundState, SeenIds
 from broker.secagg_round import SecAggRound, check_compatible, secagg_spec
 from broker.transport import Incoming, MqttTransport, TransportError
 from broker.validation import Rejected, UpdateRules, check_envelope, check_join, tensor_specs
+from trainer.atomic import atomic_write_bytes
 from trainer.errors import NeuroFedError
 from trainer.experiments.runner import init_server_state
 from trainer.fl.api import GROUP_MARK
@@ -166,10 +167,9 @@ class Coordinator:
         info = {"fingerprint": self.fingerprint, "run_id": self.run_id, "registry": self.registry.to_json(),
                 "metrics": self.metrics}
         save_server_checkpoint(self.out, self.server, info)
-        tmp = self.out / "metrics.json.tmp"
-        tmp.write_text(json.dumps({"federation": self.fed.name, "rounds": self.metrics,
-                                   "rejections": dict(self.rejections)}, indent=1))
-        tmp.replace(self.out / "metrics.json")
+        atomic_write_bytes(self.out / "metrics.json", json.dumps(
+            {"federation": self.fed.name, "rounds": self.metrics, "rejections": dict(self.rejections)},
+            indent=1).encode())
 
     # ------------------------------------------------------------------ messages out
     def _status(self, state: str) -> bytes:

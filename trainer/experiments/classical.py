@@ -37,6 +37,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
+from trainer.atomic import atomic_write_bytes
 from trainer.data import PreprocessConfig, SubjectData, load_subjects
 from trainer.errors import NeuroFedError
 from trainer.evaluate import bca
@@ -213,9 +214,7 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
             job = {"fold": k, "seed": seed, "test_subjects": [sd.subject for sd in test],
                    "per_subject": fit_predict_fold(cfg, train, test, seed), "curve": [], "participation": {},
                    "seconds": time.time() - t0}
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(job))
-            os.replace(tmp, path)
+            atomic_write_bytes(path, json.dumps(job).encode())
             jobs.append(job)
             if on_done:
                 on_done(job, len(jobs), total)
@@ -234,9 +233,7 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
         "checkpoints": [], "attack_budgets": attack_budgets([a for a, _ in cfg.attacks]), "versions": {"mne": mne.__version__, "sklearn": sklearn.__version__,
                                         "pyriemann": _pyriemann_version()},
     }
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=1))
-    os.replace(tmp, out / "results.json")
+    atomic_write_bytes(out / "results.json", json.dumps(results, indent=1).encode())
     return results
 
 

@@ -196,9 +196,7 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
             save_checkpoint(ckpt, global_state_of(m), meta)
             result.setdefault("checkpoints", []).append(str(ckpt))
         result["checkpoint"] = result["checkpoints"][0]
-    tmp = out_path + ".tmp"
-    Path(tmp).write_text(json.dumps(result))
-    os.replace(tmp, out_path)
+    atomic_write_bytes(out_path, json.dumps(result).encode())
     return result
 
 
@@ -346,9 +344,7 @@ def write_results(cfg: SimConfig, out_dir: str | os.PathLike, done: list[dict]) 
     """Summarise finished jobs into ``out_dir/results.json`` (atomically) and return the results."""
     out = Path(out_dir)
     results = summarise(cfg, sorted(done, key=lambda j: (j["seed"], j["fold"])))
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=1))
-    os.replace(tmp, out / "results.json")
+    atomic_write_bytes(out / "results.json", json.dumps(results, indent=1).encode())
     return results
 
 
