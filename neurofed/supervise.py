@@ -29,10 +29,16 @@ class DemoError(NeuroFedError):
     """The demo cannot go on; the message names the step (and the log to read)."""
 
 
+#: Prefix of every child's code: Ctrl-C (SIGINT) raises KeyboardInterrupt even when the parent was started with
+#: SIGINT ignored (a shell's background job, ``cmd &``, ignores it and children inherit that); without it the
+#: supervisor's graceful stop would be ignored and the child killed by SIGTERM before writing its results.
+SIGINT_HANDLER = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+
+
 def command(tool: str, *args: str) -> list[str]:
-    """``[python, -c, ...]`` running the project's console script ``tool`` with ``args``."""
+    """``[python, -c, ...]`` running the project's console script ``tool`` with ``args`` (SIGINT handled)."""
     mod = ENTRY_POINTS[tool]
-    code = f"import sys; sys.argv[0] = {tool!r}; from {mod} import main; main()"
+    code = f"{SIGINT_HANDLER}import sys; sys.argv[0] = {tool!r}; from {mod} import main; main()"
     return [sys.executable, "-c", code, *args]
 
 

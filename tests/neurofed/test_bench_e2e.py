@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-NEUROFED = [sys.executable, "-c", "import sys; sys.argv[0] = 'neurofed'; from neurofed.cli import main; main()"]
+from neurofed.supervise import command
+
+NEUROFED = command("neurofed")
 
 
 @pytest.mark.slow

@@ -10,10 +10,11 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from neurofed.supervise import command
 
 MOSQUITTO = ("127.0.0.1", 1883)
 
@@ -31,9 +32,9 @@ def _mosquitto_up() -> bool:
 @pytest.mark.skipif(not _mosquitto_up(), reason="no Mosquitto on 127.0.0.1:1883")
 def test_short_demo_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    cmd = [sys.executable, "-c", "import sys; sys.argv[0] = 'neurofed'; from neurofed.cli import main; main()",
-           "demo", "--subjects", "1-3", "--heldout", "4,5", "--rounds", "2", "--fraction", "1.0", "--runs", "4",
-           "--eps", "0.03", "--broker", "mqtt://127.0.0.1:1883", "--out", str(out), "--time-budget", "300"]
+    cmd = command("neurofed", "demo", "--subjects", "1-3", "--heldout", "4,5", "--rounds", "2", "--fraction", "1.0",
+                  "--runs", "4", "--eps", "0.03", "--broker", "mqtt://127.0.0.1:1883", "--out", str(out),
+                  "--time-budget", "300")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=320, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -115,9 +116,9 @@ def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
     import time
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-c", "import sys; sys.argv[0] = 'neurofed'; from neurofed.cli import main; main()",
-           "demo", "--subjects", "1-2", "--heldout", "4", "--rounds", "50", "--speed", "2",
-           "--broker", "mqtt://127.0.0.1:1883", "--out", str(out)]
+    # command(): SIGINT raises KeyboardInterrupt as at a terminal, even if this test runs as a background job
+    cmd = command("neurofed", "demo", "--subjects", "1-2", "--heldout", "4", "--rounds", "50", "--speed", "2",
+                  "--broker", "mqtt://127.0.0.1:1883", "--out", str(out))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 60
