@@ -15,7 +15,8 @@ from trainer.experiments.partition import parse_partition
 
 def load_runs(run_dirs: list[Path], seeds: list[int] | None = None) -> list[dict]:
     """Read each run's results.json; with ``seeds``, keep only those seeds' results (per subject and summary
-    are recomputed from ``per_seed``; the learning curve stays the mean over all the run's seeds)."""
+    are recomputed from ``per_seed``, the learning curve from ``curve_per_seed`` where the run has it; older
+    results without it keep the mean curve over all their seeds)."""
     runs = []
     for d in run_dirs:
         p = d / "results.json" if d.is_dir() else d
@@ -38,7 +39,37 @@ def only_seeds(run: dict, seeds: list[int]) -> dict:
         have = sorted(int(k) for k in run.get("per_seed") or {})
         raise typer.BadParameter(f"{run['_dir']}: has seeds {have}, none of {sorted(seeds)}")
     per_subject, summary = aggregate_seeds(kept)
-    return {**run, "per_seed": kept, "per_subject": per_subject, "summary": summary}
+    out = {**run, "per_seed": kept, "per_subject": per_subject, "summary": summary}
+    if run.get("curve_per_seed"):
+        curves = {k: v for k, v in run["curve_per_seed"].items() if k in kept}
+        rounds = sorted({p["round"] for c in curves.values() for p in c})
+        out["curve_per_seed"] = curves
+        out["curve"] = [{"round": r, "bca": float(np.mean([p["bca"] for c in curves.values() for p in c
+                                                           if p["round"] == r]))} for r in rounds]
+    return out
+
+
+def curve_markdown(runs: list[dict]) -> str:
+    """Held-out BCA (%) at each evaluated round: mean over folds and seeds, and per seed (``s0 / s1 / ...``)
+    where results.json has ``curve_per_seed`` and more than one seed; "" when no run has a curve."""
+    runs = [r for r in runs if r.get("curve")]
+    if not runs:
+        return ""
+    rounds = sorted({p["round"] for r in runs for p in r["curve"]})
+    head = "| run | " + " | ".join(f"round {k}" for k in rounds) + " |"
+    lines = [head, "|" + "---|" * (len(rounds) + 1)]
+    for r in runs:
+        mean = {p["round"]: 100 * p["bca"] for p in r["curve"]}
+        per_seed = [{p["round"]: 100 * p["bca"] for p in c} for _, c in sorted(
+            (r.get("curve_per_seed") or {}).items(), key=lambda kv: int(kv[0]))]
+        cells = []
+        for k in rounds:
+            cell = f"{mean[k]:.1f}" if k in mean else "-"
+            if len(per_seed) > 1 and k in mean:
+                cell += " (" + " / ".join(f"{c[k]:.1f}" if k in c else "-" for c in per_seed) + ")"
+            cells.append(cell)
+        lines.append(f"| {label_of(r)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def label_of(run: dict) -> str:
@@ -285,8 +316,12 @@ def report(
              "means. p: two-sided paired t-test over the subjects both runs hold. Every score is on subjects the "
              "scoring model never trained on (see Folds).")]
     notes += [f"**Warning**: {w}." for w in warnings]
+    curves = curve_markdown(runs)
+    if curves:
+        curves = ("## Held-out BCA during training (%)\n\nThe global model on the held-out subjects at each "
+                  "evaluated round, mean over folds and seeds (per seed in brackets).\n\n" + curves + "\n\n")
     md = ("# NeuroFed report\n\n" + protocol_markdown(runs) + "\n\n## Results\n\n" + table + "\n\n"
-          + "\n\n".join(notes) + "\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
+          + "\n\n".join(notes) + "\n\n" + curves + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
     (out / "report.md").write_text(md)
     typer.echo(table)
     typer.echo(f"report: {out / 'report.md'}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,3 +153,26 @@ def test_report_protocol_names_the_client_partition(partition, want):
 
     run = {"algorithm": "fedavg", "config": {"rounds": 50, "fraction": 0.5, "partition": partition}}
     assert protocol_of(run)["rounds"] == f"50 rounds, 0.5 of the clients per round {want}"
+
+
+def test_learning_curve_per_seed_is_tabulated_and_follows_seeds(tmp_path):
+    """summarise keeps each seed's curve; the report tabulates mean (per seed) and --seeds restricts it."""
+    from trainer.experiments.simulate import mean_curve
+
+    jobs = [{"seed": s, "fold": k, "curve": [{"round": 1, "loss": 1.0}, {"round": 10, "bca": b}, {"round": 20, "bca": b + 0.1}]}
+            for s, k, b in ((0, 0, 0.5), (0, 1, 0.6), (1, 0, 0.7), (1, 1, 0.8))]
+    assert mean_curve(jobs) == [{"round": 10, "bca": pytest.approx(0.65)}, {"round": 20, "bca": pytest.approx(0.75)}]
+    d = Path(_full_run(tmp_path, "fedbs", "fedbs"))
+    r = json.loads((d / "results.json").read_text())
+    r["per_seed"] = {"0": r["per_seed"]["0"], "1": {k: {"bca": 0.5} for k in r["per_seed"]["0"]}}
+    r["curve"] = mean_curve(jobs)
+    r["curve_per_seed"] = {str(s): mean_curve([j for j in jobs if j["seed"] == s]) for s in (0, 1)}
+    (d / "results.json").write_text(json.dumps(r))
+    res = CliRunner().invoke(app, ["report", str(d), "--refs", "fedbs", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "| run | round 10 | round 20 |" in md
+    assert "| fedbs | 65.0 (55.0 / 75.0) | 75.0 (65.0 / 85.0) |" in md  # mean over both seeds, then each seed
+    res = CliRunner().invoke(app, ["report", str(d), "--refs", "fedbs", "--seeds", "1", "--out", str(tmp_path / "r1")])
+    assert res.exit_code == 0, res.output
+    assert "| fedbs | 75.0 | 85.0 |" in (tmp_path / "r1" / "report.md").read_text()  # seed 1 only

@@ -225,15 +225,21 @@ def aggregate_seeds(per_seed: dict) -> tuple[dict[str, dict[str, float]], dict[s
     return per_subject, summary
 
 
+def mean_curve(jobs: list[dict]) -> list[dict[str, float]]:
+    """Held-out BCA of the global model at each evaluated round, mean over ``jobs`` (folds and/or seeds)."""
+    rounds = sorted({p["round"] for j in jobs for p in j["curve"] if "bca" in p})
+    return [{"round": r, "bca": float(np.mean([p["bca"] for j in jobs for p in j["curve"]
+                                               if p["round"] == r and "bca" in p]))} for r in rounds]
+
+
 def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
     """Aggregate per-(fold, seed) results into results.json content."""
     per_seed: dict[int, dict[str, dict]] = {}
     for j in jobs:
         per_seed.setdefault(j["seed"], {}).update(j["per_subject"])
     per_subject, summary = aggregate_seeds(per_seed)
-    rounds = sorted({p["round"] for j in jobs for p in j["curve"] if "bca" in p})
-    curve = [{"round": r, "bca": float(np.mean([p["bca"] for j in jobs for p in j["curve"]
-                                                 if p["round"] == r and "bca" in p]))} for r in rounds]
+    curve = mean_curve(jobs)
+    curve_per_seed = {str(k): mean_curve([j for j in jobs if j["seed"] == k]) for k in sorted(per_seed)}
     hashes = {}
     for j in jobs:
         hashes.update(j["data_hashes"])
@@ -242,7 +248,7 @@ def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
         **extra,
         "algorithm": cfg.algorithm, "model": cfg.model, "config": asdict(cfg),
         "strategy": cfg.strategy().to_dict(), "summary": summary, "per_subject": per_subject,
-        "per_seed": {str(k): v for k, v in per_seed.items()}, "curve": curve,
+        "per_seed": {str(k): v for k, v in per_seed.items()}, "curve": curve, "curve_per_seed": curve_per_seed,
         "seconds": float(sum(j["seconds"] for j in jobs)), "data_hashes": hashes,
         "checkpoints": [c for j in jobs for c in j.get("checkpoints", [j["checkpoint"]] if "checkpoint" in j else [])],
         "attack_budgets": attack_budgets([a for a, _ in cfg.attacks]),
