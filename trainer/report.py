@@ -32,7 +32,7 @@ def load_runs(run_dirs: list[Path], seeds: list[int] | None = None) -> list[dict
 
 def only_seeds(run: dict, seeds: list[int]) -> dict:
     """The run restricted to ``seeds`` (those it has); an error naming the run if it has none of them."""
-    from trainer.experiments.simulate import aggregate_seeds
+    from trainer.experiments.simulate import aggregate_seeds, mean_curve
 
     kept = {k: v for k, v in (run.get("per_seed") or {}).items() if int(k) in seeds}
     if not kept:
@@ -42,10 +42,8 @@ def only_seeds(run: dict, seeds: list[int]) -> dict:
     out = {**run, "per_seed": kept, "per_subject": per_subject, "summary": summary}
     if run.get("curve_per_seed"):
         curves = {k: v for k, v in run["curve_per_seed"].items() if k in kept}
-        rounds = sorted({p["round"] for c in curves.values() for p in c})
         out["curve_per_seed"] = curves
-        out["curve"] = [{"round": r, "bca": float(np.mean([p["bca"] for c in curves.values() for p in c
-                                                           if p["round"] == r]))} for r in rounds]
+        out["curve"] = mean_curve([{"curve": c} for c in curves.values()])  # seeds have the same folds
     return out
 
 
