@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from trainer.report import paired_comparison
+
 PROFILES = ("lab64", "research21", "cyton_daisy16", "unicorn8")
 CONDITIONS = {
     "a_hier_fedbs": "(a) hierarchical (FLEEG split, FedBS rule), own montages",
@@ -117,13 +119,10 @@ def main(roots: list[Path], plot_path: Path | None = None) -> None:
         subs = sorted(s for s in set(pa) & set(pb) if profile is None or assign[str(int(s[1:]))] == profile)
         if len(subs) < 2:
             return
-        x = np.array([pa[s]["bca"] for s in subs])
-        y = np.array([pb[s]["bca"] for s in subs])
-        t = stats.ttest_rel(x, y)
-        w = stats.wilcoxon(x, y)
-        print(f"- {a} vs {b}{' on ' + profile if profile else ''}: {100 * (x - y).mean():+.1f} points "
-              f"(n={len(subs)} held-out subjects, paired t p={t.pvalue:.2g}, Wilcoxon p={w.pvalue:.2g}; "
-              f"better on {int((x > y).sum())} of {len(subs)})")
+        c = paired_comparison({s: pa[s]["bca"] for s in subs}, {s: pb[s]["bca"] for s in subs}, min_n=2)
+        print(f"- {a} vs {b}{' on ' + profile if profile else ''}: {100 * c['diff']:+.1f} points "
+              f"(n={c['n']} held-out subjects, paired t p={c['t_p']:.2g}, Wilcoxon p={c['wilcoxon_p']:.2g}; "
+              f"better on {c['higher']} of {c['n']})")
 
     for p in profiles:
         for mixed in ("a_hier_fedbs", "a_proj_hier_fedbs", "c2_interpolate_fixed", "c3_fixmap_hier_fedbs"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -167,16 +168,58 @@ def sample_std(values) -> float:
     return float(v.std(ddof=1)) if len(v) > 1 else 0.0
 
 
+def paired_comparison(x: Mapping[str, float], y: Mapping[str, float], min_n: int = 3) -> dict | None:
+    """Compare two per-subject scores (subject -> value) over the subjects both hold.
+
+    Parameters
+    ----------
+    x, y
+        Per-subject scores of the two models (e.g. each subject's BCA, mean over seeds).
+    min_n
+        Fewest common subjects to test; below it the comparison is ``None``.
+
+    Returns
+    -------
+    dict or None
+        ``n`` (common subjects), ``diff`` (mean of x - y), ``t_p`` (two-sided paired t-test), ``wilcoxon_p``
+        (two-sided Wilcoxon signed-rank test, zero differences dropped) and ``higher`` (subjects with x > y).
+        Identical scores give p = 1.0 for both tests.
+    """
+    common = sorted(set(x) & set(y))
+    if len(common) < min_n:
+        return None
+    a = np.array([x[s] for s in common], dtype=float)
+    b = np.array([y[s] for s in common], dtype=float)
+    same = np.allclose(a, b)
+    return {"n": len(common), "diff": float((a - b).mean()), "higher": int((a > b).sum()),
+            "t_p": 1.0 if same else float(stats.ttest_rel(a, b).pvalue),
+            "wilcoxon_p": 1.0 if same else float(stats.wilcoxon(a, b).pvalue)}
+
+
 def paired_p(a: dict, b: dict, metric: str = "bca") -> float | None:
     """Paired t-test over subjects both runs hold (two-sided)."""
-    common = sorted(set(a["per_subject"]) & set(b["per_subject"]))
-    if len(common) < 3:
-        return None
-    x = [a["per_subject"][s][metric] for s in common]
-    y = [b["per_subject"][s][metric] for s in common]
-    if np.allclose(x, y):
-        return 1.0
-    return float(stats.ttest_rel(x, y).pvalue)
+    c = paired_comparison({s: v[metric] for s, v in a["per_subject"].items()},
+                          {s: v[metric] for s, v in b["per_subject"].items()})
+    return None if c is None else c["t_p"]
+
+
+def comparisons_markdown(runs: list[dict], refs: tuple[str, ...]) -> str:
+    """Each run against each reference run on BCA: difference, paired t and Wilcoxon p, subjects higher."""
+    ref_runs = reference_runs(runs, refs)
+    lines = []
+    for k in refs:
+        ref = ref_runs.get(k)
+        for r in runs if ref is not None else []:
+            c = None if r is ref else paired_comparison({s: v["bca"] for s, v in r["per_subject"].items()},
+                                                        {s: v["bca"] for s, v in ref["per_subject"].items()})
+            if c is not None:
+                lines.append(f"| {label_of(r)} − {label_of(ref)} | {c['n']} | {100 * c['diff']:+.1f} | "
+                             f"{c['t_p']:.2g} | {c['wilcoxon_p']:.2g} | {c['higher']} of {c['n']} |")
+    if not lines:
+        return ""
+    head = ("| comparison | subjects | difference (points) | p (paired t) | p (Wilcoxon) | higher on |\n"
+            "|---|---|---|---|---|---|")
+    return head + "\n" + "\n".join(lines)
 
 
 def reference_runs(runs: list[dict], refs: tuple[str, ...]) -> dict[str, dict]:
@@ -314,12 +357,18 @@ def report(
              "means. p: two-sided paired t-test over the subjects both runs hold. Every score is on subjects the "
              "scoring model never trained on (see Folds).")]
     notes += [f"**Warning**: {w}." for w in warnings]
+    comparisons = comparisons_markdown(runs, ref_names)
+    if comparisons:
+        comparisons = ("## Paired comparisons (BCA)\n\nEach run against each reference over the held-out subjects "
+                       "both hold (each subject's BCA averaged over seeds first): mean difference, two-sided paired "
+                       "t-test, two-sided Wilcoxon signed-rank test (zero differences dropped), and on how many "
+                       "subjects the run is higher.\n\n" + comparisons + "\n\n")
     curves = curve_markdown(runs)
     if curves:
         curves = ("## Held-out BCA during training (%)\n\nThe global model on the held-out subjects at each "
                   "evaluated round, mean over folds and seeds (per seed in brackets).\n\n" + curves + "\n\n")
     md = ("# NeuroFed report\n\n" + protocol_markdown(runs) + "\n\n## Results\n\n" + table + "\n\n"
-          + "\n\n".join(notes) + "\n\n" + curves + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
+          + "\n\n".join(notes) + "\n\n" + comparisons + curves + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
     (out / "report.md").write_text(md)
     typer.echo(table)
     typer.echo(f"report: {out / 'report.md'}")

@@ -176,3 +176,35 @@ def test_learning_curve_per_seed_is_tabulated_and_follows_seeds(tmp_path):
     res = CliRunner().invoke(app, ["report", str(d), "--refs", "fedbs", "--seeds", "1", "--out", str(tmp_path / "r1")])
     assert res.exit_code == 0, res.output
     assert "| fedbs | 75.0 | 85.0 |" in (tmp_path / "r1" / "report.md").read_text()  # seed 1 only
+
+
+def test_paired_comparison_hand_computed_case():
+    from trainer.report import paired_comparison
+
+    x = {"S001": 0.6, "S002": 0.7, "S003": 0.8, "S004": 0.9, "S009": 0.5}  # S009 only in x: not compared
+    y = {"S001": 0.5, "S002": 0.5, "S003": 0.5, "S004": 0.9}
+    c = paired_comparison(x, y)
+    # differences 0.1, 0.2, 0.3, 0: mean 0.15; higher on 3 of 4; Wilcoxon drops the zero, ranks 1, 2, 3 all
+    # positive: W- = 0, exact two-sided p = 2 * P(W <= 0) = 2 / 2**3 = 0.25
+    assert c["n"] == 4 and c["higher"] == 3
+    assert c["diff"] == pytest.approx(0.15)
+    assert c["wilcoxon_p"] == pytest.approx(0.25)
+    d = np.array([0.1, 0.2, 0.3, 0.0])
+    t = d.mean() / (d.std(ddof=1) / 2)  # paired t, 3 degrees of freedom
+    assert c["t_p"] == pytest.approx(2 * stats.t.sf(t, 3))
+    assert paired_comparison(x, dict(x)) == {"n": 5, "diff": 0.0, "higher": 0, "t_p": 1.0, "wilcoxon_p": 1.0}
+    assert paired_comparison({"S001": 0.6, "S002": 0.7}, {"S001": 0.5, "S002": 0.5}) is None  # < 3 subjects
+
+
+def test_report_tabulates_paired_comparisons_against_each_ref(tmp_path):
+    subs = ["S001", "S002", "S003", "S004"]
+    a = _run(tmp_path, "fedavg", {"0": dict(zip(subs, ({"bca": v} for v in (0.5, 0.5, 0.5, 0.9))))})
+    b = _run(tmp_path, "fedbm", {"0": dict(zip(subs, ({"bca": v} for v in (0.6, 0.7, 0.8, 0.9))))})
+    res = CliRunner().invoke(app, ["report", a, b, "--refs", "fedavg,fedbm", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "## Paired comparisons (BCA)" in md
+    rows = [ln for ln in md.splitlines() if " − " in ln and ln.startswith("| ")]
+    p = f"{stats.ttest_rel([0.6, 0.7, 0.8, 0.9], [0.5, 0.5, 0.5, 0.9]).pvalue:.2g}"
+    assert rows == [f"| fedbm − fedavg | 4 | +15.0 | {p} | 0.25 | 3 of 4 |",
+                    f"| fedavg − fedbm | 4 | -15.0 | {p} | 0.25 | 0 of 4 |"]
