@@ -213,7 +213,8 @@ def comparisons_markdown(runs: list[dict], refs: tuple[str, ...]) -> str:
             c = None if r is ref else paired_comparison({s: v["bca"] for s, v in r["per_subject"].items()},
                                                         {s: v["bca"] for s, v in ref["per_subject"].items()})
             if c is not None:
-                lines.append(f"| {label_of(r)} − {label_of(ref)} | {c['n']} | {100 * c['diff']:+.1f} | "
+                diff = round(100 * c["diff"], 1) + 0.0  # + 0.0: a difference that rounds to zero prints +0.0
+                lines.append(f"| {label_of(r)} − {label_of(ref)} | {c['n']} | {diff:+.1f} | "
                              f"{c['t_p']:.2g} | {c['wilcoxon_p']:.2g} | {c['higher']} of {c['n']} |")
     if not lines:
         return ""
