@@ -117,9 +117,9 @@ def main(roots: list[Path], plot_path: Path | None = None) -> None:
             return
         pa, pb = res[a]["per_subject"], res[b]["per_subject"]
         subs = sorted(s for s in set(pa) & set(pb) if profile is None or assign[str(int(s[1:]))] == profile)
-        if len(subs) < 2:
-            return
         c = paired_comparison({s: pa[s]["bca"] for s in subs}, {s: pb[s]["bca"] for s in subs}, min_n=2)
+        if c is None:
+            return
         print(f"- {a} vs {b}{' on ' + profile if profile else ''}: {100 * c['diff']:+.1f} points "
               f"(n={c['n']} held-out subjects, paired t p={c['t_p']:.2g}, Wilcoxon p={c['wilcoxon_p']:.2g}; "
               f"better on {c['higher']} of {c['n']})")
