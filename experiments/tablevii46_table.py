@@ -1,0 +1,125 @@
+"""SAFE's Table VII shape on 46 subjects: every combination of LBSN / FAT / AWP x benign / white-box / black-box.
+
+Run (after `neurofed grid experiments/tablevii46.txt` and `neurofed sweep` of its runs, see that spec):
+    python experiments/tablevii46_table.py [--seeds 0,1,2] [--out docs/results/tablevii46]
+
+Reads each row's `sweep.json` (written by `neurofed sweep`: per subject the mean over the swept seeds) for the benign
+and white-box columns, and the black-box column (Square 0.05 on the exported graph, `experiments/blackbox46_onnx.sh`)
+from `onnx_attack/square_0.05/seedS_foldKK.json` where a row has it, on the seeds it has (said in the table). The
+rows "none" (= FedAvg) and "SAFE" are sweep46's fedavg and safe runs; their black-box results are blackbox46's (the
+same models' seed-0 jobs, equal to sweep46's subject by subject). Paired t-tests over subjects against "none" and
+against SAFE (trainer.report.paired_comparison). Writes OUT/table.md and OUT/summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+from blackbox46_table import load  # experiments/ is on sys.path when run as a script
+
+from trainer.report import paired_comparison
+
+R = Path("experiments/results")
+# label, training run (sweep.json), black-box run (onnx_attack/), LBSN, FAT, AWP
+ROWS = [
+    ("none (FedAvg)", R / "sweep46/fedavg", R / "blackbox46/fedavg", False, False, False),
+    ("LBSN", R / "tablevii46/lbsn", R / "tablevii46/lbsn", True, False, False),
+    ("FAT", R / "tablevii46/fat", R / "tablevii46/fat", False, True, False),
+    ("AWP", R / "tablevii46/awp", R / "tablevii46/awp", False, False, True),
+    ("LBSN+FAT", R / "tablevii46/lbsn_fat", R / "tablevii46/lbsn_fat", True, True, False),
+    ("LBSN+AWP", R / "tablevii46/lbsn_awp", R / "tablevii46/lbsn_awp", True, False, True),
+    ("FAT+AWP", R / "tablevii46/fat_awp", R / "tablevii46/fat_awp", False, True, True),
+    ("SAFE (LBSN+FAT+AWP)", R / "sweep46/safe", R / "blackbox46/safe", True, True, True),
+]
+WHITE = ["fgsm@0.03", "pgd@0.03"]
+BLACK = "square_0.05"
+
+
+def white_box(run: Path, seeds: list[int]) -> dict | None:
+    """Per-subject benign and white-box BCA (mean over ``seeds``) from the run's sweep summary, or None."""
+    for name in ("sweep.json", f"sweep_seeds{'_'.join(map(str, seeds))}.json"):
+        p = run / name
+        if p.exists():
+            s = json.loads(p.read_text())
+            if sorted(s["seeds"]) == sorted(seeds) and all(k in s["summary"] for k in WHITE):
+                return s
+    return None
+
+
+def black_box(run: Path, seeds: list[int]) -> tuple[dict[str, tuple[float, float]], list[int]]:
+    """Per-subject (Square BCA, benign BCA) on the graph (means over the seeds found) and those seeds, read by
+    blackbox46_table.load (which checks the graph's benign BCA against the training job's); only seeds with all
+    five folds attacked count."""
+    found = [sd for sd in seeds if len(list((run / "onnx_attack" / BLACK).glob(f"seed{sd}_fold*.json"))) == 5]
+    if not found:
+        return {}, []
+    rows, _, differ = load(str(run), BLACK, found)
+    if differ:
+        raise SystemExit(f"{run}: the graph's benign BCA differs from the training job's on {differ} subject-seeds")
+    return {s: (r["bca_attacked"], r["bca"]) for s, r in rows.items()}, found
+
+
+def fmt_p(c: dict | None) -> str:
+    return "-" if c is None else f"{100 * c['diff']:+.1f} (p {c['t_p']:.2g})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--out", type=Path, default=Path("docs/results/tablevii46"))
+    a = ap.parse_args()
+    seeds = [int(x) for x in a.seeds.split(",")]
+    cols = ["bca", *WHITE, "lowest white-box"]
+    data: dict[str, dict] = {}
+    for label, run, bb_run, *parts in ROWS:
+        s = white_box(run, seeds)
+        if s is None:
+            print(f"{label}: {run} has no sweep of seeds {seeds} with {WHITE} (run `neurofed sweep` first); skipped")
+            continue
+        per = {subj: {**{k: row[k] for k in ["bca", *WHITE]}, "lowest white-box": min(row[k] for k in WHITE)}
+               for subj, row in s["per_subject"].items()}
+        bb, bb_seeds = black_box(bb_run, seeds)
+        for subj, (att, ben) in bb.items():
+            per.setdefault(subj, {}).update({BLACK: att, "bca graph": ben})
+        data[label] = {"parts": parts, "per_subject": per, "per_seed_bca": s["summary"]["bca"]["per_seed"],
+                       "black_box_seeds": bb_seeds}
+    if not data:
+        raise SystemExit("no row has its sweep yet")
+    refs = [r for r in ("none (FedAvg)", "SAFE (LBSN+FAT+AWP)") if r in data]
+    head = (["row", "LBSN", "FAT", "AWP", "benign BCA %", "FGSM 0.03 %", "PGD-10 0.03 %", "lowest white-box %",
+             "Square 0.05 % (graph)"] + [f"{c} − {r.split(' ')[0]}" for r in refs for c in ("benign", "white-box")])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    summary: dict[str, dict] = {}
+    for label, d in data.items():
+        per = d["per_subject"]
+        mean = {k: 100 * float(np.mean([row[k] for row in per.values() if k in row])) for k in cols}
+        sd = {k: 100 * float(np.std([row[k] for row in per.values() if k in row], ddof=1)) for k in cols}
+        bb = [row[BLACK] for row in per.values() if BLACK in row]
+        bb_cell = (f"{100 * np.mean(bb):.1f} ({np.mean(bb) / np.mean([r['bca graph'] for r in per.values() if BLACK in r]):.0%};"
+                   f" seed {','.join(map(str, d['black_box_seeds']))})" if bb else "not run")
+        cells = [label, *("✓" if p else "" for p in d["parts"]), f"{mean['bca']:.1f} ± {sd['bca']:.1f}",
+                 *(f"{mean[k]:.1f} ({mean[k] / mean['bca']:.0%})" for k in cols[1:]), bb_cell]
+        comps = {}
+        for r in refs:
+            for key, name in (("bca", "benign"), ("lowest white-box", "white-box")):
+                c = None if r == label else paired_comparison({s: v[key] for s, v in per.items()},
+                                                              {s: v[key] for s, v in data[r]["per_subject"].items()})
+                comps[f"{name} vs {r}"] = c
+                cells.append(fmt_p(c))
+        lines.append("| " + " | ".join(cells) + " |")
+        summary[label] = {"mean": mean, "sd_subjects": sd, "per_seed_bca": d["per_seed_bca"],
+                          "n_subjects": len(per), "square_0.05": float(np.mean(bb)) if bb else None,
+                          "square_seeds": d["black_box_seeds"], "comparisons": comps}
+    text = (f"Seeds {a.seeds}; per subject the mean over seeds; paired t over the subjects both rows hold "
+            "(difference in points).\n\n" + "\n".join(lines))
+    print(text)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "table.md").write_text(text + "\n")
+    (a.out / "summary.json").write_text(json.dumps({"seeds": seeds, "rows": summary}, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()
