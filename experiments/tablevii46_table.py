@@ -33,20 +33,29 @@ ROWS = [
     ("LBSN+AWP", R / "tablevii46/lbsn_awp", R / "tablevii46/lbsn_awp", True, False, True),
     ("FAT+AWP", R / "tablevii46/fat_awp", R / "tablevii46/fat_awp", False, True, True),
     ("SAFE (LBSN+FAT+AWP)", R / "sweep46/safe", R / "blackbox46/safe", True, True, True),
+    # not a combination: centralised training with FGSM adversarial training (standard BN), for reference
+    ("CT+AT (centralised)", R / "baselines46/ct_at", R / "baselines46/ct_at", None, None, None),
 ]
 WHITE = ["fgsm@0.03", "pgd@0.03"]
+# further paired comparisons listed under the table (row, against row)
+PAIRS = [("FAT", "CT+AT (centralised)"), ("LBSN+FAT", "FAT"), ("LBSN+FAT", "CT+AT (centralised)"),
+         ("FAT", "SAFE (LBSN+FAT+AWP)"), ("LBSN", "none (FedAvg)")]
 BLACK = "square_0.05"
 
 
-def white_box(run: Path, seeds: list[int]) -> dict | None:
-    """Per-subject benign and white-box BCA (mean over ``seeds``) from the run's sweep summary, or None."""
-    for name in ("sweep.json", f"sweep_seeds{'_'.join(map(str, seeds))}.json"):
-        p = run / name
-        if p.exists():
-            s = json.loads(p.read_text())
-            if sorted(s["seeds"]) == sorted(seeds) and all(k in s["summary"] for k in WHITE):
-                return s
-    return None
+def white_box(run: Path, seeds: list[int]) -> dict[str, dict] | None:
+    """Per-subject benign and white-box BCA (mean over ``seeds``) from the run's per-job sweep files
+    (``sweep/seedS_foldKK.json``, written by `neurofed sweep`), or None unless every seed has all five folds swept
+    with the :data:`WHITE` attacks."""
+    per: dict[str, list[dict]] = {}
+    for sd in seeds:
+        files = sorted((run / "sweep").glob(f"seed{sd}_fold*.json"))
+        rows = [r for f in files for r in json.loads(f.read_text())["per_subject"].items()]
+        if len(files) < 5 or not all(k in row for _, row in rows for k in WHITE):
+            return None
+        for subj, row in rows:
+            per.setdefault(subj, []).append(row)
+    return {subj: {k: float(np.mean([r[k] for r in rs])) for k in ["bca", *WHITE]} for subj, rs in per.items()}
 
 
 def black_box(run: Path, seeds: list[int]) -> tuple[dict[str, tuple[float, float]], list[int]]:
@@ -77,15 +86,14 @@ def main() -> None:
     for label, run, bb_run, *parts in ROWS:
         s = white_box(run, seeds)
         if s is None:
-            print(f"{label}: {run} has no sweep of seeds {seeds} with {WHITE} (run `neurofed sweep` first); skipped")
+            print(f"{label}: {run} has no sweep of all five folds of seeds {seeds} with {WHITE} (run `neurofed sweep`"
+                  " first); skipped")
             continue
-        per = {subj: {**{k: row[k] for k in ["bca", *WHITE]}, "lowest white-box": min(row[k] for k in WHITE)}
-               for subj, row in s["per_subject"].items()}
+        per = {subj: {**row, "lowest white-box": min(row[k] for k in WHITE)} for subj, row in s.items()}
         bb, bb_seeds = black_box(bb_run, seeds)
         for subj, (att, ben) in bb.items():
             per.setdefault(subj, {}).update({BLACK: att, "bca graph": ben})
-        data[label] = {"parts": parts, "per_subject": per, "per_seed_bca": s["summary"]["bca"]["per_seed"],
-                       "black_box_seeds": bb_seeds}
+        data[label] = {"parts": parts, "per_subject": per, "black_box_seeds": bb_seeds}
     if not data:
         raise SystemExit("no row has its sweep yet")
     refs = [r for r in ("none (FedAvg)", "SAFE (LBSN+FAT+AWP)") if r in data]
@@ -100,7 +108,7 @@ def main() -> None:
         bb = [row[BLACK] for row in per.values() if BLACK in row]
         bb_cell = (f"{100 * np.mean(bb):.1f} ({np.mean(bb) / np.mean([r['bca graph'] for r in per.values() if BLACK in r]):.0%};"
                    f" seed {','.join(map(str, d['black_box_seeds']))})" if bb else "not run")
-        cells = [label, *("✓" if p else "" for p in d["parts"]), f"{mean['bca']:.1f} ± {sd['bca']:.1f}",
+        cells = [label, *("✓" if p else ("-" if p is None else "") for p in d["parts"]), f"{mean['bca']:.1f} ± {sd['bca']:.1f}",
                  *(f"{mean[k]:.1f} ({mean[k] / mean['bca']:.0%})" for k in cols[1:]), bb_cell]
         comps = {}
         for r in refs:
@@ -110,11 +118,23 @@ def main() -> None:
                 comps[f"{name} vs {r}"] = c
                 cells.append(fmt_p(c))
         lines.append("| " + " | ".join(cells) + " |")
-        summary[label] = {"mean": mean, "sd_subjects": sd, "per_seed_bca": d["per_seed_bca"],
+        summary[label] = {"mean": mean, "sd_subjects": sd,
                           "n_subjects": len(per), "square_0.05": float(np.mean(bb)) if bb else None,
                           "square_seeds": d["black_box_seeds"], "comparisons": comps}
+    bullets = []
+    for x, y in PAIRS:
+        if x not in data or y not in data:
+            continue
+        cells = []
+        for key in ("bca", "pgd@0.03", BLACK):
+            c = paired_comparison({s: v[key] for s, v in data[x]["per_subject"].items() if key in v},
+                                  {s: v[key] for s, v in data[y]["per_subject"].items() if key in v})
+            if c is not None:
+                cells.append(f"{key} {100 * c['diff']:+.1f} (p {c['t_p']:.2g}, higher on {c['higher']} of {c['n']})")
+                summary[x]["comparisons"][f"{key} vs {y}"] = c
+        bullets.append(f"- {x} − {y}: " + "; ".join(cells))
     text = (f"Seeds {a.seeds}; per subject the mean over seeds; paired t over the subjects both rows hold "
-            "(difference in points).\n\n" + "\n".join(lines))
+            "(difference in points).\n\n" + "\n".join(lines) + "\n\n" + "\n".join(bullets))
     print(text)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "table.md").write_text(text + "\n")
