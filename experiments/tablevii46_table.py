@@ -3,12 +3,14 @@
 Run (after `neurofed grid experiments/tablevii46.txt` and `neurofed sweep` of its runs, see that spec):
     python experiments/tablevii46_table.py [--seeds 0,1,2] [--out docs/results/tablevii46]
 
-Reads each row's `sweep.json` (written by `neurofed sweep`: per subject the mean over the swept seeds) for the benign
-and white-box columns, and the black-box column (Square 0.05 on the exported graph, `experiments/blackbox46_onnx.sh`)
+Reads each row's per-job sweep files (`sweep/seedS_foldKK.json`, written by `neurofed sweep`; per subject the mean
+over --seeds, every seed needing all five folds) for the benign and white-box columns, and the black-box column (Square 0.05 on the exported graph, `experiments/blackbox46_onnx.sh`)
 from `onnx_attack/square_0.05/seedS_foldKK.json` where a row has it, on the seeds it has (said in the table). The
 rows "none" (= FedAvg) and "SAFE" are sweep46's fedavg and safe runs; their black-box results are blackbox46's (the
-same models' seed-0 jobs, equal to sweep46's subject by subject). Paired t-tests over subjects against "none" and
-against SAFE (trainer.report.paired_comparison). Writes OUT/table.md and OUT/summary.json.
+same models' seed-0 jobs, equal to sweep46's subject by subject); a last row, CT+AT (baselines46's centralised FGSM
+adversarial training), is a reference, not a combination. Paired t-tests over subjects against "none" and against
+SAFE (trainer.report.paired_comparison), and the pairs in :data:`PAIRS` listed under the table. Writes OUT/table.md
+and OUT/summary.json.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from blackbox46_table import load  # experiments/ is on sys.path when run as a s
 from trainer.report import paired_comparison
 
 R = Path("experiments/results")
-# label, training run (sweep.json), black-box run (onnx_attack/), LBSN, FAT, AWP
+# label, trained run (sweep/), black-box run (onnx_attack/), LBSN, FAT, AWP
 ROWS = [
     ("none (FedAvg)", R / "sweep46/fedavg", R / "blackbox46/fedavg", False, False, False),
     ("LBSN", R / "tablevii46/lbsn", R / "tablevii46/lbsn", True, False, False),
@@ -39,7 +41,7 @@ ROWS = [
 WHITE = ["fgsm@0.03", "pgd@0.03"]
 # further paired comparisons listed under the table (row, against row)
 PAIRS = [("FAT", "CT+AT (centralised)"), ("LBSN+FAT", "FAT"), ("LBSN+FAT", "CT+AT (centralised)"),
-         ("FAT", "SAFE (LBSN+FAT+AWP)"), ("LBSN", "none (FedAvg)")]
+         ("FAT", "SAFE (LBSN+FAT+AWP)"), ("LBSN", "none (FedAvg)"), ("LBSN+AWP", "LBSN")]
 BLACK = "square_0.05"
 
 
