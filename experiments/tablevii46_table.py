@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from blackbox46_table import load  # experiments/ is on sys.path when run as a script
 
+from trainer.experiments.simulate import aggregate_seeds
 from trainer.report import paired_comparison
 
 R = Path("experiments/results")
@@ -49,15 +50,15 @@ def white_box(run: Path, seeds: list[int]) -> dict[str, dict] | None:
     """Per-subject benign and white-box BCA (mean over ``seeds``) from the run's per-job sweep files
     (``sweep/seedS_foldKK.json``, written by `neurofed sweep`), or None unless every seed has all five folds swept
     with the :data:`WHITE` attacks."""
-    per: dict[str, list[dict]] = {}
+    keys = ["bca", *WHITE]
+    per_seed: dict[int, dict[str, dict[str, float]]] = {}
     for sd in seeds:
         files = sorted((run / "sweep").glob(f"seed{sd}_fold*.json"))
         rows = [r for f in files for r in json.loads(f.read_text())["per_subject"].items()]
         if len(files) < 5 or not all(k in row for _, row in rows for k in WHITE):
             return None
-        for subj, row in rows:
-            per.setdefault(subj, []).append(row)
-    return {subj: {k: float(np.mean([r[k] for r in rs])) for k in ["bca", *WHITE]} for subj, rs in per.items()}
+        per_seed[sd] = {subj: {k: row[k] for k in keys} for subj, row in rows}
+    return aggregate_seeds(per_seed)[0]
 
 
 def black_box(run: Path, seeds: list[int]) -> tuple[dict[str, tuple[float, float]], list[int]]:
