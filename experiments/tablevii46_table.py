@@ -46,10 +46,10 @@ PAIRS = [("FAT", "CT+AT (centralised)"), ("LBSN+FAT", "FAT"), ("LBSN+FAT", "CT+A
 BLACK = "square_0.05"
 
 
-def white_box(run: Path, seeds: list[int]) -> dict[str, dict] | None:
-    """Per-subject benign and white-box BCA (mean over ``seeds``) from the run's per-job sweep files
-    (``sweep/seedS_foldKK.json``, written by `neurofed sweep`), or None unless every seed has all five folds swept
-    with the :data:`WHITE` attacks."""
+def white_box(run: Path, seeds: list[int]) -> tuple[dict[str, dict], dict[str, dict]] | None:
+    """Per-subject benign and white-box BCA (mean over ``seeds``) and their summary (with each seed's mean over
+    subjects; ``aggregate_seeds``) from the run's per-job sweep files (``sweep/seedS_foldKK.json``, written by
+    `neurofed sweep`), or None unless every seed has all five folds swept with the :data:`WHITE` attacks."""
     keys = ["bca", *WHITE]
     per_seed: dict[int, dict[str, dict[str, float]]] = {}
     for sd in seeds:
@@ -58,7 +58,7 @@ def white_box(run: Path, seeds: list[int]) -> dict[str, dict] | None:
         if len(files) < 5 or not all(k in row for _, row in rows for k in WHITE):
             return None
         per_seed[sd] = {subj: {k: row[k] for k in keys} for subj, row in rows}
-    return aggregate_seeds(per_seed)[0]
+    return aggregate_seeds(per_seed)
 
 
 def black_box(run: Path, seeds: list[int]) -> tuple[dict[str, tuple[float, float]], list[int]]:
@@ -92,11 +92,12 @@ def main() -> None:
             print(f"{label}: {run} has no sweep of all five folds of seeds {seeds} with {WHITE} (run `neurofed sweep`"
                   " first); skipped")
             continue
-        per = {subj: {**row, "lowest white-box": min(row[k] for k in WHITE)} for subj, row in s.items()}
+        per = {subj: {**row, "lowest white-box": min(row[k] for k in WHITE)} for subj, row in s[0].items()}
         bb, bb_seeds = black_box(bb_run, seeds)
         for subj, (att, ben) in bb.items():
             per.setdefault(subj, {}).update({BLACK: att, "bca graph": ben})
-        data[label] = {"parts": parts, "per_subject": per, "black_box_seeds": bb_seeds}
+        data[label] = {"parts": parts, "per_subject": per, "black_box_seeds": bb_seeds,
+                       "per_seed": {k: s[1][k]["per_seed"] for k in ("bca", "pgd@0.03")}}
     if not data:
         raise SystemExit("no row has its sweep yet")
     refs = [r for r in ("none (FedAvg)", "SAFE (LBSN+FAT+AWP)") if r in data]
@@ -121,7 +122,7 @@ def main() -> None:
                 comps[f"{name} vs {r}"] = c
                 cells.append(fmt_p(c))
         lines.append("| " + " | ".join(cells) + " |")
-        summary[label] = {"mean": mean, "sd_subjects": sd,
+        summary[label] = {"mean": mean, "sd_subjects": sd, "per_seed": d["per_seed"],
                           "n_subjects": len(per), "square_0.05": float(np.mean(bb)) if bb else None,
                           "square_seeds": d["black_box_seeds"], "comparisons": comps}
     bullets = []
@@ -136,6 +137,12 @@ def main() -> None:
                 cells.append(f"{key} {100 * c['diff']:+.1f} (p {c['t_p']:.2g}, higher on {c['higher']} of {c['n']})")
                 summary[x]["comparisons"][f"{key} vs {y}"] = c
         bullets.append(f"- {x} − {y}: " + "; ".join(cells))
+    if len(seeds) > 1:  # the seed-to-seed spread of each row's mean over subjects
+        bullets.append(f"\nEach seed's mean over the subjects, benign / PGD-10 0.03 % (seeds {a.seeds}; std over seeds):")
+        for label, d in data.items():
+            b, w = (d["per_seed"][k] for k in ("bca", "pgd@0.03"))
+            bullets.append(f"- {label}: " + ", ".join(f"{100 * x:.1f} / {100 * y:.1f}" for x, y in zip(b, w))
+                           + f" (std {100 * np.std(b):.1f} / {100 * np.std(w):.1f})")
     text = (f"Seeds {a.seeds}; per subject the mean over seeds; paired t over the subjects both rows hold "
             "(difference in points).\n\n" + "\n".join(lines) + "\n\n" + "\n".join(bullets))
     print(text)
