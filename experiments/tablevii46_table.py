@@ -42,7 +42,8 @@ ROWS = [
 WHITE = ["fgsm@0.03", "pgd@0.03"]
 # further paired comparisons listed under the table (row, against row)
 PAIRS = [("FAT", "CT+AT (centralised)"), ("LBSN+FAT", "FAT"), ("LBSN+FAT", "CT+AT (centralised)"),
-         ("FAT", "SAFE (LBSN+FAT+AWP)"), ("LBSN", "none (FedAvg)"), ("LBSN+AWP", "LBSN")]
+         ("FAT", "SAFE (LBSN+FAT+AWP)"), ("LBSN", "none (FedAvg)"), ("LBSN+AWP", "LBSN"),
+         ("FAT+AWP", "FAT"), ("AWP", "none (FedAvg)")]
 BLACK = "square_0.05"
 
 
@@ -130,7 +131,8 @@ def main() -> None:
         if x not in data or y not in data:
             continue
         cells = []
-        for key in ("bca", "pgd@0.03", BLACK):
+        same_bb = data[x]["black_box_seeds"] == data[y]["black_box_seeds"]  # Square only on the same seeds' models
+        for key in ("bca", "pgd@0.03", *([BLACK] if same_bb else [])):
             c = paired_comparison({s: v[key] for s, v in data[x]["per_subject"].items() if key in v},
                                   {s: v[key] for s, v in data[y]["per_subject"].items() if key in v})
             if c is not None:
