@@ -98,7 +98,7 @@ def main() -> None:
         for subj, (att, ben) in bb.items():
             per.setdefault(subj, {}).update({BLACK: att, "bca graph": ben})
         data[label] = {"parts": parts, "per_subject": per, "black_box_seeds": bb_seeds,
-                       "per_seed": {k: s[1][k]["per_seed"] for k in ("bca", "pgd@0.03")}}
+                       "seeds": {k: s[1][k] for k in ("bca", "pgd@0.03")}}
     if not data:
         raise SystemExit("no row has its sweep yet")
     refs = [r for r in ("none (FedAvg)", "SAFE (LBSN+FAT+AWP)") if r in data]
@@ -123,7 +123,7 @@ def main() -> None:
                 comps[f"{name} vs {r}"] = c
                 cells.append(fmt_p(c))
         lines.append("| " + " | ".join(cells) + " |")
-        summary[label] = {"mean": mean, "sd_subjects": sd, "per_seed": d["per_seed"],
+        summary[label] = {"mean": mean, "sd_subjects": sd, "per_seed": {k: v["per_seed"] for k, v in d["seeds"].items()},
                           "n_subjects": len(per), "square_0.05": float(np.mean(bb)) if bb else None,
                           "square_seeds": d["black_box_seeds"], "comparisons": comps}
     bullets = []
@@ -142,9 +142,10 @@ def main() -> None:
     if len(seeds) > 1:  # the seed-to-seed spread of each row's mean over subjects
         bullets.append(f"\nEach seed's mean over the subjects, benign / PGD-10 0.03 % (seeds {a.seeds}; std over seeds):")
         for label, d in data.items():
-            b, w = (d["per_seed"][k] for k in ("bca", "pgd@0.03"))
-            bullets.append(f"- {label}: " + ", ".join(f"{100 * x:.1f} / {100 * y:.1f}" for x, y in zip(b, w))
-                           + f" (std {100 * np.std(b):.1f} / {100 * np.std(w):.1f})")
+            b, w = (d["seeds"][k] for k in ("bca", "pgd@0.03"))
+            bullets.append(f"- {label}: " + ", ".join(f"{100 * x:.1f} / {100 * y:.1f}"
+                                                      for x, y in zip(b["per_seed"], w["per_seed"]))
+                           + f" (std {100 * b['std_seeds']:.1f} / {100 * w['std_seeds']:.1f})")
     text = (f"Seeds {a.seeds}; per subject the mean over seeds; paired t over the subjects both rows hold "
             "(difference in points).\n\n" + "\n".join(lines) + "\n\n" + "\n".join(bullets))
     print(text)
