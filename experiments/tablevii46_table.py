@@ -75,6 +75,11 @@ def black_box(run: Path, seeds: list[int]) -> tuple[dict[str, tuple[float, float
     return {s: (r["bca_attacked"], r["bca"]) for s, r in rows.items()}, found
 
 
+def compare(data: dict[str, dict], x: str, y: str, key: str) -> dict | None:
+    """Paired comparison of rows ``x`` and ``y`` on ``key`` over the subjects both hold it for (x − y)."""
+    return paired_comparison(*({s: v[key] for s, v in data[r]["per_subject"].items() if key in v} for r in (x, y)))
+
+
 def fmt_p(c: dict | None) -> str:
     return "-" if c is None else f"{100 * c['diff']:+.1f} (p {c['t_p']:.2g})"
 
@@ -118,8 +123,7 @@ def main() -> None:
         comps = {}
         for r in refs:
             for key, name in (("bca", "benign"), ("lowest white-box", "white-box")):
-                c = None if r == label else paired_comparison({s: v[key] for s, v in per.items()},
-                                                              {s: v[key] for s, v in data[r]["per_subject"].items()})
+                c = None if r == label else compare(data, label, r, key)
                 comps[f"{name} vs {r}"] = c
                 cells.append(fmt_p(c))
         lines.append("| " + " | ".join(cells) + " |")
@@ -133,8 +137,7 @@ def main() -> None:
         cells = []
         same_bb = data[x]["black_box_seeds"] == data[y]["black_box_seeds"]  # Square only on the same seeds' models
         for key in ("bca", "pgd@0.03", *([BLACK] if same_bb else [])):
-            c = paired_comparison({s: v[key] for s, v in data[x]["per_subject"].items() if key in v},
-                                  {s: v[key] for s, v in data[y]["per_subject"].items() if key in v})
+            c = compare(data, x, y, key)
             if c is not None:
                 cells.append(f"{key} {100 * c['diff']:+.1f} (p {c['t_p']:.2g}, higher on {c['higher']} of {c['n']})")
                 summary[x]["comparisons"][f"{key} vs {y}"] = c
