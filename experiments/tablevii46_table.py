@@ -9,7 +9,8 @@ from `onnx_attack/square_0.05/seedS_foldKK.json` where a row has it, on the seed
 rows "none" (= FedAvg) and "SAFE" are sweep46's fedavg and safe runs; their black-box results are blackbox46's (the
 same models' seed-0 jobs, equal to sweep46's subject by subject); a last row, CT+AT (baselines46's centralised FGSM
 adversarial training), is a reference, not a combination. Paired t-tests over subjects against "none" and against
-SAFE (trainer.report.paired_comparison), and the pairs in :data:`PAIRS` listed under the table. Writes OUT/table.md
+SAFE (trainer.report.paired_comparison), and the pairs in :data:`PAIRS` listed under the table (Square on the seeds
+both rows were attacked on). Writes OUT/table.md
 and OUT/summary.json.
 """
 
@@ -62,17 +63,23 @@ def white_box(run: Path, seeds: list[int]) -> tuple[dict[str, dict], dict[str, d
     return aggregate_seeds(per_seed)
 
 
-def black_box(run: Path, seeds: list[int]) -> tuple[dict[str, tuple[float, float]], list[int]]:
-    """Per-subject (Square BCA, benign BCA) on the graph (means over the seeds found) and those seeds, read by
-    blackbox46_table.load (which checks the graph's benign BCA against the training job's); only seeds with all
-    five folds attacked count."""
+def black_box(run: Path, seeds: list[int]) -> tuple[dict[str, dict], list[int]]:
+    """Per-subject Square BCA by seed, ``{subject: {"seeds": {seed: attacked}, "bca graph": benign mean}}``, and the
+    seeds found, read by blackbox46_table.load (which checks the graph's benign BCA against the training job's); only
+    seeds with all five folds attacked count."""
     found = [sd for sd in seeds if len(list((run / "onnx_attack" / BLACK).glob(f"seed{sd}_fold*.json"))) == 5]
     if not found:
         return {}, []
     rows, _, differ = load(str(run), BLACK, found)
     if differ:
         raise SystemExit(f"{run}: the graph's benign BCA differs from the training job's on {differ} subject-seeds")
-    return {s: (r["bca_attacked"], r["bca"]) for s, r in rows.items()}, found
+    return {s: {"seeds": {r["seed"]: r["bca_attacked"] for r in row["seeds"]}, "bca graph": row["bca"]}
+            for s, row in rows.items()}, found
+
+
+def square_on(data: dict[str, dict], row: str, seeds: list[int]) -> dict[str, float]:
+    """Each subject's Square BCA of ``row``, the mean over ``seeds`` (seeds the row was attacked on)."""
+    return {s: float(np.mean([v[sd] for sd in seeds])) for s, v in data[row]["square_by_seed"].items()}
 
 
 def compare(data: dict[str, dict], x: str, y: str, key: str) -> dict | None:
@@ -100,9 +107,10 @@ def main() -> None:
             continue
         per = {subj: {**row, "lowest white-box": min(row[k] for k in WHITE)} for subj, row in s[0].items()}
         bb, bb_seeds = black_box(bb_run, seeds)
-        for subj, (att, ben) in bb.items():
-            per.setdefault(subj, {}).update({BLACK: att, "bca graph": ben})
+        for subj, v in bb.items():
+            per.setdefault(subj, {}).update({BLACK: float(np.mean(list(v["seeds"].values()))), "bca graph": v["bca graph"]})
         data[label] = {"parts": parts, "per_subject": per, "black_box_seeds": bb_seeds,
+                       "square_by_seed": {subj: v["seeds"] for subj, v in bb.items()},
                        "seeds": {k: s[1][k] for k in ("bca", "pgd@0.03")}}
     if not data:
         raise SystemExit("no row has its sweep yet")
@@ -135,12 +143,18 @@ def main() -> None:
         if x not in data or y not in data:
             continue
         cells = []
-        same_bb = data[x]["black_box_seeds"] == data[y]["black_box_seeds"]  # Square only on the same seeds' models
-        for key in ("bca", "pgd@0.03", *([BLACK] if same_bb else [])):
+        for key in ("bca", "pgd@0.03"):
             c = compare(data, x, y, key)
             if c is not None:
                 cells.append(f"{key} {100 * c['diff']:+.1f} (p {c['t_p']:.2g}, higher on {c['higher']} of {c['n']})")
                 summary[x]["comparisons"][f"{key} vs {y}"] = c
+        # Square only on the seeds both rows were attacked on (the same models' seeds), per subject the mean over them
+        common = sorted(set(data[x]["black_box_seeds"]) & set(data[y]["black_box_seeds"]))
+        c = paired_comparison(square_on(data, x, common), square_on(data, y, common)) if common else None
+        if c is not None:
+            on = ",".join(map(str, common))
+            cells.append(f"{BLACK} (seed {on}) {100 * c['diff']:+.1f} (p {c['t_p']:.2g}, higher on {c['higher']} of {c['n']})")
+            summary[x]["comparisons"][f"{BLACK} vs {y}"] = c | {"seeds": common}
         bullets.append(f"- {x} − {y}: " + "; ".join(cells))
     if len(seeds) > 1:  # the seed-to-seed spread of each row's mean over subjects
         bullets.append(f"\nEach seed's mean over the subjects, benign / PGD-10 0.03 % (seeds {a.seeds}; std over seeds):")
