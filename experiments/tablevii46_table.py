@@ -7,11 +7,10 @@ Reads each row's per-job sweep files (`sweep/seedS_foldKK.json`, written by `neu
 over --seeds, every seed needing all five folds) for the benign and white-box columns, and the black-box column (Square 0.05 on the exported graph, `experiments/blackbox46_onnx.sh`)
 from `onnx_attack/square_0.05/seedS_foldKK.json` where a row has it, on the seeds it has (said in the table). The
 rows "none" (= FedAvg) and "SAFE" are sweep46's fedavg and safe runs; their black-box results are blackbox46's (the
-same models' seed-0 jobs, equal to sweep46's subject by subject); a last row, CT+AT (baselines46's centralised FGSM
+same models: blackbox46's jobs equal sweep46's subject by subject); a last row, CT+AT (baselines46's centralised FGSM
 adversarial training), is a reference, not a combination. Paired t-tests over subjects against "none" and against
 SAFE (trainer.report.paired_comparison), and the pairs in :data:`PAIRS` listed under the table (Square on the seeds
-both rows were attacked on). Writes OUT/table.md
-and OUT/summary.json.
+both rows were attacked on). Writes OUT/table.md and OUT/summary.json.
 """
 
 from __future__ import annotations
