@@ -86,6 +86,11 @@ def compare(data: dict[str, dict], x: str, y: str, key: str) -> dict | None:
     return paired_comparison(*({s: v[key] for s, v in data[r]["per_subject"].items() if key in v} for r in (x, y)))
 
 
+def fmt_pair(key: str, c: dict) -> str:
+    """One paired comparison as listed under the table: difference in points, p and subjects higher."""
+    return f"{key} {100 * c['diff']:+.1f} (p {c['t_p']:.2g}, higher on {c['higher']} of {c['n']})"
+
+
 def fmt_p(c: dict | None) -> str:
     return "-" if c is None else f"{100 * c['diff']:+.1f} (p {c['t_p']:.2g})"
 
@@ -106,11 +111,11 @@ def main() -> None:
             continue
         per = {subj: {**row, "lowest white-box": min(row[k] for k in WHITE)} for subj, row in s[0].items()}
         bb, bb_seeds = black_box(bb_run, seeds)
-        for subj, v in bb.items():
-            per.setdefault(subj, {}).update({BLACK: float(np.mean(list(v["seeds"].values()))), "bca graph": v["bca graph"]})
         data[label] = {"parts": parts, "per_subject": per, "black_box_seeds": bb_seeds,
                        "square_by_seed": {subj: v["seeds"] for subj, v in bb.items()},
                        "seeds": {k: s[1][k] for k in ("bca", "pgd@0.03")}}
+        for subj, att in square_on(data, label, bb_seeds).items():
+            per.setdefault(subj, {}).update({BLACK: att, "bca graph": bb[subj]["bca graph"]})
     if not data:
         raise SystemExit("no row has its sweep yet")
     refs = [r for r in ("none (FedAvg)", "SAFE (LBSN+FAT+AWP)") if r in data]
@@ -145,14 +150,13 @@ def main() -> None:
         for key in ("bca", "pgd@0.03"):
             c = compare(data, x, y, key)
             if c is not None:
-                cells.append(f"{key} {100 * c['diff']:+.1f} (p {c['t_p']:.2g}, higher on {c['higher']} of {c['n']})")
+                cells.append(fmt_pair(key, c))
                 summary[x]["comparisons"][f"{key} vs {y}"] = c
         # Square only on the seeds both rows were attacked on (the same models' seeds), per subject the mean over them
         common = sorted(set(data[x]["black_box_seeds"]) & set(data[y]["black_box_seeds"]))
         c = paired_comparison(square_on(data, x, common), square_on(data, y, common)) if common else None
         if c is not None:
-            on = ",".join(map(str, common))
-            cells.append(f"{BLACK} (seed {on}) {100 * c['diff']:+.1f} (p {c['t_p']:.2g}, higher on {c['higher']} of {c['n']})")
+            cells.append(fmt_pair(f"{BLACK} (seed {','.join(map(str, common))})", c))
             summary[x]["comparisons"][f"{BLACK} vs {y}"] = c | {"seeds": common}
         bullets.append(f"- {x} − {y}: " + "; ".join(cells))
     if len(seeds) > 1:  # the seed-to-seed spread of each row's mean over subjects
