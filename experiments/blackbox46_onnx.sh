@@ -6,6 +6,9 @@
 # queries are ~2x faster than torch's and find the same adversarial trials (tests/export/test_evaluate.py).
 # Seed 0 unless SEEDS="0 1 2". Resumable: a fold whose JSON exists is skipped. Two folds at a time (one thread each; JOBS=N for N).
 #   neurofed grid experiments/blackbox46.txt --backend pool --workers 2      (the models; seed 0)
+# Models are not kept in git: on a fresh checkout, train a committed seed again and get its models placed beside the
+# committed jobs when (and only when) each re-trained job equals the committed one subject by subject:
+#   neurofed grid experiments/blackbox46.txt --reproduce --seeds 1 --backend pool --workers 2
 #   bash experiments/blackbox46_onnx.sh safe fedavg                          (then this; minutes to ~half an hour per fold)
 #   python experiments/blackbox46_table.py                                   (table, retention, paired tests)
 # A RUN is a folder under experiments/results/blackbox46 or (with a "/") any run folder trained with --save-models:

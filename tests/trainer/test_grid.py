@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from trainer.errors import NeuroFedError
-from trainer.experiments.grid import parse_spec, plan, run_grid
+from trainer.experiments.grid import (
+    compare_jobs,
+    grid,
+    parse_spec,
+    plan,
+    reproduce_grid,
+    run_grid,
+    select_seeds,
+)
 
 SPEC = """# two runs, 2 folds x 2 seeds each
 a  --algorithm fedavg --subjects 1-4 --protocol kfold:2 --rounds 1 --seeds 0,1
@@ -90,3 +99,70 @@ def test_grid_on_local_ray(spec, tmp_path):
     out = run_grid(runs, backend="ray", workers=1, job_fn=fake_job)
     assert out == {"finished": ["a"], "failed": []}
     assert len(list((runs[0].out / "jobs").glob("*.json"))) == 4
+
+
+def job_with_model(cfg: dict, fold: int, test_subjects: list[int], seed: int, path: str, threads: int) -> dict:
+    """fake_job that also saves a 'model' beside its JSON (as --save-models does); fold 1 of seed 1 drifts
+    when GRID_TEST_DRIFT is set (a job that does not reproduce)."""
+    res = fake_job(cfg, fold, test_subjects, seed, path, threads)
+    if os.environ.get("GRID_TEST_DRIFT") and (seed, fold) == (1, 1):
+        res["per_subject"][f"S{test_subjects[0]:03d}"]["bca"] += 0.01
+    ckpt = Path(path).with_suffix(".safetensors")
+    ckpt.write_bytes(f"model {cfg['algorithm']} {seed} {fold}".encode())
+    res["checkpoints"] = [str(ckpt)]
+    Path(path).write_text(json.dumps(res))
+    return res
+
+
+def test_reproduce_checks_each_job_and_places_models_only_when_equal(spec, tmp_path, monkeypatch):
+    runs = parse_spec(spec, tmp_path / "res")
+    assert run_grid(runs, backend="pool", workers=1, job_fn=job_with_model)["failed"] == []
+    committed = {p: p.read_bytes() for r in runs for p in (r.out / "jobs").glob("*.json")}
+    for r in runs:  # a fresh clone: job JSONs only, the models are not in git
+        for m in (r.out / "jobs").glob("*.safetensors"):
+            m.unlink()
+    monkeypatch.setenv("GRID_TEST_DRIFT", "1")
+    seen = []
+    checks = reproduce_grid(select_seeds(runs, [1]), tmp_path / "scratch", backend="pool", workers=2,
+                            on_check=lambda c, n, total: seen.append((n, total)), job_fn=job_with_model)
+    assert seen[-1] == (4, 4) and sorted((c.run, c.seed, c.fold) for c in checks) == [
+        ("a", 1, 0), ("a", 1, 1), ("b", 1, 0), ("b", 1, 1)]
+    status = {(c.run, c.fold): c for c in checks}
+    assert [status[k].status for k in [("a", 0), ("a", 1), ("b", 0), ("b", 1)]] == [
+        "equal", "differs", "equal", "differs"]
+    assert len(status["a", 1].details) == 1 and re.fullmatch(r"S00\d bca 0.61 vs 0.6", status["a", 1].details[0])
+    # equal jobs get their model back, byte for byte; a job that differs gets nothing, and no JSON changed
+    a = runs[0].out / "jobs"
+    assert (a / "seed1_fold00.safetensors").read_bytes() == b"model fedavg 1 0"
+    assert status["a", 0].placed == [str(a / "seed1_fold00.safetensors")]
+    assert not (a / "seed1_fold01.safetensors").exists() and not (a / "seed0_fold00.safetensors").exists()
+    assert {p: p.read_bytes() for r in runs for p in (r.out / "jobs").glob("*.json")} == committed
+    # resumable: a second call re-checks the scratch jobs without re-running them
+    calls = []
+    checks = reproduce_grid(select_seeds(runs, [1]), tmp_path / "scratch", backend="pool", workers=1,
+                            job_fn=lambda *a: calls.append(a))
+    assert calls == [] and sorted(c.status for c in checks) == ["differs", "differs", "equal", "equal"]
+
+
+def test_reproduce_refuses_what_cannot_be_compared(spec, tmp_path):
+    runs = parse_spec(spec, tmp_path / "res")
+    with pytest.raises(NeuroFedError, match=r"seed\(s\) \[2\] are not in"):
+        select_seeds(runs, [2])
+    with pytest.raises(NeuroFedError, match=r"a: 4 job\(s\) not finished .*without --reproduce"):
+        reproduce_grid(runs, tmp_path / "scratch", backend="pool", job_fn=fake_job)
+    assert not (runs[0].out / "config.json").exists()  # the check wrote nothing into the results root
+    run_grid(runs, backend="pool", workers=1, job_fn=fake_job)
+    other = tmp_path / "other.txt"  # the same run names with another option: not the committed runs' configuration
+    other.write_text(SPEC.replace("--rounds 1", "--rounds 2"))
+    with pytest.raises(NeuroFedError, match="another configuration.*rounds"):
+        reproduce_grid(parse_spec(other, tmp_path / "res", group="grid"), tmp_path / "scratch", job_fn=fake_job)
+    with pytest.raises(NeuroFedError, match="go with --reproduce"):
+        grid(spec, results=tmp_path / "res", seeds="1")
+
+
+def test_compare_jobs_names_each_difference():
+    a = {"per_subject": {"S001": {"bca": 0.7, "fgsm_0.03": 0.4}, "S002": {"bca": 0.6}}}
+    assert compare_jobs(a, json.loads(json.dumps(a))) == []
+    b = {"per_subject": {"S001": {"bca": 0.7, "fgsm_0.03": 0.45}, "S002": {"bca": 0.6}}}
+    assert compare_jobs(a, b) == ["S001 fgsm_0.03 0.4 vs 0.45"]
+    assert compare_jobs(a, {"per_subject": {"S001": {"bca": 0.7}}})[0].startswith("held-out subjects differ")

@@ -8,12 +8,21 @@ resumes it, and a run's ``results.json`` is written as soon as all its jobs are 
 Backends: Ray (``pip install 'neurofed[grid]'``; a local Ray by default, ``--address`` joins a cluster)
 with ``num_cpus=1`` and one torch thread per task; without Ray, a local process pool. A failed job is
 reported with its traceback, the others go on, and the command exits non-zero.
+
+``--reproduce`` re-runs a grid's finished jobs (``--seeds`` picks which) in a scratch folder and checks each against
+the committed job, subject by subject: a reproducibility check, and the way to get a run's saved models back on a
+machine that has only its JSONs (models are not kept in git) -- when a job reproduces, its models are placed beside
+the committed job; when it does not, the committed job is left untouched and the differences are reported.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import shlex
+import shutil
+import tempfile
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -24,7 +33,7 @@ from typing import Annotated
 import typer
 
 from trainer.errors import NeuroFedError
-from trainer.experiments.simulate import SimConfig, _job, plan_jobs, write_results
+from trainer.experiments.simulate import SimConfig, _job, job_paths, plan_jobs, run_differences, write_results
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -207,6 +216,120 @@ def run_grid(
     return {"finished": finished, "failed": failed}
 
 
+def compare_jobs(new: dict, old: dict, tol: float = 1e-9) -> list[str]:
+    """What differs between two runs of one (run, seed, fold) job: held-out subjects and their numbers.
+
+    Every numeric entry of ``per_subject`` (benign BCA and each attack's) is compared within ``tol``.
+
+    Returns
+    -------
+    list of str
+        One line per difference (empty when the job reproduces), e.g. ``"S031 bca 0.7813 vs 0.7594"``.
+    """
+    a, b = new.get("per_subject", {}), old.get("per_subject", {})
+    if sorted(a) != sorted(b):
+        return [f"held-out subjects differ: {sorted(set(a) ^ set(b))}"]
+    out = []
+    for s in sorted(a):
+        for k in sorted(set(a[s]) | set(b[s])):
+            x, y = a[s].get(k), b[s].get(k)
+            if not (isinstance(x, (int, float)) and isinstance(y, (int, float)) and abs(x - y) <= tol):
+                out.append(f"{s} {k} {x if not isinstance(x, float) else round(x, 4)} vs "
+                           f"{y if not isinstance(y, float) else round(y, 4)}")
+    return out
+
+
+def select_seeds(runs: list[GridRun], seeds: list[int]) -> list[GridRun]:
+    """The runs restricted to ``seeds`` (each must be one of every run's spec seeds)."""
+    out = []
+    for r in runs:
+        missing = [s for s in seeds if s not in r.cfg.seeds]
+        if missing:
+            raise NeuroFedError(f"{r.name}: seed(s) {missing} are not in its spec line's --seeds {r.cfg.seeds}")
+        out.append(GridRun(r.name, dataclasses.replace(r.cfg, seeds=list(seeds)), r.out))
+    return out
+
+
+@dataclass
+class Check:
+    """One re-run job against its committed twin."""
+
+    run: str
+    seed: int
+    fold: int
+    status: str  # "equal", "differs" or "failed"
+    details: list[str]
+    placed: list[str]  # model files copied beside the committed job
+
+
+def check_job(run: GridRun, result: dict) -> Check:
+    """Compare a re-run job with the committed one in ``run.out``; place its models there when equal."""
+    name = f"seed{result['seed']}_fold{result['fold']:02d}"
+    committed = run.out / "jobs" / f"{name}.json"
+    diffs = compare_jobs(result, json.loads(committed.read_text()))
+    if diffs:
+        return Check(run.name, result["seed"], result["fold"], "differs", diffs, [])
+    placed = []
+    for ckpt in result.get("checkpoints", []):
+        dest = committed.parent / Path(ckpt).name
+        shutil.copyfile(ckpt, dest)
+        placed.append(str(dest))
+    return Check(run.name, result["seed"], result["fold"], "equal", [], placed)
+
+
+def reproduce_grid(
+    runs: list[GridRun], scratch: Path, backend: str = "auto", address: str | None = None, workers: int = 1,
+    on_check: Callable[[Check, int, int], None] | None = None, job_fn: Callable[..., dict] = _job,
+) -> list[Check]:
+    """Re-run ``runs``' jobs in ``scratch`` and check each against the committed job (see :func:`check_job`).
+
+    ``scratch`` is resumable like any grid root: jobs already finished there are checked without re-running.
+
+    Raises
+    ------
+    NeuroFedError
+        A committed run folder holds a configuration other than its spec line's (nothing to reproduce).
+    """
+    twins = {}
+    for r in runs:
+        cfg_path = r.out / "config.json"
+        if cfg_path.is_file():
+            spec_cfg = json.loads(json.dumps(dataclasses.asdict(r.cfg)))
+            old = json.loads(cfg_path.read_text())
+            spec_cfg["seeds"] = old.get("seeds", spec_cfg["seeds"])  # --seeds picks some of the run's seeds
+            diffs = run_differences(old, spec_cfg)
+            if diffs:
+                raise NeuroFedError(f"{r.out} was run with another configuration than {r.name}'s spec line "
+                                    f"({'; '.join(diffs[:3])}): nothing to reproduce")
+        unfinished = [p.name for *_, p in job_paths(r.cfg, r.out) if not p.is_file()]
+        if unfinished:
+            raise NeuroFedError(f"{r.name}: {len(unfinished)} job(s) not finished in {r.out} (e.g. {unfinished[0]}): "
+                                "nothing to reproduce there; run the grid without --reproduce to finish them")
+        twins[r.name] = GridRun(r.name, r.cfg, scratch / r.out.parent.name / r.name)
+    checks: list[Check] = []
+    tasks, done = plan(list(twins.values()))
+    total = len(tasks) + sum(len(v) for v in done.values())
+
+    def record(c: Check) -> None:
+        checks.append(c)
+        if on_check:
+            on_check(c, len(checks), total)
+
+    by_name = {r.name: r for r in runs}
+    for name, finished in done.items():
+        for result in sorted(finished, key=lambda j: (j["seed"], j["fold"])):
+            record(check_job(by_name[name], result))
+
+    def on_event(task: Task, result: dict | None, tb: str | None, n: int, _total: int) -> None:
+        if tb is not None:
+            record(Check(task.run, task.seed, task.fold, "failed", [tb], []))
+        else:
+            record(check_job(by_name[task.run], result))
+
+    run_grid(list(twins.values()), backend, address, workers, on_event, job_fn)
+    return checks
+
+
 def grid(
     spec: Annotated[Path, typer.Argument(help="grid spec: lines 'NAME <neurofed simulate options>'")],
     group: Annotated[str | None, typer.Option(help="results sub-folder (default: the spec's name)")] = None,
@@ -216,6 +339,12 @@ def grid(
     address: Annotated[str | None, typer.Option(help="Ray cluster address, e.g. 10.0.0.1:6379 (default: local Ray)")]
     = None,
     workers: Annotated[int, typer.Option(help="local CPUs (Ray) or processes (pool) to use")] = 1,
+    reproduce: Annotated[bool, typer.Option(
+        "--reproduce", help="re-run finished jobs in --scratch, check each against the committed job subject by "
+        "subject, and place its saved models beside it when equal")] = False,
+    seeds: Annotated[str | None, typer.Option(help="with --reproduce: only these seeds, e.g. '2' or '0,1'")] = None,
+    scratch: Annotated[Path | None, typer.Option(help="with --reproduce: where the re-runs go (default: a new "
+                                                      "temporary folder, kept)")] = None,
 ) -> None:
     """Run a grid of simulate runs as one task per (run, seed, fold); re-running resumes it."""
     from rich.progress import (
@@ -230,6 +359,11 @@ def grid(
     from trainer.cli import console
 
     runs = parse_spec(spec, results, group, [x.strip() for x in only.split(",")] if only else None)
+    if (seeds or scratch) and not reproduce:
+        raise NeuroFedError("--seeds and --scratch go with --reproduce (a run's seeds are set in its spec line)")
+    if reproduce:
+        _reproduce_cli(spec, runs, seeds, scratch, backend, address, workers)
+        return
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), console=console) as prog:
         bar = prog.add_task(f"grid {spec.name}", total=None)
@@ -248,3 +382,38 @@ def grid(
         console.print(f"{name}: {results / (group or spec.stem) / name / 'results.json'}")
     if out["failed"]:
         raise NeuroFedError(f"{len(out['failed'])} job(s) failed (tracebacks above); re-run to retry only those")
+
+
+def _reproduce_cli(spec: Path, runs: list[GridRun], seeds: str | None, scratch: Path | None, backend: str,
+                   address: str | None, workers: int) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trainer.cli import console
+
+    if seeds:
+        try:
+            picked = [int(x) for x in seeds.split(",") if x.strip()]
+        except ValueError:
+            raise NeuroFedError(f"--seeds {seeds!r}: give seeds as integers, e.g. '2' or '0,1'") from None
+        runs = select_seeds(runs, picked)
+    scratch = scratch or Path(tempfile.mkdtemp(prefix="neurofed-reproduce-"))
+    console.print(f"re-running in {scratch} (kept)")
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as prog:
+        bar = prog.add_task(f"reproduce {spec.name}", total=None)
+
+        def on_check(c: Check, n: int, total: int) -> None:
+            prog.update(bar, completed=n, total=total)
+            head = f"{c.run} seed {c.seed} fold {c.fold}: "
+            if c.status == "equal":
+                prog.console.log(head + "reproduces" + (f", model placed ({len(c.placed)} file(s))" if c.placed else ""))
+            else:
+                shown = "; ".join(c.details[:3]) + ("; ..." if len(c.details) > 3 else "")
+                prog.console.log(f"[red]{head}{c.status}[/red]: {shown}")
+
+        checks = reproduce_grid(runs, scratch, backend, address, workers, on_check)
+    counts = {s: sum(c.status == s for c in checks) for s in ("equal", "differs", "failed")}
+    console.print(", ".join(f"{v} {k}" for k, v in counts.items() if v) or "nothing to re-run")
+    if counts["differs"] or counts["failed"]:
+        raise NeuroFedError(f"{counts['differs']} job(s) differ from the committed ones and {counts['failed']} "
+                            f"failed (above); the committed jobs are unchanged, the re-runs are in {scratch}")

@@ -331,19 +331,20 @@ def plan_jobs(cfg: SimConfig, out_dir: str | os.PathLike) -> tuple[list[tuple[in
     todo : list of (fold index, test subjects, seed, job JSON path)
     done : list of finished job results
     """
-    out = open_run(out_dir, cfg)
-    folds = make_folds(cfg.subjects, cfg.protocol, cfg.fold_seed)
     todo, done = [], []
-    for seed in cfg.seeds:
-        for k, fold in enumerate(folds):
-            if cfg.folds and k not in cfg.folds:
-                continue
-            p = out / "jobs" / f"seed{seed}_fold{k:02d}.json"
-            if p.exists():
-                done.append(json.loads(p.read_text()))
-            else:
-                todo.append((k, fold, seed, str(p)))
+    for k, fold, seed, p in job_paths(cfg, open_run(out_dir, cfg)):
+        if p.exists():
+            done.append(json.loads(p.read_text()))
+        else:
+            todo.append((k, fold, seed, str(p)))
     return todo, done
+
+
+def job_paths(cfg: SimConfig, out_dir: str | os.PathLike) -> list[tuple[int, list[int], int, Path]]:
+    """Every (fold index, test subjects, seed, job JSON path) of ``cfg`` in ``out_dir``; touches no file."""
+    folds = make_folds(cfg.subjects, cfg.protocol, cfg.fold_seed)
+    return [(k, fold, seed, Path(out_dir) / "jobs" / f"seed{seed}_fold{k:02d}.json")
+            for seed in cfg.seeds for k, fold in enumerate(folds) if not cfg.folds or k in cfg.folds]
 
 
 def write_results(cfg: SimConfig, out_dir: str | os.PathLike, done: list[dict]) -> dict:
