@@ -1,6 +1,8 @@
 """Table of the black-box runs of experiments/blackbox46_onnx.sh: BCA under an attack on the exported graphs, 46 subjects.
 
 Run: python experiments/blackbox46_table.py [--attack square_0.05] [--seeds 0,1,2] [--out docs/results/blackbox46_s0] [RUN ...]
+     [--plot]  (also OUT/bca_vs_eps.png: BCA against eps for every budget of --attack's attack that all the runs have
+     on every fold of --seeds, eps 0 = benign; SAFE's Figs. 4-7 shape, drawn by `neurofed sweep`'s plot)
      python experiments/blackbox46_table.py --swept autoattack@0.03,fgsm@0.03 [--seeds 0,1,2] [RUN ...]   (the
      white-box attacks that `neurofed sweep RUN --attack ...` has finished so far: mean over those jobs' subjects)
 (runs default: safe fedavg; a name is a folder under experiments/results/blackbox46, a path with a "/" any run folder
@@ -21,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 from scipy import stats
+
+from trainer.experiments.sweep import _key, sweep_plot
 
 RES = Path("experiments/results/blackbox46")
 
@@ -68,6 +72,7 @@ def main() -> None:
     ap.add_argument("--attack", default="square_0.05")
     ap.add_argument("--out", type=Path, default=Path("docs/results/blackbox46_s0"))
     ap.add_argument("--seeds", default="0", help="comma-separated run seeds (per subject: the mean over them)")
+    ap.add_argument("--plot", action="store_true", help="also OUT/bca_vs_eps.png over the attack's budgets")
     ap.add_argument("--swept", help="comma-separated attack@eps keys of the runs' finished sweep/seedS_fold*.json "
                     "(of --seeds)")
     a = ap.parse_args()
@@ -110,6 +115,32 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "summary.json").write_text(json.dumps({"attack": a.attack, "seeds": seeds, "runs": summary}, indent=1, default=float))
     (a.out / "table.md").write_text(text + "\n")
+    if a.plot:
+        curves = eps_curves(a.runs, a.attack.rsplit("_", 1)[0], seeds)
+        sweep_plot(curves, a.out / "bca_vs_eps.png")
+        print(f"plot: {a.out / 'bca_vs_eps.png'} (eps {', '.join(f'{e:g}' for _, e in next(iter(curves.values()))['attacks'])})")
+
+
+def eps_curves(runs: list[str], attack: str, seeds: list[int]) -> dict[str, dict]:
+    """Per run, mean BCA over subjects (per subject the mean over ``seeds``) benign and at every eps of ``attack``
+    that every run has on all its folds of ``seeds``, in the form :func:`trainer.experiments.sweep.sweep_plot` draws."""
+    def complete(run: str, folder: Path) -> bool:
+        return all(len(list(folder.glob(f"seed{sd}_fold*.json"))) == len(list((run_dir(run) / "jobs").glob(
+            f"seed{sd}_fold*.json"))) > 0 for sd in seeds)
+
+    eps_sets = [{float(f.name.rsplit("_", 1)[1]) for f in (run_dir(r) / "onnx_attack").glob(f"{attack}_*")
+                 if complete(r, f)} for r in runs]
+    eps = sorted(set.intersection(*eps_sets))
+    if not eps:
+        raise SystemExit(f"no {attack} budget is complete on seeds {seeds} for all of {runs}")
+    out = {}
+    for r in runs:
+        rows = {e: load(r, f"{attack}_{e:g}", seeds)[0] for e in eps}
+        summary = {"bca": {"mean": float(np.mean([row["bca"] for row in rows[eps[0]].values()]))}}
+        summary |= {_key(attack, e): {"mean": float(np.mean([row["bca_attacked"] for row in rows[e].values()]))}
+                    for e in eps}
+        out[Path(r).name] = {"attacks": [(attack, e) for e in eps], "summary": summary}
+    return out
 
 
 def swept(runs: list[str], keys: list[str], seeds: list[int]) -> None:
