@@ -15,6 +15,27 @@ from trainer.data.eegmmidb import parse_subjects  # re-exported: CLIs and script
 console = Console()
 
 
+def parse_int_list(value: str, option: str) -> list[int]:
+    """``"0,1, 2"`` -> [0, 1, 2]; a clear error naming ``option`` for anything but comma-separated integers.
+
+    Parameters
+    ----------
+    value : str
+        The option's text as typed.
+    option : str
+        The option's name (``--seeds``), shown in the error.
+
+    Returns
+    -------
+    list of int
+        The integers in the order given (empty for an empty string).
+    """
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{option} {value!r}: expected comma-separated integers, e.g. '2' or '0,1'") from None
+
+
 def parse_attacks(spec: str | None) -> list[list]:
     """``pgd:0.03,fgsm:0.01`` -> [["pgd", 0.03], ["fgsm", 0.01]] (names: :data:`trainer.attacks.ATTACKS`)."""
     from trainer.attacks import ATTACKS
@@ -129,13 +150,13 @@ def build_sim_config(opts: dict):
     cfg = SimConfig(
         algorithm=o["algorithm"], model=o["model"], subjects=subject_ids, protocol=protocol,
         rounds=pick(o["rounds"], pre_set.rounds), fraction=pick(o["fraction"], pre_set.fraction),
-        seeds=[int(s) for s in o["seeds"].split(",")], local=local.to_dict(),
+        seeds=parse_int_list(o["seeds"], "--seeds"), local=local.to_dict(),
         ct_batch_size=pick(o["ct_batch_size"], pre_set.ct_batch_size), preprocess=pre.to_dict(),
         test_batch=o["test_batch"], eval_every=o["eval_every"], attacks=parse_attacks(o["attack"]),
         byzantine=o["byzantine"], strategy_overrides={k: o[k] for k in PARAMS if o.get(k) is not None},
         data_dir=o["data_dir"], fold_seed=o["fold_seed"], profiles=assignment,
         profile_channels=o["profile_channels"], only_profile=only_profile, noise_seed=o["noise_seed"],
-        folds=sorted({int(f) for f in folds.split(",")}) if folds else [],
+        folds=sorted(set(parse_int_list(folds, "--folds"))) if folds else [],
         partition=o["partition"], save_models=bool(o.get("save_models", False)),
     )
     try:

@@ -332,12 +332,11 @@ def report(
     p_metrics: Annotated[str, typer.Option(help="metrics to test, e.g. 'bca,pgd@0.03'")] = "bca",
 ) -> None:
     """Render a markdown table (mean ± std, paired t-test p-values) and PNG plots from runs."""
+    from trainer.cli import parse_int_list
+
     wanted = None
     if seeds is not None:
-        try:
-            wanted = [int(x) for x in seeds.split(",") if x.strip()]
-        except ValueError:
-            raise typer.BadParameter(f"--seeds {seeds!r}: expected comma-separated integers") from None
+        wanted = parse_int_list(seeds, "--seeds")
     runs = load_runs(run_dirs, wanted)
     out.mkdir(parents=True, exist_ok=True)
     known = {m for r in runs for m in r["summary"]}

@@ -155,3 +155,28 @@ def test_a_run_resumes_from_another_spelling_of_its_data_folder_and_a_refusal_na
     refuse_other_run(tmp_path, old, {**old, "seeds": [0, 1]})  # more seeds: resumes
     with pytest.raises(NeuroFedError, match="seeds: fewer"):
         refuse_other_run(tmp_path, {**old, "seeds": [0, 1]}, old)
+
+
+def test_integer_lists_parse_and_a_bad_one_is_named():
+    import pytest
+    import typer
+
+    from trainer.cli import parse_int_list
+
+    assert parse_int_list("2", "--seeds") == [2]
+    assert parse_int_list("0, 1,,2", "--seeds") == [0, 1, 2]
+    assert parse_int_list("", "--folds") == []
+    with pytest.raises(typer.BadParameter, match=r"--folds '0,x': expected comma-separated integers"):
+        parse_int_list("0,x", "--folds")
+
+
+def test_a_bad_seed_list_is_one_clear_line_for_every_command(tmp_path, data_dir):
+    runner = CliRunner()
+    for args in (["report", str(tmp_path), "--seeds", "a"], ["grid", str(tmp_path / "g.txt"), "--reproduce",
+                                                             "--seeds", "0;1"]):
+        if args[0] == "grid":
+            (tmp_path / "g.txt").write_text(f"x --algorithm fedavg --rounds 1 --data-dir {data_dir}\n")
+        res = runner.invoke(app, args)
+        assert res.exit_code != 0
+        assert "expected comma-separated integers" in res.output, res.output
+        assert "Traceback" not in res.output

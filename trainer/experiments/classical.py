@@ -267,14 +267,18 @@ def classical(
     """Classical reference (EA + CSP + LDA, or Riemannian tangent space) on NeuroFed's folds and epochs."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trainer.cli import console, parse_attacks, parse_subjects, preprocess_from_options, print_results
+    from trainer.cli import (
+        console,
+        parse_attacks,
+        parse_int_list,
+        parse_subjects,
+        preprocess_from_options,
+        print_results,
+    )
 
     if method not in METHODS:
         raise typer.BadParameter(f"--method {method!r}: use one of {', '.join(METHODS)}")
-    try:
-        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
-    except ValueError:
-        raise typer.BadParameter(f"--seeds {seeds!r}: expected comma-separated integers") from None
+    seed_list = parse_int_list(seeds, "--seeds")
     pre = preprocess_from_options(channels, resample, METHOD_EA[method], fmin, fmax, tmin, tmax)
     cfg = ClassicalConfig(method=method, subjects=parse_subjects(subjects, data_dir), protocol=protocol,
                           seeds=seed_list, preprocess=pre.to_dict(), fold_seed=fold_seed,

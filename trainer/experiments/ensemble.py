@@ -141,8 +141,10 @@ def ensemble(
     from rich.progress import BarColumn, Progress, TextColumn
     from scipy import stats
 
+    from trainer.cli import parse_int_list
+
     console = Console(soft_wrap=True)
-    chosen = [int(s) for s in seeds.split(",") if s.strip()] if seeds else None
+    chosen = parse_int_list(seeds, "--seeds") if seeds else None
     with Progress(TextColumn("[bold]ensemble"), BarColumn(), TextColumn("{task.completed}/{task.total} folds"),
                   console=console) as prog:
         task = prog.add_task("folds", total=None)

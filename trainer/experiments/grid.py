@@ -165,7 +165,7 @@ def ray_available() -> bool:
 def run_grid(
     runs: list[GridRun], backend: str = "auto", address: str | None = None, workers: int = 1,
     on_event: Callable[[Task, dict | None, str | None, int, int], None] | None = None,
-    job_fn: Callable[..., dict] = _job,
+    job_fn: Callable[..., dict] = _job, planned: tuple[list[Task], dict[str, list[dict]]] | None = None,
 ) -> dict[str, list[str]]:
     """Run every unfinished (run, seed, fold) job; write each run's results.json once all its jobs are done.
 
@@ -179,6 +179,8 @@ def run_grid(
         Called after each job with (task, result or None, traceback or None, finished, total).
     job_fn : callable
         The job (tests inject a stand-in); :func:`trainer.experiments.simulate._job` by default.
+    planned : tuple or None
+        ``plan(runs)`` when the caller has already made it (planned once, run as planned).
 
     Returns
     -------
@@ -186,7 +188,7 @@ def run_grid(
         ``{"finished": [run names with results.json], "failed": [tracebacks]}``.
     """
     by_name = {r.name: r for r in runs}
-    tasks, done = plan(runs)
+    tasks, done = planned or plan(runs)
     if backend == "auto":
         backend = "ray" if ray_available() else "pool"
     if backend not in ("ray", "pool"):
@@ -307,7 +309,7 @@ def reproduce_grid(
                                 "nothing to reproduce there; run the grid without --reproduce to finish them")
         twins[r.name] = GridRun(r.name, r.cfg, scratch / r.out.parent.name / r.name)
     checks: list[Check] = []
-    tasks, done = plan(list(twins.values()))
+    planned = tasks, done = plan(list(twins.values()))
     total = len(tasks) + sum(len(v) for v in done.values())
 
     def record(c: Check) -> None:
@@ -326,8 +328,25 @@ def reproduce_grid(
         else:
             record(check_job(by_name[task.run], result))
 
-    run_grid(list(twins.values()), backend, address, workers, on_event, job_fn)
+    run_grid(list(twins.values()), backend, address, workers, on_event, job_fn, planned)
     return checks
+
+
+def _progress():
+    """The grid's progress bar (description, bar, n/total, elapsed, remaining) on the CLI's console."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from trainer.cli import console
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=console)
 
 
 def grid(
@@ -347,15 +366,6 @@ def grid(
                                                       "temporary folder, kept)")] = None,
 ) -> None:
     """Run a grid of simulate runs as one task per (run, seed, fold); re-running resumes it."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from trainer.cli import console
 
     runs = parse_spec(spec, results, group, [x.strip() for x in only.split(",")] if only else None)
@@ -364,8 +374,7 @@ def grid(
     if reproduce:
         _reproduce_cli(spec, runs, seeds, scratch, backend, address, workers)
         return
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=console) as prog:
+    with _progress() as prog:
         bar = prog.add_task(f"grid {spec.name}", total=None)
 
         def on_event(task: Task, result: dict | None, tb: str | None, n: int, total: int) -> None:
@@ -386,20 +395,13 @@ def grid(
 
 def _reproduce_cli(spec: Path, runs: list[GridRun], seeds: str | None, scratch: Path | None, backend: str,
                    address: str | None, workers: int) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from trainer.cli import console
+    from trainer.cli import console, parse_int_list
 
     if seeds:
-        try:
-            picked = [int(x) for x in seeds.split(",") if x.strip()]
-        except ValueError:
-            raise NeuroFedError(f"--seeds {seeds!r}: give seeds as integers, e.g. '2' or '0,1'") from None
-        runs = select_seeds(runs, picked)
+        runs = select_seeds(runs, parse_int_list(seeds, "--seeds"))
     scratch = scratch or Path(tempfile.mkdtemp(prefix="neurofed-reproduce-"))
     console.print(f"re-running in {scratch} (kept)")
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as prog:
+    with _progress() as prog:
         bar = prog.add_task(f"reproduce {spec.name}", total=None)
 
         def on_check(c: Check, n: int, total: int) -> None:

@@ -288,7 +288,7 @@ def sweep(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from trainer.cli import parse_attacks
+    from trainer.cli import parse_attacks, parse_int_list
 
     console = Console()
     attacks = [(a, float(e)) for a, e in parse_attacks(attack)]
@@ -297,7 +297,7 @@ def sweep(
     labels = names.split(",") if names else [r.name for r in runs]
     if len(labels) != len(runs):
         raise typer.BadParameter(f"{len(labels)} names for {len(runs)} runs", param_hint="--names")
-    chosen = [int(x) for x in seeds.split(",") if x.strip()] if seeds else None
+    chosen = parse_int_list(seeds, "--seeds") if seeds else None
     counts = {str(r): len(run_jobs(r, chosen)) for r in runs}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
                   console=console) as prog:
