@@ -144,6 +144,43 @@ def test_reproduce_checks_each_job_and_places_models_only_when_equal(spec, tmp_p
     assert calls == [] and sorted(c.status for c in checks) == ["differs", "differs", "equal", "equal"]
 
 
+def job_attacked(cfg: dict, fold: int, test_subjects: list[int], seed: int, path: str, threads: int) -> dict:
+    """job_with_model with an attacked metric; under GRID_TEST_DRIFT_ATTACK seed 1's fold 0 drifts in benign BCA and its
+    fold 1 in the attacked metric only (as FGSM can move by a trial between CPUs)."""
+    res = job_with_model(cfg, fold, test_subjects, seed, path, threads)
+    for row in res["per_subject"].values():
+        row["fgsm@0.03"] = 0.3
+    first = res["per_subject"][f"S{test_subjects[0]:03d}"]
+    if os.environ.get("GRID_TEST_DRIFT_ATTACK") and seed == 1:
+        first["bca" if fold == 0 else "fgsm@0.03"] += 0.02
+    Path(path).write_text(json.dumps(res))
+    return res
+
+
+def test_reproduce_match_places_models_whose_named_metrics_equal(spec, tmp_path, monkeypatch):
+    runs = parse_spec(spec, tmp_path / "res", only=["a"])
+    assert run_grid(runs, backend="pool", workers=1, job_fn=job_attacked)["failed"] == []
+    committed = {p: p.read_bytes() for p in (runs[0].out / "jobs").glob("*.json")}
+    for m in (runs[0].out / "jobs").glob("*.safetensors"):
+        m.unlink()
+    monkeypatch.setenv("GRID_TEST_DRIFT_ATTACK", "1")
+    checks = {c.fold: c for c in reproduce_grid(select_seeds(runs, [1]), tmp_path / "scratch", backend="pool",
+                                                workers=1, job_fn=job_attacked, match=["bca"])}
+    assert checks[0].status == "differs" and checks[0].placed == []  # benign BCA moved: no model
+    assert checks[1].status == "matches" and len(checks[1].details) == 1
+    assert re.fullmatch(r"S00\d fgsm@0.03 0.32 vs 0.3", checks[1].details[0])
+    jobs = runs[0].out / "jobs"
+    assert checks[1].placed == [str(jobs / "seed1_fold01.safetensors")]
+    assert (jobs / "seed1_fold01.safetensors").read_bytes() == b"model fedavg 1 1"
+    assert {p: p.read_bytes() for p in jobs.glob("*.json")} == committed  # the committed numbers stay
+    # without --match the same scratch jobs place nothing more and say why
+    again = reproduce_grid(select_seeds(runs, [1]), tmp_path / "scratch", backend="pool", workers=1,
+                           job_fn=job_attacked)
+    assert sorted(c.status for c in again) == ["differs", "differs"]
+    assert compare_jobs({"per_subject": {"S001": {"bca": 0.7, "x": 1.0}}},
+                        {"per_subject": {"S001": {"bca": 0.7, "x": 2.0}}}, keys=["bca"]) == []
+
+
 def test_reproduce_refuses_what_cannot_be_compared(spec, tmp_path):
     runs = parse_spec(spec, tmp_path / "res")
     with pytest.raises(NeuroFedError, match=r"seed\(s\) \[2\] are not in"):
@@ -158,6 +195,8 @@ def test_reproduce_refuses_what_cannot_be_compared(spec, tmp_path):
         reproduce_grid(parse_spec(other, tmp_path / "res", group="grid"), tmp_path / "scratch", job_fn=fake_job)
     with pytest.raises(NeuroFedError, match="go with --reproduce"):
         grid(spec, results=tmp_path / "res", seeds="1")
+    with pytest.raises(NeuroFedError, match="--match go with --reproduce"):
+        grid(spec, results=tmp_path / "res", match="bca")
 
 
 def test_compare_jobs_names_each_difference():

@@ -24,7 +24,7 @@ import shlex
 import shutil
 import tempfile
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -218,10 +218,11 @@ def run_grid(
     return {"finished": finished, "failed": failed}
 
 
-def compare_jobs(new: dict, old: dict, tol: float = 1e-9) -> list[str]:
+def compare_jobs(new: dict, old: dict, tol: float = 1e-9, keys: Sequence[str] | None = None) -> list[str]:
     """What differs between two runs of one (run, seed, fold) job: held-out subjects and their numbers.
 
-    Every numeric entry of ``per_subject`` (benign BCA and each attack's) is compared within ``tol``.
+    Every numeric entry of ``per_subject`` (benign BCA and each attack's) is compared within ``tol``; with ``keys``
+    only those entries (e.g. ``["bca"]``).
 
     Returns
     -------
@@ -233,7 +234,7 @@ def compare_jobs(new: dict, old: dict, tol: float = 1e-9) -> list[str]:
         return [f"held-out subjects differ: {sorted(set(a) ^ set(b))}"]
     out = []
     for s in sorted(a):
-        for k in sorted(set(a[s]) | set(b[s])):
+        for k in sorted(set(a[s]) | set(b[s])) if keys is None else keys:
             x, y = a[s].get(k), b[s].get(k)
             if not (isinstance(x, (int, float)) and isinstance(y, (int, float)) and abs(x - y) <= tol):
                 out.append(f"{s} {k} {x if not isinstance(x, float) else round(x, 4)} vs "
@@ -259,31 +260,41 @@ class Check:
     run: str
     seed: int
     fold: int
-    status: str  # "equal", "differs" or "failed"
+    status: str  # "equal", "matches" (the --match metrics equal, others differ), "differs" or "failed"
     details: list[str]
     placed: list[str]  # model files copied beside the committed job
 
 
-def check_job(run: GridRun, result: dict) -> Check:
-    """Compare a re-run job with the committed one in ``run.out``; place its models there when equal."""
+def check_job(run: GridRun, result: dict, match: Sequence[str] | None = None) -> Check:
+    """Compare a re-run job with the committed one in ``run.out``; place its models there when equal.
+
+    With ``match`` (metric names, e.g. ``["bca"]``) the models are also placed when only other metrics differ:
+    status ``"matches"``, the other differences in ``details``. The committed job JSON is never changed.
+    """
     name = f"seed{result['seed']}_fold{result['fold']:02d}"
     committed = run.out / "jobs" / f"{name}.json"
-    diffs = compare_jobs(result, json.loads(committed.read_text()))
+    old = json.loads(committed.read_text())
+    diffs = compare_jobs(result, old)
+    status = "equal"
     if diffs:
-        return Check(run.name, result["seed"], result["fold"], "differs", diffs, [])
+        if not match or compare_jobs(result, old, keys=match):
+            return Check(run.name, result["seed"], result["fold"], "differs", diffs, [])
+        status = "matches"
     placed = []
     for ckpt in result.get("checkpoints", []):
         dest = committed.parent / Path(ckpt).name
         shutil.copyfile(ckpt, dest)
         placed.append(str(dest))
-    return Check(run.name, result["seed"], result["fold"], "equal", [], placed)
+    return Check(run.name, result["seed"], result["fold"], status, diffs, placed)
 
 
 def reproduce_grid(
     runs: list[GridRun], scratch: Path, backend: str = "auto", address: str | None = None, workers: int = 1,
     on_check: Callable[[Check, int, int], None] | None = None, job_fn: Callable[..., dict] = _job,
+    match: Sequence[str] | None = None,
 ) -> list[Check]:
-    """Re-run ``runs``' jobs in ``scratch`` and check each against the committed job (see :func:`check_job`).
+    """Re-run ``runs``' jobs in ``scratch`` and check each against the committed job (see :func:`check_job`;
+    ``match`` is passed on to it).
 
     ``scratch`` is resumable like any grid root: jobs already finished there are checked without re-running.
 
@@ -320,13 +331,13 @@ def reproduce_grid(
     by_name = {r.name: r for r in runs}
     for name, finished in done.items():
         for result in sorted(finished, key=lambda j: (j["seed"], j["fold"])):
-            record(check_job(by_name[name], result))
+            record(check_job(by_name[name], result, match))
 
     def on_event(task: Task, result: dict | None, tb: str | None, n: int, _total: int) -> None:
         if tb is not None:
             record(Check(task.run, task.seed, task.fold, "failed", [tb], []))
         else:
-            record(check_job(by_name[task.run], result))
+            record(check_job(by_name[task.run], result, match))
 
     run_grid(list(twins.values()), backend, address, workers, on_event, job_fn, planned)
     return checks
@@ -364,15 +375,21 @@ def grid(
     seeds: Annotated[str | None, typer.Option(help="with --reproduce: only these seeds, e.g. '2' or '0,1'")] = None,
     scratch: Annotated[Path | None, typer.Option(help="with --reproduce: where the re-runs go (default: a new "
                                                       "temporary folder, kept)")] = None,
+    match: Annotated[str | None, typer.Option(help="with --reproduce: also place a model when only these "
+                                              "per-subject metrics equal the committed job's, e.g. 'bca' (attacked "
+                                              "numbers can move by a trial between CPUs); the rest are listed")]
+    = None,
 ) -> None:
     """Run a grid of simulate runs as one task per (run, seed, fold); re-running resumes it."""
     from trainer.cli import console
 
     runs = parse_spec(spec, results, group, [x.strip() for x in only.split(",")] if only else None)
-    if (seeds or scratch) and not reproduce:
-        raise NeuroFedError("--seeds and --scratch go with --reproduce (a run's seeds are set in its spec line)")
+    if (seeds or scratch or match) and not reproduce:
+        raise NeuroFedError("--seeds, --scratch and --match go with --reproduce (a run's seeds are set in its spec "
+                            "line)")
     if reproduce:
-        _reproduce_cli(spec, runs, seeds, scratch, backend, address, workers)
+        _reproduce_cli(spec, runs, seeds, scratch, backend, address, workers,
+                       [x.strip() for x in match.split(",") if x.strip()] if match else None)
         return
     with _progress() as prog:
         bar = prog.add_task(f"grid {spec.name}", total=None)
@@ -394,7 +411,7 @@ def grid(
 
 
 def _reproduce_cli(spec: Path, runs: list[GridRun], seeds: str | None, scratch: Path | None, backend: str,
-                   address: str | None, workers: int) -> None:
+                   address: str | None, workers: int, match: list[str] | None = None) -> None:
     from trainer.cli import console, parse_int_list
 
     if seeds:
@@ -407,14 +424,18 @@ def _reproduce_cli(spec: Path, runs: list[GridRun], seeds: str | None, scratch: 
         def on_check(c: Check, n: int, total: int) -> None:
             prog.update(bar, completed=n, total=total)
             head = f"{c.run} seed {c.seed} fold {c.fold}: "
+            placed = f", model placed ({len(c.placed)} file(s))" if c.placed else ""
             if c.status == "equal":
-                prog.console.log(head + "reproduces" + (f", model placed ({len(c.placed)} file(s))" if c.placed else ""))
+                prog.console.log(head + "reproduces" + placed)
+            elif c.status == "matches":
+                shown = "; ".join(c.details[:3]) + ("; ..." if len(c.details) > 3 else "")
+                prog.console.log(f"[yellow]{head}{', '.join(match or [])} equal{placed}[/yellow]; differs: {shown}")
             else:
                 shown = "; ".join(c.details[:3]) + ("; ..." if len(c.details) > 3 else "")
                 prog.console.log(f"[red]{head}{c.status}[/red]: {shown}")
 
-        checks = reproduce_grid(runs, scratch, backend, address, workers, on_check)
-    counts = {s: sum(c.status == s for c in checks) for s in ("equal", "differs", "failed")}
+        checks = reproduce_grid(runs, scratch, backend, address, workers, on_check, match=match)
+    counts = {s: sum(c.status == s for c in checks) for s in ("equal", "matches", "differs", "failed")}
     console.print(", ".join(f"{v} {k}" for k, v in counts.items() if v) or "nothing to re-run")
     if counts["differs"] or counts["failed"]:
         raise NeuroFedError(f"{counts['differs']} job(s) differ from the committed ones and {counts['failed']} "
