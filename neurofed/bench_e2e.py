@@ -207,11 +207,12 @@ def register(bench: typer.Typer) -> None:
     ) -> None:
         """End-to-end live decoding latency: window's last EEG sample in -> prediction out (LSL)."""
         from trainer.bench import write_result
+        from trainer.cli import parse_int_list, parse_name_list
         from trainer.data.profiles import ProfileError, get_profile
 
         profiles: list[str | None] = [None]
         if profile is not None:
-            profiles = [p.strip() for p in profile.split(",") if p.strip()]
+            profiles = parse_name_list(profile)
             if model is None or not profiles:
                 raise NeuroFedError("--profile needs --model: the exported model for that device profile (or a "
                                     "folder of per-profile models)")
@@ -220,7 +221,7 @@ def register(bench: typer.Typer) -> None:
                     get_profile(p)
                 except ProfileError as exc:
                     raise NeuroFedError(f"--profile: {exc}") from None
-        loads = [int(x) for x in load.split(",") if x.strip()]
+        loads = parse_int_list(load, "--load")
         if any(n < 0 or n > 20 for n in loads):
             raise NeuroFedError(f"--load {load!r}: each value must be 0..20")
         with tempfile.TemporaryDirectory(prefix="neurofed-bench-e2e-") as tmp:

@@ -249,9 +249,11 @@ def bench_secagg(
     swarm_procs: int = typer.Option(0, help="Processes playing the clients (0: one per CPU core).", min=0),
 ) -> None:
     """Secure aggregation's round overhead over MQTT (time, bytes) vs plain FedAvg rounds; results to ``out``."""
+    from trainer.cli import parse_int_list
+
     torch.set_num_threads(1)
     procs = swarm_procs or os.cpu_count() or 1
-    sizes = [int(x) for x in clients.split(",") if x.strip()]
+    sizes = parse_int_list(clients, "--clients")
     res: dict[str, Any] = {
         "command": f"neurofed bench secagg --clients {clients} --rounds {rounds} --broker {broker} --out {out}"
                    + ("" if core else " --no-core") + (f" --swarm-procs {swarm_procs}" if swarm_procs else ""),

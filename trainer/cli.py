@@ -36,6 +36,11 @@ def parse_int_list(value: str, option: str) -> list[int]:
         raise typer.BadParameter(f"{option} {value!r}: expected comma-separated integers, e.g. '2' or '0,1'") from None
 
 
+def parse_name_list(value: str | None) -> list[str]:
+    """``"fedbs, safe,"`` -> ["fedbs", "safe"]: a comma-separated option's names, blanks dropped (None -> [])."""
+    return [x.strip() for x in (value or "").split(",") if x.strip()]
+
+
 def parse_attacks(spec: str | None) -> list[list]:
     """``pgd:0.03,fgsm:0.01`` -> [["pgd", 0.03], ["fgsm", 0.01]] (names: :data:`trainer.attacks.ATTACKS`)."""
     from trainer.attacks import ATTACKS

@@ -332,7 +332,7 @@ def report(
     p_metrics: Annotated[str, typer.Option(help="metrics to test, e.g. 'bca,pgd@0.03'")] = "bca",
 ) -> None:
     """Render a markdown table (mean ± std, paired t-test p-values) and PNG plots from runs."""
-    from trainer.cli import parse_int_list
+    from trainer.cli import parse_int_list, parse_name_list
 
     wanted = None
     if seeds is not None:
@@ -340,10 +340,10 @@ def report(
     runs = load_runs(run_dirs, wanted)
     out.mkdir(parents=True, exist_ok=True)
     known = {m for r in runs for m in r["summary"]}
-    pms = tuple(x.strip() for x in p_metrics.split(",") if x.strip())
+    pms = tuple(parse_name_list(p_metrics))
     if unknown := [m for m in pms if m not in known]:
         raise typer.BadParameter(f"--p-metrics {','.join(unknown)}: no run has it (runs have {sorted(known)})")
-    ref_names = tuple(x.strip() for x in (refs or "ct,fedavg").split(",") if x.strip())
+    ref_names = tuple(parse_name_list(refs or "ct,fedavg"))
     table = markdown_table(runs, ref_names, pms)
     matched = reference_runs(runs, ref_names)
     warnings = [f"--refs {k}: no run of algorithm {k!r} among the runs given "

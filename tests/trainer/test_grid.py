@@ -92,6 +92,25 @@ def test_failed_job_reported_with_traceback_and_retried_on_rerun(spec, tmp_path,
     assert out["failed"] == [] and (runs[1].out / "results.json").exists()
 
 
+def test_grid_seeds_runs_only_those_and_summarises_once_all_spec_seeds_are_done(spec, tmp_path):
+    runs = parse_spec(spec, tmp_path / "res", only=["a"])
+    calls = []
+
+    def counting(*args):
+        calls.append(args[3])
+        return fake_job(*args)
+
+    out = run_grid(runs, backend="pool", workers=1, job_fn=counting, seeds=[1])
+    assert calls == [1, 1] and out == {"finished": [], "failed": []}
+    assert not (runs[0].out / "results.json").exists()  # seed 0 is still to run: no partial summary
+    calls.clear()
+    out = run_grid(runs, backend="pool", workers=1, job_fn=counting)  # the rest of the spec
+    assert calls == [0, 0] and out["finished"] == ["a"]
+    assert sorted(json.loads((runs[0].out / "results.json").read_text())["per_seed"]) == ["0", "1"]
+    with pytest.raises(NeuroFedError, match=r"a: seed\(s\) \[5\] are not in its spec line's --seeds \[0, 1\]"):
+        grid(spec, results=tmp_path / "res", only="a", seeds="5")
+
+
 @pytest.mark.slow
 def test_grid_on_local_ray(spec, tmp_path):
     pytest.importorskip("ray")
@@ -179,6 +198,12 @@ def test_reproduce_match_places_models_whose_named_metrics_equal(spec, tmp_path,
     assert sorted(c.status for c in again) == ["differs", "differs"]
     assert compare_jobs({"per_subject": {"S001": {"bca": 0.7, "x": 1.0}}},
                         {"per_subject": {"S001": {"bca": 0.7, "x": 2.0}}}, keys=["bca"]) == []
+    # a metric name no committed job holds (a typo) is refused before anything runs, naming the ones there are
+    calls = []
+    with pytest.raises(NeuroFedError, match=r"--match bxa: no committed job has that metric \(they hold: bca, fgsm"):
+        reproduce_grid(select_seeds(runs, [1]), tmp_path / "scratch2", backend="pool", workers=1,
+                       job_fn=lambda *a: calls.append(a), match=["bca", "bxa"])
+    assert calls == []
 
 
 def test_reproduce_refuses_what_cannot_be_compared(spec, tmp_path):
@@ -193,9 +218,9 @@ def test_reproduce_refuses_what_cannot_be_compared(spec, tmp_path):
     other.write_text(SPEC.replace("--rounds 1", "--rounds 2"))
     with pytest.raises(NeuroFedError, match="another configuration.*rounds"):
         reproduce_grid(parse_spec(other, tmp_path / "res", group="grid"), tmp_path / "scratch", job_fn=fake_job)
-    with pytest.raises(NeuroFedError, match="go with --reproduce"):
-        grid(spec, results=tmp_path / "res", seeds="1")
-    with pytest.raises(NeuroFedError, match="--match go with --reproduce"):
+    with pytest.raises(NeuroFedError, match="--scratch and --match go with --reproduce"):
+        grid(spec, results=tmp_path / "res", scratch=tmp_path / "scratch")
+    with pytest.raises(NeuroFedError, match="--scratch and --match go with --reproduce"):
         grid(spec, results=tmp_path / "res", match="bca")
 
 

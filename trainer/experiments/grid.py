@@ -3,7 +3,8 @@
 A grid spec is the line format ``experiments/*.txt`` already use: ``NAME <neurofed simulate options>``
 (``#`` comments). Each run goes to ``<results>/<group>/<NAME>/`` exactly as ``neurofed simulate --out``
 would write it; finished (seed, fold) jobs (their ``jobs/*.json``) are skipped, so re-running a grid
-resumes it, and a run's ``results.json`` is written as soon as all its jobs are done.
+resumes it, and a run's ``results.json`` is written as soon as all its jobs are done. ``--seeds`` runs only those
+seeds' jobs (e.g. the first seed of a costly run first); a run's ``results.json`` still waits for all its spec seeds.
 
 Backends: Ray (``pip install 'neurofed[grid]'``; a local Ray by default, ``--address`` joins a cluster)
 with ``num_cpus=1`` and one torch thread per task; without Ray, a local process pool. A failed job is
@@ -28,12 +29,15 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from trainer.errors import NeuroFedError
 from trainer.experiments.simulate import SimConfig, _job, job_paths, plan_jobs, run_differences, write_results
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -166,6 +170,7 @@ def run_grid(
     runs: list[GridRun], backend: str = "auto", address: str | None = None, workers: int = 1,
     on_event: Callable[[Task, dict | None, str | None, int, int], None] | None = None,
     job_fn: Callable[..., dict] = _job, planned: tuple[list[Task], dict[str, list[dict]]] | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> dict[str, list[str]]:
     """Run every unfinished (run, seed, fold) job; write each run's results.json once all its jobs are done.
 
@@ -181,6 +186,9 @@ def run_grid(
         The job (tests inject a stand-in); :func:`trainer.experiments.simulate._job` by default.
     planned : tuple or None
         ``plan(runs)`` when the caller has already made it (planned once, run as planned).
+    seeds : sequence of int or None
+        Run only these seeds' jobs; a run's ``results.json`` is still written only once every job of its
+        spec (all its seeds) is finished.
 
     Returns
     -------
@@ -202,6 +210,8 @@ def run_grid(
         if left == 0:
             write_results(by_name[name].cfg, by_name[name].out, done[name])
             finished.append(name)
+    if seeds is not None:
+        tasks = [t for t in tasks if t.seed in seeds]  # `remaining` still counts the other seeds' jobs
     results = (_ray_results(by_name, tasks, address, workers, job_fn) if backend == "ray"
                else _pool_results(by_name, tasks, workers, job_fn))
     for n, (task, result, tb) in enumerate(results, 1):
@@ -243,7 +253,13 @@ def compare_jobs(new: dict, old: dict, tol: float = 1e-9, keys: Sequence[str] | 
 
 
 def select_seeds(runs: list[GridRun], seeds: list[int]) -> list[GridRun]:
-    """The runs restricted to ``seeds`` (each must be one of every run's spec seeds)."""
+    """The runs restricted to ``seeds``.
+
+    Raises
+    ------
+    NeuroFedError
+        A seed that is not among some run's spec seeds.
+    """
     out = []
     for r in runs:
         missing = [s for s in seeds if s not in r.cfg.seeds]
@@ -251,6 +267,17 @@ def select_seeds(runs: list[GridRun], seeds: list[int]) -> list[GridRun]:
             raise NeuroFedError(f"{r.name}: seed(s) {missing} are not in its spec line's --seeds {r.cfg.seeds}")
         out.append(GridRun(r.name, dataclasses.replace(r.cfg, seeds=list(seeds)), r.out))
     return out
+
+
+def committed_metrics(runs: list[GridRun]) -> set[str]:
+    """The per-subject metric names (``bca``, ``fgsm_0.03_bca``, ...) held by the runs' committed job JSONs."""
+    names: set[str] = set()
+    for r in runs:
+        for *_, p in job_paths(r.cfg, r.out):
+            if p.is_file():
+                for entry in json.loads(p.read_text()).get("per_subject", {}).values():
+                    names |= set(entry)
+    return names
 
 
 @dataclass
@@ -301,7 +328,8 @@ def reproduce_grid(
     Raises
     ------
     NeuroFedError
-        A committed run folder holds a configuration other than its spec line's (nothing to reproduce).
+        A committed run folder holds a configuration other than its spec line's (nothing to reproduce), or a
+        ``match`` name no committed job holds (a typo would otherwise report every job as differing).
     """
     twins = {}
     for r in runs:
@@ -319,6 +347,9 @@ def reproduce_grid(
             raise NeuroFedError(f"{r.name}: {len(unfinished)} job(s) not finished in {r.out} (e.g. {unfinished[0]}): "
                                 "nothing to reproduce there; run the grid without --reproduce to finish them")
         twins[r.name] = GridRun(r.name, r.cfg, scratch / r.out.parent.name / r.name)
+    if match and (unknown := sorted(set(match) - (known := committed_metrics(runs)))):
+        raise NeuroFedError(f"--match {','.join(unknown)}: no committed job has that metric (they hold: "
+                            f"{', '.join(sorted(known))})")
     checks: list[Check] = []
     planned = tasks, done = plan(list(twins.values()))
     total = len(tasks) + sum(len(v) for v in done.values())
@@ -343,7 +374,7 @@ def reproduce_grid(
     return checks
 
 
-def _progress():
+def _progress() -> Progress:
     """The grid's progress bar (description, bar, n/total, elapsed, remaining) on the CLI's console."""
     from rich.progress import (
         BarColumn,
@@ -372,7 +403,8 @@ def grid(
     reproduce: Annotated[bool, typer.Option(
         "--reproduce", help="re-run finished jobs in --scratch, check each against the committed job subject by "
         "subject, and place its saved models beside it when equal")] = False,
-    seeds: Annotated[str | None, typer.Option(help="with --reproduce: only these seeds, e.g. '2' or '0,1'")] = None,
+    seeds: Annotated[str | None, typer.Option(help="only these seeds' jobs, e.g. '0' or '0,1' (a run's results.json "
+                                              "waits for all its spec seeds)")] = None,
     scratch: Annotated[Path | None, typer.Option(help="with --reproduce: where the re-runs go (default: a new "
                                                       "temporary folder, kept)")] = None,
     match: Annotated[str | None, typer.Option(help="with --reproduce: also place a model when only these "
@@ -381,15 +413,17 @@ def grid(
     = None,
 ) -> None:
     """Run a grid of simulate runs as one task per (run, seed, fold); re-running resumes it."""
-    from trainer.cli import console
+    from trainer.cli import console, parse_int_list, parse_name_list
 
-    runs = parse_spec(spec, results, group, [x.strip() for x in only.split(",")] if only else None)
-    if (seeds or scratch or match) and not reproduce:
-        raise NeuroFedError("--seeds, --scratch and --match go with --reproduce (a run's seeds are set in its spec "
-                            "line)")
+    runs = parse_spec(spec, results, group, parse_name_list(only) or None)
+    if (scratch or match) and not reproduce:
+        raise NeuroFedError("--scratch and --match go with --reproduce")
+    chosen = None
+    if seeds:
+        chosen = parse_int_list(seeds, "--seeds")
+        select_seeds(runs, chosen)  # each seed must be one of every run's spec seeds
     if reproduce:
-        _reproduce_cli(spec, runs, seeds, scratch, backend, address, workers,
-                       [x.strip() for x in match.split(",") if x.strip()] if match else None)
+        _reproduce_cli(spec, runs, chosen, scratch, backend, address, workers, parse_name_list(match) or None)
         return
     with _progress() as prog:
         bar = prog.add_task(f"grid {spec.name}", total=None)
@@ -403,19 +437,19 @@ def grid(
                 msg = f"BCA {100 * sum(bcas) / len(bcas):.1f}%" if bcas else "trained"
                 prog.console.log(f"{task.run} seed {task.seed} fold {task.fold}: {msg} ({result['seconds']:.0f} s)")
 
-        out = run_grid(runs, backend, address, workers, on_event)
+        out = run_grid(runs, backend, address, workers, on_event, seeds=chosen)
     for name in out["finished"]:
         console.print(f"{name}: {results / (group or spec.stem) / name / 'results.json'}")
     if out["failed"]:
         raise NeuroFedError(f"{len(out['failed'])} job(s) failed (tracebacks above); re-run to retry only those")
 
 
-def _reproduce_cli(spec: Path, runs: list[GridRun], seeds: str | None, scratch: Path | None, backend: str,
+def _reproduce_cli(spec: Path, runs: list[GridRun], seeds: list[int] | None, scratch: Path | None, backend: str,
                    address: str | None, workers: int, match: list[str] | None = None) -> None:
-    from trainer.cli import console, parse_int_list
+    from trainer.cli import console
 
     if seeds:
-        runs = select_seeds(runs, parse_int_list(seeds, "--seeds"))
+        runs = select_seeds(runs, seeds)
     scratch = scratch or Path(tempfile.mkdtemp(prefix="neurofed-reproduce-"))
     console.print(f"re-running in {scratch} (kept)")
     with _progress() as prog:
