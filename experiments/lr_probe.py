@@ -23,7 +23,8 @@ spec = EvalSpec(test=test, every=5)
 alg, lr, bs, R = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 t = time.time()
 def prog(r, tot, p):
-    if 'bca' in p: print(f"{alg} lr={lr} bs={bs} round {r} loss {p['loss']:.3f} bca {p['bca']*100:.1f} ({time.time()-t:.0f}s)", flush=True)
+    if 'bca' in p:
+        print(f"{alg} lr={lr} bs={bs} round {r} loss {p['loss']:.3f} bca {p['bca']*100:.1f} ({time.time()-t:.0f}s)", flush=True)
 if alg == "ct":
     run_centralised(train, "eegnet", get_strategy("ct"), LocalConfig(lr=lr, batch_size=bs), R, 0, spec, prog)
 else:

@@ -235,9 +235,8 @@ def evaluate_cmd(
     """
     from export.evaluate import evaluate, load_eegmmidb_for, load_files_for
     from export.metadata import read_onnx_meta
-    from trainer.errors import NeuroFedError
-
     from trainer.attacks import ATTACKS
+    from trainer.errors import NeuroFedError
 
     if attack is not None and attack not in ATTACKS:
         raise typer.BadParameter(f"attack {attack!r}: use one of {', '.join(ATTACKS)}")

@@ -28,8 +28,8 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import queue
 import platform
+import queue
 import threading
 import time
 import uuid
@@ -269,7 +269,9 @@ def bench_secagg(
             r = run_rounds(broker, n, secure, rounds, procs=procs)
             row["secagg" if secure else "plain"] = r
             print(json.dumps({"clients": n, "secure": secure, "rounds": r["rounds"]}), flush=True)
-        med = lambda rows, key: float(np.median([x[key] for x in rows]))
+        def med(rows, key):
+            return float(np.median([x[key] for x in rows]))
+
         p, s = row["plain"]["rounds"], row["secagg"]["rounds"]
         row["summary"] = {
             "plain_round_s": med(p, "round_s"), "secagg_round_s": med(s, "round_s"),

@@ -17,7 +17,6 @@ import typer
 from trainer.errors import NeuroFedError
 from trainer.fl.local import LocalConfig
 
-
 _LOCAL = LocalConfig()  # the published protocol: one definition for simulate, the demo and the coordinator
 
 

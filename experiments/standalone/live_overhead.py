@@ -60,7 +60,9 @@ def python_overhead(path: str, reps: int = 300) -> None:
         tc.append(t1 - t0)
         tp.append(t2 - t1)
         tg.append(t3 - t2)
-    med = lambda v: 1e3 * float(np.median(v))
+    def med(v):
+        return 1e3 * float(np.median(v))
+
     print(f"{path}: poll+cut {med(tc):.3f} ms, process_window {med(tp):.3f} ms, bare graph {med(tg):.3f} ms "
           f"-> Python around the graph {med(tc) + med(tp) - med(tg):.3f} ms per window "
           f"(load {os.getloadavg()[0]:.1f})", flush=True)

@@ -462,7 +462,10 @@ def test_broker_acl_lets_a_client_read_only_its_profiles_model(tmp_path, fed_nam
                                                  profiles={"A": "unicorn8", "B": "cyton_daisy16"}), cfg_dir)
     m = Mosquitto(tmp_path, extra_conf=files.conf.read_text(), port=port).start()
     creds, t = json.loads(files.credentials.read_text()), Topics(fed_name)
-    url = lambda u: f"mqtt://{u}:{creds[u]}@127.0.0.1:{port}"
+
+    def url(u: str) -> str:
+        return f"mqtt://{u}:{creds[u]}@127.0.0.1:{port}"
+
     try:
         with MqttTransport(url("coordinator"), "coordinator") as c:
             for p in ("unicorn8", "cyton_daisy16"):

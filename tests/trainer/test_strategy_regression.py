@@ -18,9 +18,9 @@ mismatch can also mean other kernels, and the failure message says so.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
-import io
 import shutil
 import subprocess
 import sys
