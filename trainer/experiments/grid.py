@@ -270,7 +270,7 @@ def select_seeds(runs: list[GridRun], seeds: list[int]) -> list[GridRun]:
 
 
 def committed_metrics(runs: list[GridRun]) -> set[str]:
-    """The per-subject metric names (``bca``, ``fgsm_0.03_bca``, ...) held by the runs' committed job JSONs."""
+    """The per-subject metric names (``bca``, ``fgsm@0.03``, ...) held by the runs' committed job JSONs."""
     names: set[str] = set()
     for r in runs:
         for *_, p in job_paths(r.cfg, r.out):
@@ -418,13 +418,14 @@ def grid(
     runs = parse_spec(spec, results, group, parse_name_list(only) or None)
     if (scratch or match) and not reproduce:
         raise NeuroFedError("--scratch and --match go with --reproduce")
-    chosen = None
-    if seeds:
-        chosen = parse_int_list(seeds, "--seeds")
-        select_seeds(runs, chosen)  # each seed must be one of every run's spec seeds
+    chosen = parse_int_list(seeds, "--seeds") if seeds else None
     if reproduce:
-        _reproduce_cli(spec, runs, chosen, scratch, backend, address, workers, parse_name_list(match) or None)
+        # each chosen seed must be one of every run's spec seeds (select_seeds says which is not)
+        _reproduce_cli(spec, select_seeds(runs, chosen) if chosen else runs, scratch, backend, address, workers,
+                       parse_name_list(match) or None)
         return
+    if chosen:
+        select_seeds(runs, chosen)  # the same check; run_grid then filters the plan by seed
     with _progress() as prog:
         bar = prog.add_task(f"grid {spec.name}", total=None)
 
@@ -444,12 +445,10 @@ def grid(
         raise NeuroFedError(f"{len(out['failed'])} job(s) failed (tracebacks above); re-run to retry only those")
 
 
-def _reproduce_cli(spec: Path, runs: list[GridRun], seeds: list[int] | None, scratch: Path | None, backend: str,
+def _reproduce_cli(spec: Path, runs: list[GridRun], scratch: Path | None, backend: str,
                    address: str | None, workers: int, match: list[str] | None = None) -> None:
     from trainer.cli import console
 
-    if seeds:
-        runs = select_seeds(runs, seeds)
     scratch = scratch or Path(tempfile.mkdtemp(prefix="neurofed-reproduce-"))
     console.print(f"re-running in {scratch} (kept)")
     with _progress() as prog:
