@@ -53,6 +53,7 @@ from trainer.fl.api import GROUP_MARK
 from trainer.fl.server import (
     RoundAggregator,
     ServerState,
+    clipped_in_round,
     downlink,
     select_clients,
     server_extras_for_clients,
@@ -414,7 +415,7 @@ class Coordinator:
         t_last = max(rs.arrival.values())
         self.current = None
         updates = rs.ordered()
-        self.server = rs.aggregate()
+        before, self.server = self.server, rs.aggregate()
         for cid, _ in updates:
             self.registry.clients[cid].rounds_done += 1
         loss = [u.metrics.get("loss") for _, u in updates if "loss" in u.metrics]
@@ -422,6 +423,8 @@ class Coordinator:
              "stragglers": rs.missing(), "rejected": rejected, "bytes_down": rs.bytes_down,
              "bytes_up": rs.bytes_up, "bytes_extras": rs.bytes_extras, "seconds": time.monotonic() - t0,
              "loss": float(sum(loss) / len(loss)) if loss else None}
+        if (clipped := clipped_in_round(before, self.server)) is not None:
+            m["clipped"] = clipped  # updates the adaptive norm clip scaled down (robust aggregation)
         if isinstance(rs, SecAggRound):
             m["secagg"] = rs.report()
         if self.server.round % self.cfg.output.checkpoint_every == 0 or self.server.round == self.fed.rounds:

@@ -257,6 +257,7 @@ def test_absurd_replayed_and_forged_updates_are_rejected_counted_and_not_answere
     r0, r1 = coord.metrics
     assert r0["participants"] == r1["participants"] == ["S001", "S002"]
     assert r0["rejected"] == 4 and r1["rejected"] == 2, (r0["rejected"], r1["rejected"], coord.rejections)
+    assert r0["clipped"] == r1["clipped"] == 0  # the 1000x update never reached aggregation; the honest two pass whole
     assert coord.rejections["absurd_update"] == 1 and coord.rejections["replay"] == 1
     assert coord.rejections["bad_message"] == 3 and coord.rejections["wrong_task"] == 1
     assert "spoofed_sender" not in coord.rejections  # its own error replies are not read back as forgeries

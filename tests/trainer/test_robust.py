@@ -11,7 +11,7 @@ from trainer.fl.algorithms.dp import dp_epsilon, noise_for_epsilon
 from trainer.fl.byzantine import Byzantine
 from trainer.fl.client import ClientUpdate
 from trainer.fl.local import LocalConfig
-from trainer.fl.server import ServerState, server_update
+from trainer.fl.server import CLIPPED_KEY, ServerState, server_update
 from trainer.fl.strategies import get_strategy
 
 G = {"w": torch.zeros(3), "n": torch.tensor(0)}
@@ -59,6 +59,23 @@ def test_clipping_is_on_by_default_and_dp_replaces_it():
     torch.testing.assert_close(out, torch.tensor([(1 + 3) / 3, 2 / 3]))  # 90 clipped to 1.5 x median norm 2
 
 
+def test_clipped_updates_are_counted_over_the_run_and_only_when_clipping_is_on():
+    def ups(vals):
+        return [(f"c{i}", ClientUpdate({"w": torch.tensor(v)}, 1)) for i, v in enumerate(vals)]
+
+    s = ServerState({"w": torch.zeros(2)})
+    s = server_update(s, ups([[1.0, 0.0], [0.0, 2.0], [90.0, 0.0]]), get_strategy("fedavg"), 3)
+    assert int(s.extras[CLIPPED_KEY]) == 1  # the 90 of round 1
+    honest = [[v + s.global_state["w"][0].item(), s.global_state["w"][1].item()] for v in (1.0, 1.5, 2.0)]
+    s = server_update(s, ups(honest), get_strategy("fedavg"), 3)
+    assert int(s.extras[CLIPPED_KEY]) == 1  # round 2 clipped none: the count runs on, unchanged
+    s = server_update(s, ups([[0.0, 1.0], [0.0, 1.2], [-50.0, 0.0], [0.0, 80.0]]), get_strategy("fedavg"), 4)
+    assert int(s.extras[CLIPPED_KEY]) == 3  # two more in round 3
+    off = server_update(ServerState({"w": torch.zeros(2)}), ups([[1.0, 0.0], [90.0, 0.0]]),
+                        get_strategy("fedavg", clip_mult=0), 2)
+    assert CLIPPED_KEY not in off.extras  # no clipping rule: no count (not a misleading 0)
+
+
 def test_only_one_aggregation_rule():
     with pytest.raises(ValueError, match="both replace the server's aggregation rule"):
         get_strategy("fedavg", aggregator="median", dp_clip=1.0)
@@ -102,3 +119,5 @@ def test_median_survives_a_1000x_client_on_real_data(subjects4):
     norm = lambda m: float(sum(p.detach().double().norm() ** 2 for p in m.parameters()) ** 0.5)  # noqa: E731
     assert len(info["attackers"]) == 1
     assert norm(plain) > 50 * norm(robust)  # the mean takes a 1000x update; the median does not
+    # the default clip (on under the median too) caught the attacker in both rounds, no honest client; counted for the job
+    assert info["server_cost"]["robust.stat_clipped"] == 2

@@ -233,6 +233,7 @@ class StateAggregator:
     """
 
     count: int = 0
+    clipped: int | None = None  # updates this round scaled down by the rule's norm clip; None = the rule never clips
 
     def add(self, state: Mapping[str, Tensor], weight: float) -> None:
         raise NotImplementedError

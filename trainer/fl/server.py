@@ -12,14 +12,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 
 from trainer.fl.aggregate import WeightedSum
 from trainer.fl.api import GROUP_MARK, Strategy, group_key, is_grouped
 from trainer.fl.client import ClientUpdate
 
-__all__ = ["RoundAggregator", "ServerState", "WeightedSum", "downlink", "select_clients",
-           "server_extras_for_clients", "server_update"]
+__all__ = ["CLIPPED_KEY", "RoundAggregator", "ServerState", "WeightedSum", "clipped_in_round", "downlink",
+           "select_clients", "server_extras_for_clients", "server_update"]
 
 
 def select_clients(client_ids: Sequence[str], fraction: float, round_idx: int, seed: int) -> list[str]:
@@ -41,6 +42,16 @@ def downlink(global_state: Mapping[str, Tensor], strategy: Strategy, model: nn.M
     """What the server sends to the clients of ``group`` (the strategy's BN and grouping rules decide)."""
     return strategy.downlink(global_state, model, group)
 
+
+CLIPPED_KEY = "robust.stat_clipped"  # server extra: updates scaled down by the adaptive norm clip so far this run
+
+
+
+def clipped_in_round(before: ServerState, after: ServerState) -> int | None:
+    """Updates the adaptive norm clip scaled down between two server states (None: the rule does not clip)."""
+    if CLIPPED_KEY not in after.extras:
+        return None
+    return int(after.extras[CLIPPED_KEY]) - int(before.extras.get(CLIPPED_KEY, torch.tensor(0)))
 
 @dataclass
 class ServerState:
@@ -142,6 +153,10 @@ class RoundAggregator:
         for p in self.parts:
             new_global, extras = p.finish(self.server.global_state, new_global, extras, self.states.count)
         extras = self.weights.finish(extras, self.states.count)
+        clipped = getattr(self.states, "clipped", None)  # None: the rule never clips (plain mean, DP's own clip)
+        if clipped is not None:  # a running count over the run: in a job's server_cost and the checkpoint's extras
+            prev = self.server.extras.get(CLIPPED_KEY)
+            extras[CLIPPED_KEY] = torch.tensor((int(prev) if prev is not None else 0) + clipped)
         return ServerState(new_global, self.server.round + 1, extras)
 
 

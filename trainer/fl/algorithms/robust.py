@@ -60,7 +60,7 @@ class RobustStates(StateAggregator):
         self.rule, self.clip_mult, self.trim, self.krum_f, self.old = rule, clip_mult, trim, krum_f, old
         self.states: list[Mapping[str, Tensor]] = []
         self.weights: list[float] = []
-        self.clipped = 0
+        self.clipped: int | None = 0 if clip_mult > 0 else None
 
     @property
     def count(self) -> int:  # type: ignore[override]
@@ -77,13 +77,8 @@ class RobustStates(StateAggregator):
             return list(self.states)
         norms = update_norms(self.states, self.old)
         bound = self.clip_mult * float(np.median(norms))
-        out = []
-        for s, n in zip(self.states, norms):
-            if n > bound > 0:
-                self.clipped += 1
-                out.append(clip_to(s, self.old, bound / n))
-            else:
-                out.append(s)
+        out = [clip_to(s, self.old, bound / n) if n > bound > 0 else s for s, n in zip(self.states, norms)]
+        self.clipped = sum(1 for n in norms if n > bound > 0)  # set per call: result() may be asked again
         if self.clipped:
             logger.info("robust aggregation: %d of %d updates clipped to %.4g (= %g x median norm)",
                         self.clipped, len(out), bound, self.clip_mult)
