@@ -71,6 +71,21 @@ def curve_markdown(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def clipping_markdown(runs: list[dict]) -> str:
+    """One line per run whose jobs count the server's adaptive norm clip (results.json ``clipping``), over the seeds
+    the run is reported on; "" when none does."""
+    lines = []
+    for r in runs:
+        kept = [c for k, c in (r.get("clipping") or {}).items() if k in (r.get("per_seed") or {})]
+        if not kept:
+            continue
+        clipped, updates, jobs = (sum(c[f] for c in kept) for f in ("clipped", "updates", "jobs"))
+        share = f" ({100 * clipped / updates:.1f} %)" if updates else ""
+        lines.append(f"- `{label_of(r)}`: {clipped} of {updates} client updates clipped{share}, in the {jobs} job(s) "
+                     "that count it")
+    return "\n".join(lines)
+
+
 def label_of(run: dict) -> str:
     """The run directory's name (unique per run; e.g. ``fedbs``, ``ct_noea``)."""
     return Path(run["_dir"]).name or run["algorithm"]
@@ -363,6 +378,11 @@ def report(
                        "both hold (each subject's BCA averaged over seeds first): mean difference, two-sided paired "
                        "t-test, two-sided Wilcoxon signed-rank test (zero differences dropped), and on how many "
                        "subjects the run is higher.\n\n" + comparisons + "\n\n")
+    clipping = clipping_markdown(runs)
+    if clipping:
+        comparisons += ("## Server-side clipping\n\nHow often the server's adaptive norm clip (robust aggregation: each "
+                        "update longer than k x the round's median update norm is scaled down to it) fired; jobs "
+                        "written before 2026-11-28 do not count it.\n\n" + clipping + "\n\n")
     curves = curve_markdown(runs)
     if curves:
         curves = ("## Held-out BCA during training (%)\n\nThe global model on the held-out subjects at each "

@@ -208,3 +208,30 @@ def test_report_tabulates_paired_comparisons_against_each_ref(tmp_path):
     p = f"{stats.ttest_rel([0.6, 0.7, 0.8, 0.9], [0.5, 0.5, 0.5, 0.9]).pvalue:.2g}"
     assert rows == [f"| fedbm − fedavg | 4 | +15.0 | {p} | 0.25 | 3 of 4 |",
                     f"| fedavg − fedbm | 4 | -15.0 | {p} | 0.25 | 0 of 4 |"]
+
+
+def test_clip_counts_are_summed_per_seed_and_reported_over_the_seeds_shown(tmp_path):
+    """summarise keeps each seed's count of server-clipped updates; the report sums the seeds it shows."""
+    from trainer.experiments.simulate import clip_summary
+
+    def job(seed, clipped=None):
+        cost = {"robust.stat_clipped": float(clipped)} if clipped is not None else {}
+        return {"seed": seed, "server_cost": cost, "curve": [{"round": r, "participants": 9} for r in (1, 2)]}
+
+    jobs = [job(0, 3), job(0, 1), job(1, 0), job(2)]  # seed 2's job predates the count
+    assert clip_summary(jobs) == {"0": {"clipped": 4, "updates": 36, "jobs": 2}, "1": {"clipped": 0, "updates": 18, "jobs": 1}}
+    assert clip_summary([job(0)]) == {}
+    subs = ["S001", "S002", "S003"]
+    d = Path(_run(tmp_path, "fal", {k: {s: {"bca": 0.6} for s in subs} for k in ("0", "1", "2")}))
+    r = json.loads((d / "results.json").read_text())
+    (d / "results.json").write_text(json.dumps({**r, "clipping": clip_summary(jobs)}))
+    res = CliRunner().invoke(app, ["report", str(d), "--out", str(tmp_path / "all")])
+    assert res.exit_code == 0, res.output
+    assert "- `fal`: 4 of 54 client updates clipped (7.4 %), in the 3 job(s) that count it" in (
+        tmp_path / "all" / "report.md").read_text()
+    res = CliRunner().invoke(app, ["report", str(d), "--seeds", "1,2", "--out", str(tmp_path / "s12")])
+    assert res.exit_code == 0, res.output
+    assert "- `fal`: 0 of 18 client updates clipped (0.0 %), in the 1 job(s) that count it" in (
+        tmp_path / "s12" / "report.md").read_text()
+    res = CliRunner().invoke(app, ["report", str(d), "--seeds", "2", "--out", str(tmp_path / "s2")])
+    assert "Server-side clipping" not in (tmp_path / "s2" / "report.md").read_text()  # seed 2 does not count it

@@ -32,6 +32,7 @@ from trainer.experiments.runner import (
 )
 from trainer.fl.byzantine import Byzantine
 from trainer.fl.local import LocalConfig
+from trainer.fl.server import CLIPPED_KEY
 from trainer.fl.strategies import get_strategy
 from trainer.models import PER_DEVICE_MODELS
 
@@ -232,6 +233,21 @@ def mean_curve(jobs: list[dict]) -> list[dict[str, float]]:
                                                if p["round"] == r and "bca" in p]))} for r in rounds]
 
 
+def clip_summary(jobs: list[dict]) -> dict[str, dict[str, int]]:
+    """How often the server's adaptive norm clip fired, per seed: ``{seed: {"clipped", "updates", "jobs"}}`` summed
+    over that seed's jobs that count it (``server_cost["robust.stat_clipped"]``, jobs since 2026-11-28; ``updates`` =
+    their participants over all rounds). Seeds with no such job (older jobs, no clipping rule) are left out."""
+    out: dict[str, dict[str, int]] = {}
+    for j in jobs:
+        if CLIPPED_KEY not in j.get("server_cost", {}):
+            continue
+        c = out.setdefault(str(j["seed"]), {"clipped": 0, "updates": 0, "jobs": 0})
+        c["clipped"] += int(j["server_cost"][CLIPPED_KEY])
+        c["updates"] += int(sum(p.get("participants", 0) for p in j["curve"]))
+        c["jobs"] += 1
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
 def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
     """Aggregate per-(fold, seed) results into results.json content."""
     per_seed: dict[int, dict[str, dict]] = {}
@@ -254,6 +270,7 @@ def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
         "attack_budgets": attack_budgets([a for a, _ in cfg.attacks]),
         "torch": torch.__version__,
         **({"privacy": jobs[0]["privacy"]} if jobs and "privacy" in jobs[0] else {}),
+        **({"clipping": c} if (c := clip_summary(jobs)) else {}),
     }
 
 
