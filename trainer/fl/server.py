@@ -46,12 +46,12 @@ def downlink(global_state: Mapping[str, Tensor], strategy: Strategy, model: nn.M
 CLIPPED_KEY = "robust.stat_clipped"  # server extra: updates scaled down by the adaptive norm clip so far this run
 
 
-
 def clipped_in_round(before: ServerState, after: ServerState) -> int | None:
     """Updates the adaptive norm clip scaled down between two server states (None: the rule does not clip)."""
     if CLIPPED_KEY not in after.extras:
         return None
     return int(after.extras[CLIPPED_KEY]) - int(before.extras.get(CLIPPED_KEY, torch.tensor(0)))
+
 
 @dataclass
 class ServerState:
