@@ -217,7 +217,9 @@ def simulate(
     partition: Annotated[str, typer.Option(help="clients of the training subjects: subject (one each), "
                                            "dirichlet:BETA[:K] (label skew within subjects, K clients each), "
                                            "missing-class; held-out subjects stay whole")] = "subject",
-    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder")] = None,
+    data_dir: Annotated[str | None, typer.Option(
+        help="EEGMMIDB folder (default: $NEUROFED_DATA, else ../shared/data, found where the jobs run; only a folder "
+             "given here is written into the run's config.json)")] = None,
     out: Annotated[Path, typer.Option(help="run directory (re-running resumes it)")] = Path("runs/simulate"),
     profiles: Annotated[str | None, typer.Option(
         help="device profiles: 'lab64,research21,unicorn8' (seeded balanced split of the subjects) or "

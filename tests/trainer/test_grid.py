@@ -56,6 +56,15 @@ def test_spec_lines_parse_like_simulate(spec, tmp_path):
         parse_spec(bad, tmp_path / "res")
 
 
+def test_data_folder_from_the_environment_stays_out_of_the_config(spec, tmp_path, monkeypatch, data_dir):
+    """$NEUROFED_DATA is this machine's: a run's config.json records only a folder the spec line names."""
+    monkeypatch.setenv("NEUROFED_DATA", str(data_dir))
+    assert [r.cfg.data_dir for r in parse_spec(spec, tmp_path / "res")] == [None, None]
+    named = tmp_path / "named.txt"
+    named.write_text(f"a --algorithm fedavg --subjects 1-4 --data-dir {data_dir}\n")
+    assert parse_spec(named, tmp_path / "res")[0].cfg.data_dir == str(data_dir)
+
+
 def test_grid_resumes_from_finished_jobs(spec, tmp_path, monkeypatch):
     runs = parse_spec(spec, tmp_path / "res")
     # one job of run a already finished (e.g. by an interrupted grid): it is not run again
