@@ -67,7 +67,7 @@ def test_sweep_cli_prints_a_table_and_draws_the_plot(saved_run, tmp_path):
     from neurofed.cli import app
 
     run, _ = saved_run
-    png = tmp_path / "eps.png"
+    png = tmp_path / "new" / "eps.png"  # a folder that does not exist yet is made
     r = CliRunner().invoke(app, ["sweep", str(run), str(run), "--names", "a,b", "--attack", "fgsm:0.03,pgd:0.03",
                                  "--plot", str(png)], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output

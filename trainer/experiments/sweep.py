@@ -268,6 +268,7 @@ def sweep_plot(results: dict[str, dict], path: str | os.PathLike) -> None:
     axes[0][0].set_ylabel("BCA (%)")
     axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # --plot docs/results/NEW/plot.png: the folder is made
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
