@@ -88,6 +88,22 @@ def test_grid_resumes_from_finished_jobs(spec, tmp_path, monkeypatch):
     assert calls == [] and sorted(out["finished"]) == ["a", "b"]
 
 
+def test_resume_leaves_a_committed_config_as_it_was(spec, tmp_path):
+    """A plain resume does not rewrite config.json: a committed file laid out otherwise shows no diff afterwards."""
+    runs = parse_spec(spec, tmp_path / "res")
+    run_grid(runs, backend="pool", workers=1, job_fn=fake_job)
+    cfg_path = runs[0].out / "config.json"
+    relaid = json.dumps(json.loads(cfg_path.read_text()), indent=2, sort_keys=True)
+    cfg_path.write_text(relaid)
+    run_grid(parse_spec(spec, tmp_path / "res"), backend="pool", workers=1, job_fn=fake_job)
+    assert cfg_path.read_text() == relaid
+    (tmp_path / "more").mkdir()
+    more = tmp_path / "more" / "grid.txt"  # same group (the spec's name); more seeds do rewrite it, seed list and all
+    more.write_text(SPEC.replace("--seeds 0,1\n", "--seeds 0,1,2\n", 1))
+    run_grid(parse_spec(more, tmp_path / "res")[:1], backend="pool", workers=1, job_fn=fake_job)
+    assert json.loads(cfg_path.read_text())["seeds"] == [0, 1, 2]
+
+
 def test_failed_job_reported_with_traceback_and_retried_on_rerun(spec, tmp_path, monkeypatch):
     runs = parse_spec(spec, tmp_path / "res")
     monkeypatch.setenv("GRID_TEST_FAIL", "fedbs:1:0")

@@ -327,13 +327,17 @@ def open_run(out_dir: str | os.PathLike, cfg: Any) -> Path:
 
     A folder that already holds a run resumes it only when :func:`run_differences` finds nothing but more seeds;
     otherwise :func:`refuse_other_run` raises, naming the fields, and the folder's configuration is left as it was.
+    An unchanged configuration is not rewritten.
     """
     out = Path(out_dir)
     (out / "jobs").mkdir(parents=True, exist_ok=True)
     cfg_path = out / "config.json"
     cfg_json = json.dumps(asdict(cfg), indent=1, sort_keys=True)
     if cfg_path.exists():
-        refuse_other_run(out, json.loads(cfg_path.read_text()), json.loads(cfg_json))
+        held = json.loads(cfg_path.read_text())
+        refuse_other_run(out, held, json.loads(cfg_json))
+        if held == json.loads(cfg_json):
+            return out  # a plain resume leaves the file byte for byte as it was (a committed config keeps its layout)
     atomic_write_bytes(cfg_path, cfg_json.encode())  # a crash mid-write never leaves a config that blocks resuming
     return out
 
