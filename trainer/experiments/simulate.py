@@ -334,9 +334,9 @@ def open_run(out_dir: str | os.PathLike, cfg: Any) -> Path:
     cfg_path = out / "config.json"
     cfg_json = json.dumps(asdict(cfg), indent=1, sort_keys=True)
     if cfg_path.exists():
-        held = json.loads(cfg_path.read_text())
-        refuse_other_run(out, held, json.loads(cfg_json))
-        if held == json.loads(cfg_json):
+        held, wanted = json.loads(cfg_path.read_text()), json.loads(cfg_json)
+        refuse_other_run(out, held, wanted)
+        if held == wanted:
             return out  # a plain resume leaves the file byte for byte as it was (a committed config keeps its layout)
     atomic_write_bytes(cfg_path, cfg_json.encode())  # a crash mid-write never leaves a config that blocks resuming
     return out
