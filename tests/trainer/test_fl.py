@@ -9,10 +9,11 @@ from torch import nn
 
 from trainer.attacks import channel_budget, fgsm, pgd
 from trainer.experiments.runner import run_federated
+from trainer.fl.api import StateAggregator
 from trainer.fl.client import ClientState, ClientUpdate, client_update, init_client_state
 from trainer.fl.local import LocalConfig
 from trainer.fl.server import ServerState, WeightedSum, downlink, select_clients, server_update
-from trainer.fl.strategies import get_strategy
+from trainer.fl.strategies import ALGORITHMS, get_strategy
 from trainer.models import bn_state_keys, build_model
 from trainer.perturb import awp_perturbation, perturbed, sam_perturbation
 
@@ -27,6 +28,19 @@ def test_weighted_sum_matches_hand_computed_average():
     torch.testing.assert_close(out["w"], torch.tensor([(45 * 1 + 15 * 3) / 60, (45 * 2 + 15 * 6) / 60]))
     assert out["n"].item() == 5 and out["w"].dtype == torch.float32
 
+
+
+@pytest.mark.parametrize("name, overrides", [(n, {}) for n in ALGORITHMS if not ALGORITHMS[n].centralised]
+                         + [("fedavg", {"aggregator": "median"}), ("fedavg", {"dp_clip": 1.0, "dp_noise": 0.0})])
+def test_every_server_rule_is_a_state_aggregator(name, overrides):
+    """The server's rule, default or a component's, honours one contract: add(state, weight) ... result()."""
+    st = get_strategy(name, **overrides)
+    old = {"w": torch.zeros(2)}
+    agg = st.state_aggregator(old, 0, 4)
+    assert isinstance(agg, StateAggregator), type(agg)
+    for w in (1.0, 2.0, 3.0):
+        agg.add({"w": torch.full((2,), w)}, 10)
+    assert agg.count == 3 and agg.result()["w"].shape == (2,)
 
 def test_server_update_weights_by_trial_counts_and_sorts():
     s0 = ServerState({"w": torch.zeros(2)})

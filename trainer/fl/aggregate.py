@@ -7,8 +7,10 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from trainer.fl.api import StateAggregator
 
-class WeightedSum:
+
+class WeightedSum(StateAggregator):
     """Streaming weighted average of state dicts: memory O(model), not O(clients x model).
 
     Floating tensors are accumulated in float64 and cast back to their dtype; integer tensors
