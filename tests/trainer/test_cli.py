@@ -153,8 +153,10 @@ def test_a_run_resumes_from_another_spelling_of_its_data_folder_and_a_refusal_na
     with pytest.raises(NeuroFedError, match=r"\(rounds: \d+ -> 7\); only --seeds may be extended"):
         refuse_other_run(tmp_path, old, {**old, "rounds": 7})
     refuse_other_run(tmp_path, old, {**old, "seeds": [0, 1]})  # more seeds: resumes
-    with pytest.raises(NeuroFedError, match="seeds: fewer"):
+    with pytest.raises(NeuroFedError, match=r"seeds: \[0, 1\] -> \[0\] \(seeds may only be added\)"):
         refuse_other_run(tmp_path, {**old, "seeds": [0, 1]}, old)
+    with pytest.raises(NeuroFedError, match=r"seeds: \[0\] -> \[2\]"):  # other seeds, not only fewer
+        refuse_other_run(tmp_path, old, {**old, "seeds": [2]})
 
 
 def test_integer_lists_parse_and_a_bad_one_is_named():

@@ -167,7 +167,7 @@ def test_reproduce_checks_each_job_and_places_models_only_when_equal(spec, tmp_p
             m.unlink()
     monkeypatch.setenv("GRID_TEST_DRIFT", "1")
     seen = []
-    checks = reproduce_grid(select_seeds(runs, [1]), tmp_path / "scratch", backend="pool", workers=2,
+    checks = reproduce_grid(runs, tmp_path / "scratch", backend="pool", workers=2, seeds=[1],
                             on_check=lambda c, n, total: seen.append((n, total)), job_fn=job_with_model)
     assert seen[-1] == (4, 4) and sorted((c.run, c.seed, c.fold) for c in checks) == [
         ("a", 1, 0), ("a", 1, 1), ("b", 1, 0), ("b", 1, 1)]
@@ -183,9 +183,17 @@ def test_reproduce_checks_each_job_and_places_models_only_when_equal(spec, tmp_p
     assert {p: p.read_bytes() for r in runs for p in (r.out / "jobs").glob("*.json")} == committed
     # resumable: a second call re-checks the scratch jobs without re-running them
     calls = []
-    checks = reproduce_grid(select_seeds(runs, [1]), tmp_path / "scratch", backend="pool", workers=1,
+    checks = reproduce_grid(runs, tmp_path / "scratch", backend="pool", workers=1, seeds=[1],
                             job_fn=lambda *a: calls.append(a))
     assert calls == [] and sorted(c.status for c in checks) == ["differs", "differs", "equal", "equal"]
+    # the same scratch folder then serves another seed: only seed 0's jobs run and are checked
+    seen.clear()
+    checks = reproduce_grid(runs, tmp_path / "scratch", backend="pool", workers=1, seeds=[0],
+                            on_check=lambda c, n, total: seen.append((n, total)), job_fn=job_with_model)
+    assert seen[-1] == (4, 4) and sorted((c.run, c.seed, c.fold, c.status) for c in checks) == [
+        ("a", 0, 0, "equal"), ("a", 0, 1, "equal"), ("b", 0, 0, "equal"), ("b", 0, 1, "equal")]
+    assert (a / "seed0_fold00.safetensors").read_bytes() == b"model fedavg 0 0"
+    assert {p: p.read_bytes() for r in runs for p in (r.out / "jobs").glob("*.json")} == committed
 
 
 def job_attacked(cfg: dict, fold: int, test_subjects: list[int], seed: int, path: str, threads: int) -> dict:
@@ -208,8 +216,8 @@ def test_reproduce_match_places_models_whose_named_metrics_equal(spec, tmp_path,
     for m in (runs[0].out / "jobs").glob("*.safetensors"):
         m.unlink()
     monkeypatch.setenv("GRID_TEST_DRIFT_ATTACK", "1")
-    checks = {c.fold: c for c in reproduce_grid(select_seeds(runs, [1]), tmp_path / "scratch", backend="pool",
-                                                workers=1, job_fn=job_attacked, match=["bca"])}
+    checks = {c.fold: c for c in reproduce_grid(runs, tmp_path / "scratch", backend="pool", workers=1, seeds=[1],
+                                                job_fn=job_attacked, match=["bca"])}
     assert checks[0].status == "differs" and checks[0].placed == []  # benign BCA moved: no model
     assert checks[1].status == "matches" and len(checks[1].details) == 1
     assert re.fullmatch(r"S00\d fgsm@0.03 0.32 vs 0.3", checks[1].details[0])
@@ -218,15 +226,14 @@ def test_reproduce_match_places_models_whose_named_metrics_equal(spec, tmp_path,
     assert (jobs / "seed1_fold01.safetensors").read_bytes() == b"model fedavg 1 1"
     assert {p: p.read_bytes() for p in jobs.glob("*.json")} == committed  # the committed numbers stay
     # without --match the same scratch jobs place nothing more and say why
-    again = reproduce_grid(select_seeds(runs, [1]), tmp_path / "scratch", backend="pool", workers=1,
-                           job_fn=job_attacked)
+    again = reproduce_grid(runs, tmp_path / "scratch", backend="pool", workers=1, seeds=[1], job_fn=job_attacked)
     assert sorted(c.status for c in again) == ["differs", "differs"]
     assert compare_jobs({"per_subject": {"S001": {"bca": 0.7, "x": 1.0}}},
                         {"per_subject": {"S001": {"bca": 0.7, "x": 2.0}}}, keys=["bca"]) == []
     # a metric name no committed job holds (a typo) is refused before anything runs, naming the ones there are
     calls = []
     with pytest.raises(NeuroFedError, match=r"--match bxa: no committed job has that metric \(they hold: bca, fgsm"):
-        reproduce_grid(select_seeds(runs, [1]), tmp_path / "scratch2", backend="pool", workers=1,
+        reproduce_grid(runs, tmp_path / "scratch2", backend="pool", workers=1, seeds=[1],
                        job_fn=lambda *a: calls.append(a), match=["bca", "bxa"])
     assert calls == []
 
@@ -235,6 +242,8 @@ def test_reproduce_refuses_what_cannot_be_compared(spec, tmp_path):
     runs = parse_spec(spec, tmp_path / "res")
     with pytest.raises(NeuroFedError, match=r"seed\(s\) \[2\] are not in"):
         select_seeds(runs, [2])
+    with pytest.raises(NeuroFedError, match=r"seed\(s\) \[2\] are not in"):
+        reproduce_grid(runs, tmp_path / "scratch", seeds=[2], job_fn=fake_job)
     with pytest.raises(NeuroFedError, match=r"a: 4 job\(s\) not finished .*without --reproduce"):
         reproduce_grid(runs, tmp_path / "scratch", backend="pool", job_fn=fake_job)
     assert not (runs[0].out / "config.json").exists()  # the check wrote nothing into the results root

@@ -318,12 +318,13 @@ def check_job(run: GridRun, result: dict, match: Sequence[str] | None = None) ->
 def reproduce_grid(
     runs: list[GridRun], scratch: Path, backend: str = "auto", address: str | None = None, workers: int = 1,
     on_check: Callable[[Check, int, int], None] | None = None, job_fn: Callable[..., dict] = _job,
-    match: Sequence[str] | None = None,
+    match: Sequence[str] | None = None, seeds: Sequence[int] | None = None,
 ) -> list[Check]:
     """Re-run ``runs``' jobs in ``scratch`` and check each against the committed job (see :func:`check_job`;
-    ``match`` is passed on to it).
+    ``match`` is passed on to it); with ``seeds`` only those seeds' jobs (each one of every run's spec seeds).
 
-    ``scratch`` is resumable like any grid root: jobs already finished there are checked without re-running.
+    ``scratch`` is resumable like any grid root: jobs already finished there are checked without re-running. Its
+    twin runs keep their spec's seeds, so one scratch folder serves one seed now and another later.
 
     Raises
     ------
@@ -331,8 +332,9 @@ def reproduce_grid(
         A committed run folder holds a configuration other than its spec line's (nothing to reproduce), or a
         ``match`` name no committed job holds (a typo would otherwise report every job as differing).
     """
+    chosen = select_seeds(runs, list(seeds)) if seeds is not None else runs  # raises on a seed not in a spec
     twins = {}
-    for r in runs:
+    for r, c in zip(runs, chosen):
         cfg_path = r.out / "config.json"
         if cfg_path.is_file():
             spec_cfg = json.loads(json.dumps(dataclasses.asdict(r.cfg)))
@@ -342,17 +344,18 @@ def reproduce_grid(
             if diffs:
                 raise NeuroFedError(f"{r.out} was run with another configuration than {r.name}'s spec line "
                                     f"({'; '.join(diffs[:3])}): nothing to reproduce")
-        unfinished = [p.name for *_, p in job_paths(r.cfg, r.out) if not p.is_file()]
+        unfinished = [p.name for *_, p in job_paths(c.cfg, r.out) if not p.is_file()]
         if unfinished:
             raise NeuroFedError(f"{r.name}: {len(unfinished)} job(s) not finished in {r.out} (e.g. {unfinished[0]}): "
                                 "nothing to reproduce there; run the grid without --reproduce to finish them")
         twins[r.name] = GridRun(r.name, r.cfg, scratch / r.out.parent.name / r.name)
-    if match and (unknown := sorted(set(match) - (known := committed_metrics(runs)))):
+    if match and (unknown := sorted(set(match) - (known := committed_metrics(chosen)))):
         raise NeuroFedError(f"--match {','.join(unknown)}: no committed job has that metric (they hold: "
                             f"{', '.join(sorted(known))})")
     checks: list[Check] = []
     planned = tasks, done = plan(list(twins.values()))
-    total = len(tasks) + sum(len(v) for v in done.values())
+    wanted = set(seeds) if seeds is not None else {s for r in runs for s in r.cfg.seeds}
+    total = sum(t.seed in wanted for t in tasks) + sum(j["seed"] in wanted for v in done.values() for j in v)
 
     def record(c: Check) -> None:
         checks.append(c)
@@ -362,7 +365,8 @@ def reproduce_grid(
     by_name = {r.name: r for r in runs}
     for name, finished in done.items():
         for result in sorted(finished, key=lambda j: (j["seed"], j["fold"])):
-            record(check_job(by_name[name], result, match))
+            if result["seed"] in wanted:
+                record(check_job(by_name[name], result, match))
 
     def on_event(task: Task, result: dict | None, tb: str | None, n: int, _total: int) -> None:
         if tb is not None:
@@ -370,7 +374,7 @@ def reproduce_grid(
         else:
             record(check_job(by_name[task.run], result, match))
 
-    run_grid(list(twins.values()), backend, address, workers, on_event, job_fn, planned)
+    run_grid(list(twins.values()), backend, address, workers, on_event, job_fn, planned, seeds=sorted(wanted))
     return checks
 
 
@@ -421,8 +425,7 @@ def grid(
     chosen = parse_int_list(seeds, "--seeds") if seeds else None
     if reproduce:
         # each chosen seed must be one of every run's spec seeds (select_seeds says which is not)
-        _reproduce_cli(spec, select_seeds(runs, chosen) if chosen else runs, scratch, backend, address, workers,
-                       parse_name_list(match) or None)
+        _reproduce_cli(spec, runs, scratch, backend, address, workers, parse_name_list(match) or None, chosen)
         return
     if chosen:
         select_seeds(runs, chosen)  # the same check; run_grid then filters the plan by seed
@@ -446,7 +449,8 @@ def grid(
 
 
 def _reproduce_cli(spec: Path, runs: list[GridRun], scratch: Path | None, backend: str,
-                   address: str | None, workers: int, match: list[str] | None = None) -> None:
+                   address: str | None, workers: int, match: list[str] | None = None,
+                   seeds: list[int] | None = None) -> None:
     from trainer.cli import console
 
     scratch = scratch or Path(tempfile.mkdtemp(prefix="neurofed-reproduce-"))
@@ -467,7 +471,7 @@ def _reproduce_cli(spec: Path, runs: list[GridRun], scratch: Path | None, backen
                 shown = "; ".join(c.details[:3]) + ("; ..." if len(c.details) > 3 else "")
                 prog.console.log(f"[red]{head}{c.status}[/red]: {shown}")
 
-        checks = reproduce_grid(runs, scratch, backend, address, workers, on_check, match=match)
+        checks = reproduce_grid(runs, scratch, backend, address, workers, on_check, match=match, seeds=seeds)
     counts = {s: sum(c.status == s for c in checks) for s in ("equal", "matches", "differs", "failed")}
     console.print(", ".join(f"{v} {k}" for k, v in counts.items() if v) or "nothing to re-run")
     if counts["differs"] or counts["failed"]:

@@ -308,7 +308,8 @@ def run_differences(old: dict, new: dict) -> list[str]:
         b.pop(k)
     if a.get("data_dir") != b.get("data_dir") and _data_root(a.get("data_dir")) == _data_root(b.get("data_dir")):
         b["data_dir"] = a.get("data_dir")
-    diffs = [] if set(a.pop("seeds", [])) <= set(b.pop("seeds", [])) else ["seeds: fewer than the run's"]
+    held, wanted = a.pop("seeds", []), b.pop("seeds", [])
+    diffs = [] if set(held) <= set(wanted) else [f"seeds: {held!r} -> {wanted!r} (seeds may only be added)"]
     pairs = {k: (a.get(k, "(absent)"), b.get(k, "(absent)")) for k in sorted(set(a) | set(b))}
     return diffs + [f"{k}: {u!r} -> {v!r}" for k, (u, v) in pairs.items() if u != v]
 
