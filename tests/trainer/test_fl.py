@@ -29,7 +29,6 @@ def test_weighted_sum_matches_hand_computed_average():
     assert out["n"].item() == 5 and out["w"].dtype == torch.float32
 
 
-
 @pytest.mark.parametrize("name, overrides", [(n, {}) for n in ALGORITHMS if not ALGORITHMS[n].centralised]
                          + [("fedavg", {"aggregator": "median"}), ("fedavg", {"dp_clip": 1.0, "dp_noise": 0.0})])
 def test_every_server_rule_is_a_state_aggregator(name, overrides):
@@ -41,6 +40,7 @@ def test_every_server_rule_is_a_state_aggregator(name, overrides):
     for w in (1.0, 2.0, 3.0):
         agg.add({"w": torch.full((2,), w)}, 10)
     assert agg.count == 3 and agg.result()["w"].shape == (2,)
+
 
 def test_server_update_weights_by_trial_counts_and_sorts():
     s0 = ServerState({"w": torch.zeros(2)})

@@ -354,8 +354,9 @@ def reproduce_grid(
                             f"{', '.join(sorted(known))})")
     checks: list[Check] = []
     planned = tasks, done = plan(list(twins.values()))
-    wanted = set(seeds) if seeds is not None else {s for r in runs for s in r.cfg.seeds}
-    total = sum(t.seed in wanted for t in tasks) + sum(j["seed"] in wanted for v in done.values() for j in v)
+    wanted = {s for c in chosen for s in c.cfg.seeds}
+    finished = {name: [j for j in v if j["seed"] in wanted] for name, v in done.items()}  # scratch jobs to check
+    total = sum(t.seed in wanted for t in tasks) + sum(map(len, finished.values()))
 
     def record(c: Check) -> None:
         checks.append(c)
@@ -363,10 +364,9 @@ def reproduce_grid(
             on_check(c, len(checks), total)
 
     by_name = {r.name: r for r in runs}
-    for name, finished in done.items():
-        for result in sorted(finished, key=lambda j: (j["seed"], j["fold"])):
-            if result["seed"] in wanted:
-                record(check_job(by_name[name], result, match))
+    for name, jobs in finished.items():
+        for result in sorted(jobs, key=lambda j: (j["seed"], j["fold"])):
+            record(check_job(by_name[name], result, match))
 
     def on_event(task: Task, result: dict | None, tb: str | None, n: int, _total: int) -> None:
         if tb is not None:
@@ -424,7 +424,7 @@ def grid(
         raise NeuroFedError("--scratch and --match go with --reproduce")
     chosen = parse_int_list(seeds, "--seeds") if seeds else None
     if reproduce:
-        # each chosen seed must be one of every run's spec seeds (select_seeds says which is not)
+        # each chosen seed must be one of every run's spec seeds (reproduce_grid's select_seeds says which is not)
         _reproduce_cli(spec, runs, scratch, backend, address, workers, parse_name_list(match) or None, chosen)
         return
     if chosen:
