@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from broker.config import config_from_dict
-from broker.coordinator import Coordinator
-from broker.protocol import (
+from neurofed.broker.config import config_from_dict
+from neurofed.broker.coordinator import Coordinator
+from neurofed.broker.protocol import (
     JoinMsg,
     StatusMsg,
     TaskMsg,
@@ -33,11 +32,11 @@ from broker.protocol import (
     pack,
     state_sha256,
 )
-from broker.transport import MqttTransport
-from trainer.fl.client import ClientUpdate
-from trainer.fl.server import ServerState, downlink, select_clients, server_update
-from trainer.fl.strategies import get_strategy
-from trainer.models import build_model
+from neurofed.broker.transport import MqttTransport
+from neurofed.trainer.fl.client import ClientUpdate
+from neurofed.trainer.fl.server import ServerState, downlink, select_clients, server_update
+from neurofed.trainer.fl.strategies import get_strategy
+from neurofed.trainer.models import build_model
 
 
 def mqtt_publish_overhead(topic: str, payload_len: int, v5: bool = True) -> int:
@@ -194,8 +193,8 @@ def bytes_per_round(url: str, n_clients: int = 24, fraction: float = 0.5, rounds
     it (each subscriber's payload): ``payload_bytes``. ``wire_bytes`` adds the MQTT framing of each
     PUBLISH (:func:`mqtt_publish_overhead`) and its 4-byte PUBACK on both legs.
     """
-    from edge.federation import EdgeClient
-    from trainer.data import PreprocessConfig, list_subjects, load_subjects
+    from neurofed.edge.federation import EdgeClient
+    from neurofed.trainer.data import PreprocessConfig, list_subjects, load_subjects
 
     fed = f"bytes{uuid.uuid4().hex[:6]}"
     local = local or {"batch_size": 8, "local_epochs": 2}
@@ -274,7 +273,7 @@ def in_process_round_seconds(n: int, model_name: str, reps: int = 5) -> float:
 
 def run_bytes_bench(out: Path, data_dir: Path | None, broker: str) -> dict[str, Any]:
     """``neurofed bench mqtt --only-bytes``: :func:`bytes_per_round` in Flower's setting, written to ``out``."""
-    from broker.embedded import EmbeddedBroker
+    from neurofed.broker.embedded import EmbeddedBroker
 
     torch.set_num_threads(1)
     emb = EmbeddedBroker().start() if broker == "embedded" else None
@@ -293,7 +292,7 @@ def run_bytes_bench(out: Path, data_dir: Path | None, broker: str) -> dict[str, 
 
 
 def run_bench(out: Path, data_dir: Path | None, many: int, broker: str) -> dict[str, Any]:
-    from broker.embedded import EmbeddedBroker
+    from neurofed.broker.embedded import EmbeddedBroker
 
     torch.set_num_threads(1)
     emb = EmbeddedBroker().start() if broker == "embedded" else None

@@ -1,6 +1,6 @@
 """Coordinator checkpoints: the full server state after every round, one atomic safetensors file.
 
-Tensors are :meth:`trainer.fl.server.ServerState.to_tensors`; everything else (round, registry,
+Tensors are :meth:`neurofed.trainer.fl.server.ServerState.to_tensors`; everything else (round, registry,
 per-round metrics, config fingerprint) is JSON under the safetensors metadata key
 ``neurofed_server``. The file is written to a temporary name and renamed (atomic on POSIX).
 """
@@ -12,18 +12,16 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neurofed.trainer.atomic import save_safetensors
+from neurofed.trainer.checkpoint import save_checkpoint
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.fl.server import ServerState
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from trainer.atomic import save_safetensors
-from trainer.checkpoint import save_checkpoint
-from trainer.errors import NeuroFedError
-from trainer.fl.server import ServerState
-
 if TYPE_CHECKING:
+    from neurofed.broker.protocol import ModelSpec
     from torch import Tensor
-
-    from broker.protocol import ModelSpec
 
 CHECKPOINT_NAME = "server_state.safetensors"
 META_KEY = "neurofed_server"
@@ -61,5 +59,5 @@ def load_server_checkpoint(out_dir: str | os.PathLike) -> tuple[ServerState, dic
 
 def save_final_model(path: str | os.PathLike, state: dict[str, Tensor], spec: ModelSpec, test_batch_size: int,
                      extra: dict[str, Any]) -> Path:
-    """The federation's final global model as a :func:`trainer.checkpoint.save_checkpoint` file."""
+    """The federation's final global model as a :func:`neurofed.trainer.checkpoint.save_checkpoint` file."""
     return save_checkpoint(path, state, spec.to_meta(test_batch_size, extra))

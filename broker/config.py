@@ -21,7 +21,7 @@ Example::
     channels = "sensorimotor21"
     resample = 80.0
 
-    [local]                   # defaults: the published protocol (trainer.fl.local.LocalConfig)
+    [local]                   # defaults: the published protocol (neurofed.trainer.fl.local.LocalConfig)
     lr = 0.05
     batch_size = 8
 
@@ -47,11 +47,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+from neurofed.broker.protocol import NAME_PATTERN, ModelSpec
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.models import MODEL_NAMES, PER_DEVICE_MODELS
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-from broker.protocol import NAME_PATTERN, ModelSpec
-from trainer.errors import NeuroFedError
-from trainer.models import MODEL_NAMES, PER_DEVICE_MODELS
 
 
 class ConfigError(NeuroFedError, ValueError):
@@ -91,7 +90,7 @@ class FederationSection(_Frozen):
 
     @model_validator(mode="after")
     def _strategy_exists(self) -> FederationSection:
-        from trainer.fl.strategies import get_strategy
+        from neurofed.trainer.fl.strategies import get_strategy
 
         try:
             get_strategy(self.strategy, **self.strategy_overrides).check_participation(self.fraction)
@@ -101,7 +100,7 @@ class FederationSection(_Frozen):
 
 
 class ModelSection(_Frozen):
-    name: Literal[MODEL_NAMES] = "eegnet"  # type: ignore[valid-type]  # the registry's names (trainer.models)
+    name: Literal[MODEL_NAMES] = "eegnet"  # type: ignore[valid-type]  # the registry's names (neurofed.trainer.models)
     classes: list[str] = Field(default_factory=lambda: ["left_fist", "right_fist"], min_length=2)
     source_sfreq: float = Field(default=160.0, gt=0, description="recording rate, used when preprocess.resample is unset")
     test_batch_size: int = Field(default=8, ge=1)
@@ -182,7 +181,7 @@ class FederationConfig(_Frozen):
     @field_validator("local")
     @classmethod
     def _local(cls, v: dict[str, float | int]) -> dict[str, float | int]:
-        from trainer.fl.local import LocalConfig
+        from neurofed.trainer.fl.local import LocalConfig
 
         try:
             LocalConfig(**v)
@@ -195,18 +194,18 @@ class FederationConfig(_Frozen):
         return _preprocess_config(self.preprocess)
 
     def strategy(self):
-        from trainer.fl.strategies import get_strategy
+        from neurofed.trainer.fl.strategies import get_strategy
 
         return get_strategy(self.federation.strategy, **self.federation.strategy_overrides)
 
     def local_config(self):
-        from trainer.fl.local import LocalConfig
+        from neurofed.trainer.fl.local import LocalConfig
 
         return LocalConfig(**self.local)
 
     def device_profiles(self) -> list:
-        """The federation's device profiles (:class:`trainer.data.profiles.DeviceProfile`), sorted by name."""
-        from trainer.data.profiles import ProfileError, get_profile
+        """The federation's device profiles (:class:`neurofed.trainer.data.profiles.DeviceProfile`), sorted by name."""
+        from neurofed.trainer.data.profiles import ProfileError, get_profile
 
         try:
             return sorted((get_profile(p) for p in self.federation.profiles), key=lambda p: p.name)
@@ -245,7 +244,7 @@ class FederationConfig(_Frozen):
 
 
 def _preprocess_config(d: dict[str, Any]):
-    from trainer.data.config import PreprocessConfig
+    from neurofed.trainer.data.config import PreprocessConfig
 
     d = dict(d)
     try:

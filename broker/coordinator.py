@@ -1,6 +1,6 @@
-"""The federation coordinator: registry, rounds over MQTT, aggregation via trainer.fl, checkpoints.
+"""The federation coordinator: registry, rounds over MQTT, aggregation via neurofed.trainer.fl, checkpoints.
 
-All learning maths is :mod:`trainer.fl.server` (``select_clients``, ``downlink``, ``server_update``);
+All learning maths is :mod:`neurofed.trainer.fl.server` (``select_clients``, ``downlink``, ``server_update``);
 this module only moves messages, enforces deadlines, validates, and persists.
 """
 
@@ -15,16 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from broker import logger
-from broker.checkpoint import (
+from neurofed.broker import logger
+from neurofed.broker.checkpoint import (
     CheckpointError,
     load_server_checkpoint,
     save_final_model,
     save_server_checkpoint,
 )
-from broker.config import FederationConfig
-from broker.protocol import (
+from neurofed.broker.config import FederationConfig
+from neurofed.broker.protocol import (
     COORDINATOR_ID,
     ErrorMsg,
     ExtrasMsg,
@@ -41,16 +40,16 @@ from broker.protocol import (
     pack,
     state_sha256,
 )
-from broker.registry import Registry
-from broker.rounds import RoundState, SeenIds
-from broker.secagg_round import SecAggRound, check_compatible, secagg_spec
-from broker.transport import Incoming, MqttTransport, TransportError
-from broker.validation import Rejected, UpdateRules, check_envelope, check_join, tensor_specs
-from trainer.atomic import atomic_write_bytes
-from trainer.errors import NeuroFedError
-from trainer.experiments.runner import init_server_state
-from trainer.fl.api import GROUP_MARK
-from trainer.fl.server import (
+from neurofed.broker.registry import Registry
+from neurofed.broker.rounds import RoundState, SeenIds
+from neurofed.broker.secagg_round import SecAggRound, check_compatible, secagg_spec
+from neurofed.broker.transport import Incoming, MqttTransport, TransportError
+from neurofed.broker.validation import Rejected, UpdateRules, check_envelope, check_join, tensor_specs
+from neurofed.trainer.atomic import atomic_write_bytes
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.experiments.runner import init_server_state
+from neurofed.trainer.fl.api import GROUP_MARK
+from neurofed.trainer.fl.server import (
     RoundAggregator,
     ServerState,
     clipped_in_round,
@@ -58,7 +57,7 @@ from trainer.fl.server import (
     select_clients,
     server_extras_for_clients,
 )
-from trainer.models import build_model
+from neurofed.trainer.models import build_model
 
 
 class FederationError(NeuroFedError):
@@ -71,14 +70,14 @@ NO_REPLY_CODES = frozenset({"bad_message", "wrong_kind", "wrong_federation", "sp
 
 
 def initial_model(cfg: FederationConfig) -> torch.nn.Module:
-    """The initial global model, drawn exactly as :func:`trainer.experiments.runner.init_model` draws it."""
+    """The initial global model, drawn exactly as :func:`neurofed.trainer.experiments.runner.init_model` draws it."""
     models = initial_models(cfg)
     return models[min(models)]
 
 
 def initial_models(cfg: FederationConfig) -> dict[str, torch.nn.Module]:
     """One initial model per device profile (``{"": model}`` without profiles), each drawn from the seed as
-    :func:`trainer.experiments.runner.init_group_models` draws it (architecture: that profile's channels)."""
+    :func:`neurofed.trainer.experiments.runner.init_group_models` draws it (architecture: that profile's channels)."""
     names = [p.name for p in cfg.device_profiles()] if cfg.federation.profiles else [""]
     kwargs = cfg.strategy().model_kwargs(cfg.model.name)
     out = {}
@@ -111,7 +110,7 @@ class Coordinator:
         self.strategy, self.local = cfg.strategy(), cfg.local_config()
         self.out = Path(out_dir or cfg.output.dir)
         # hierarchical federations (issue 19): one architecture per device profile; the server state holds the
-        # shared module once and each profile's own module as `@<profile>/<key>` (trainer.fl.api.group_key)
+        # shared module once and each profile's own module as `@<profile>/<key>` (neurofed.trainer.fl.api.group_key)
         self.models = initial_models(cfg)
         self.model = self.models[min(self.models)]
         self.profile_specs = {p: cfg.model_spec(p) for p in self.models if p}

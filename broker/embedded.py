@@ -13,8 +13,8 @@ import threading
 import time
 from typing import Self
 
-from broker import logger
-from broker.transport import TransportError
+from neurofed.broker import logger
+from neurofed.broker.transport import TransportError
 
 
 def free_port(host: str = "127.0.0.1") -> int:

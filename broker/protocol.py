@@ -23,14 +23,13 @@ import zlib
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import numpy as np
+from neurofed.trainer.checkpoint import MODEL_FIELDS, ModelMeta, meta_fields
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.models import MODEL_NAMES
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor
-
-from trainer.checkpoint import MODEL_FIELDS, ModelMeta, meta_fields
-from trainer.errors import NeuroFedError
-from trainer.models import MODEL_NAMES
 
 #: 2: device profiles, secure aggregation, cached extras; 3: compact deflated headers, bit-shuffled bodies,
 #: word-difference delta coding, compact secure-aggregation messages (base64 blobs and roster indices instead
@@ -96,7 +95,7 @@ class Topics:
         return f"{self.root}/extras"
 
     def probe(self, client_id: str) -> str:
-        """A client's own liveness probe (broker.transport): it publishes there and reads it back, nobody else."""
+        """A client's own liveness probe (neurofed.broker.transport): it publishes there and reads it back, nobody else."""
         return f"{self.root}/probe/{_checked(client_id)}"
 
     def status(self, client_id: str) -> str:
@@ -167,10 +166,10 @@ class _Msg(BaseModel):
 
 
 #: Wire bounds of the model description. Its fields, types and defaults are those of
-#: ``trainer.checkpoint.ModelMeta`` named in ``MODEL_FIELDS`` (one description, defined there); each
+#: ``neurofed.trainer.checkpoint.ModelMeta`` named in ``MODEL_FIELDS`` (one description, defined there); each
 #: bound here must narrow ModelMeta's type, and every model field needs one (both checked at import).
 MODEL_BOUNDS: dict[str, Any] = {
-    "model": Literal[MODEL_NAMES],  # type: ignore[valid-type]  # the registry's names (trainer.models)
+    "model": Literal[MODEL_NAMES],  # type: ignore[valid-type]  # the registry's names (neurofed.trainer.models)
     "n_channels": Annotated[int, Field(ge=0, le=1024)],  # 0 only in the federation-wide spec of a multi-profile federation
     "n_classes": Annotated[int, Field(ge=2, le=64)],
     "n_times": Annotated[int, Field(ge=1, le=100_000)],
@@ -196,7 +195,7 @@ def _model_fields() -> dict[str, Any]:
     """ModelMeta's model fields with their wire bounds; a TypeError if the two disagree."""
     card = meta_fields(MODEL_FIELDS)
     if set(MODEL_BOUNDS) != set(card):
-        raise TypeError(f"MODEL_BOUNDS names {sorted(MODEL_BOUNDS)}, trainer.checkpoint.MODEL_FIELDS {sorted(card)}")
+        raise TypeError(f"MODEL_BOUNDS names {sorted(MODEL_BOUNDS)}, neurofed.trainer.checkpoint.MODEL_FIELDS {sorted(card)}")
     for name, (hint, _) in card.items():
         if _kind(MODEL_BOUNDS[name]) is not _kind(hint):
             raise TypeError(f"ModelSpec.{name}: wire type {MODEL_BOUNDS[name]} does not narrow ModelMeta's {hint}")
@@ -210,12 +209,12 @@ _ModelFields = create_model(  # type: ignore[call-overload]
 
 class ModelSpec(_ModelFields):  # type: ignore[misc, valid-type]
     """How to build the federation's model and feed it: the model fields of
-    :class:`trainer.checkpoint.ModelMeta` (``MODEL_FIELDS``), bounded for the wire, plus the wire-only device
+    :class:`neurofed.trainer.checkpoint.ModelMeta` (``MODEL_FIELDS``), bounded for the wire, plus the wire-only device
     profiles of a hierarchical federation (a checkpoint keeps them in ``extra["device_profiles"]``)."""
 
     #: the device profile this spec is for ("" = one architecture for every client)
     profile: str = Field(default="", pattern=r"^([A-Za-z0-9_.\-]{1,64})?$")
-    #: device profiles of a hierarchical federation (:meth:`trainer.data.profiles.DeviceProfile.to_dict`):
+    #: device profiles of a hierarchical federation (:meth:`neurofed.trainer.data.profiles.DeviceProfile.to_dict`):
     #: every profile in the federation-wide spec, the one profile in a profile's spec
     profiles: list[dict[Annotated[str, Field(max_length=32)], Any]] = Field(default_factory=list, max_length=64)
 

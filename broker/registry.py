@@ -6,7 +6,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from broker.protocol import JoinMsg
+from neurofed.broker.protocol import JoinMsg
 
 
 @dataclass

@@ -6,12 +6,11 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from neurofed.broker.protocol import UpdateMsg
+from neurofed.broker.validation import UpdateRules, check_update
+from neurofed.trainer.fl.client import ClientUpdate
+from neurofed.trainer.fl.server import RoundAggregator
 from torch import Tensor
-
-from broker.protocol import UpdateMsg
-from broker.validation import UpdateRules, check_update
-from trainer.fl.client import ClientUpdate
-from trainer.fl.server import RoundAggregator
 
 
 class SeenIds:
@@ -54,7 +53,7 @@ class RoundState:
     bytes_up: int = 0
     bytes_down: int = 0
     bytes_extras: dict[str, int] = field(default_factory=dict)  # strategy extras sent this round, per component
-    aggregator: RoundAggregator | None = None  # the round's aggregation (trainer.fl.server)
+    aggregator: RoundAggregator | None = None  # the round's aggregation (neurofed.trainer.fl.server)
     stream: bool = False  # add each update to the aggregator on arrival and keep only its metrics
 
     @property

@@ -1,7 +1,7 @@
-"""The coordinator's side of a secure-aggregation round (SecAgg+ over MQTT; maths in :mod:`trainer.fl.secagg`).
+"""The coordinator's side of a secure-aggregation round (SecAgg+ over MQTT; maths in :mod:`neurofed.trainer.fl.secagg`).
 
 With ``[federation] secure_aggregation = true`` every round is a :class:`SecAggRound` instead of a plain
-:class:`~broker.rounds.RoundState`. The coordinator routes messages it cannot read and learns only the sum:
+:class:`~neurofed.broker.rounds.RoundState`. The coordinator routes messages it cannot read and learns only the sum:
 
 1. **keys**: each selected client sends ``sa_keys`` (two fresh X25519 public keys). The phase ends when every
    selected client that is not offline has advertised, or after ``[secagg] phase_s`` (at most the deadline).
@@ -14,8 +14,8 @@ With ``[federation] secure_aggregation = true`` every round is a :class:`SecAggR
 3. **masked**: each member sends ``sa_masked`` (its masked fixed-point update). Ends when all delivered or
    went offline, or at ``max(deadline, inbox + phase_s)``; each survivor gets ``sa_unmask`` (which of its
    neighbours survived and which dropped).
-4. **unmask**: each survivor sends ``sa_reveal``; after all (or ``phase_s``) :func:`trainer.fl.secagg.unmask`
-   recovers the exact sum, which goes into the round's :class:`~trainer.fl.server.RoundAggregator` as one
+4. **unmask**: each survivor sends ``sa_reveal``; after all (or ``phase_s``) :func:`neurofed.trainer.fl.secagg.unmask`
+   recovers the exact sum, which goes into the round's :class:`~neurofed.trainer.fl.server.RoundAggregator` as one
    update (the trial-weighted mean, weight = the survivors' trials): the same aggregation path as a plain round.
 
 A round that cannot be unmasked (too few survivors or shares) ends with no update, so the coordinator re-issues
@@ -33,11 +33,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
-
-from broker import logger
-from broker.config import ConfigError, FederationConfig
-from broker.protocol import (
+from neurofed.broker import logger
+from neurofed.broker.config import ConfigError, FederationConfig
+from neurofed.broker.protocol import (
     COORDINATOR_ID,
     SaInboxMsg,
     SaRosterMsg,
@@ -46,11 +44,11 @@ from broker.protocol import (
     Topics,
     encode,
 )
-from broker.rounds import RoundState, SeenIds
-from broker.validation import Rejected
-from trainer.fl.aggregate import WeightedSum
-from trainer.fl.client import ClientUpdate
-from trainer.fl.secagg import (
+from neurofed.broker.rounds import RoundState, SeenIds
+from neurofed.broker.validation import Rejected
+from neurofed.trainer.fl.aggregate import WeightedSum
+from neurofed.trainer.fl.client import ClientUpdate
+from neurofed.trainer.fl.secagg import (
     B_SHARE_LEN,
     KEY_LEN,
     KEY_SHARE_LEN,
@@ -66,6 +64,7 @@ from trainer.fl.secagg import (
     unb64_records,
     unmask,
 )
+from torch import Tensor
 
 
 def check_compatible(cfg: FederationConfig, strategy: Any, model: torch.nn.Module) -> None:

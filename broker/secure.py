@@ -28,8 +28,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.protocol import COORDINATOR_ID, Topics
-from trainer.errors import NeuroFedError
+from neurofed.broker.protocol import COORDINATOR_ID, Topics
+from neurofed.trainer.errors import NeuroFedError
 
 
 class BrokerConfigError(NeuroFedError):

@@ -1,7 +1,7 @@
 """``neurofed bench lsl``: ingestion latency, CPU of the ingestion loop, samples lost with many headsets.
 
 Headsets run in a separate process (firmware_sim players on synthetic data with a ``Samples`` counter
-channel); the ingestion loop (pull -> ring buffer, as :class:`edge.capture.LiveCapture` does) runs here.
+channel); the ingestion loop (pull -> ring buffer, as :class:`neurofed.edge.capture.LiveCapture` does) runs here.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import Annotated
 
 import numpy as np
 import typer
-
-from edge.lsl_config import use_private_session
+from neurofed.edge.lsl_config import use_private_session
 
 CONFIGS = ((64, 160.0, 4), (256, 1000.0, 10))  # channels, Hz, samples per push
 
@@ -32,8 +31,8 @@ def _private_lsl() -> None:
 
 def _serve(specs: list[tuple[str, int, float, int]], seconds: float, counts) -> None:
     """Child process: one headset per spec (name, channels, rate, chunk); reports samples pushed."""
-    from firmware_sim.player import HeadsetPlayer, PlayerConfig
-    from firmware_sim.recording import Recording
+    from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
+    from neurofed.firmware_sim.recording import Recording
 
     players = []
     for name, n_ch, sfreq, chunk in specs:
@@ -52,8 +51,8 @@ def _serve(specs: list[tuple[str, int, float, int]], seconds: float, counts) -> 
 
 def _ingest(names: list[str], seconds: float, poll: float = 0.005, warmup: float = 1.0) -> dict:
     """Pull every stream into a ring buffer until each is quiet; latency, CPU and counter checks."""
-    from edge.buffer import RingBuffer
-    from edge.lsl_io import Inlet, find_stream, local_clock
+    from neurofed.edge.buffer import RingBuffer
+    from neurofed.edge.lsl_io import Inlet, find_stream, local_clock
 
     inlets = [Inlet(find_stream(name=n, timeout=20)) for n in names]
     bufs = [RingBuffer(i.meta.n_channels, int(i.meta.sfreq * 30)) for i in inlets]

@@ -1,7 +1,7 @@
 """The one ring buffer of the edge: timestamped multichannel samples, addressed by absolute sample index.
 
-Recording (:mod:`edge.capture`) and decoding (:mod:`edge.infer`) both buffer the stream here and cut
-their windows with :mod:`edge.windowing`. Appends and reads are vectorised (slice copies, no per-sample
+Recording (:mod:`neurofed.edge.capture`) and decoding (:mod:`neurofed.edge.infer`) both buffer the stream here and cut
+their windows with :mod:`neurofed.edge.windowing`. Appends and reads are vectorised (slice copies, no per-sample
 Python loop). Besides each sample's stream timestamp (source clock, after clock correction) the buffer
 keeps its local arrival time (LSL clock when the chunk was pulled), so latency is measured against
 arrival whatever the stream's timestamps say (e.g. a recording replayed faster than real time).
@@ -10,8 +10,7 @@ arrival whatever the stream's timestamps say (e.g. a recording replayed faster t
 from __future__ import annotations
 
 import numpy as np
-
-from trainer.errors import DataError
+from neurofed.trainer.errors import DataError
 
 
 class RingBuffer:

@@ -1,9 +1,9 @@
 """Cut raw trials out of a live EEG stream at cue markers (pure logic on arrays; no pylsl here).
 
-:class:`TrialCutter` validates the stream with :func:`edge.stream.match_stream` (rate, units, channels: the
+:class:`TrialCutter` validates the stream with :func:`neurofed.edge.stream.match_stream` (rate, units, channels: the
 same rules ``edge-client infer`` applies; a stream in raw ``counts`` is read with the gain of the device profile
-it matches, :func:`edge.stream.stream_profile`), and cuts each cue's ``[tmin, tmax)`` window with
-:class:`edge.windowing.CueWindower` once all its samples are in the :class:`~edge.buffer.RingBuffer` (the
+it matches, :func:`neurofed.edge.stream.stream_profile`), and cuts each cue's ``[tmin, tmax)`` window with
+:class:`neurofed.edge.windowing.CueWindower` once all its samples are in the :class:`~neurofed.edge.buffer.RingBuffer` (the
 decoder's windower and buffer too). Trials keep the raw microvolts so preprocessing can change later;
 :func:`preprocess_trials` applies exactly trainer's ``preprocess_epochs``.
 """
@@ -14,15 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from edge import logger
-from edge.buffer import RingBuffer
-from edge.stream import StreamLayout, match_stream, stream_profile
-from edge.windowing import CueWindower
-from trainer.data.config import PreprocessConfig
-from trainer.data.preprocess import n_times_for, preprocess_epochs
-from trainer.data.profiles import DeviceProfile
-from trainer.errors import DataError
+from neurofed.edge import logger
+from neurofed.edge.buffer import RingBuffer
+from neurofed.edge.stream import StreamLayout, match_stream, stream_profile
+from neurofed.edge.windowing import CueWindower
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.preprocess import n_times_for, preprocess_epochs
+from neurofed.trainer.data.profiles import DeviceProfile
+from neurofed.trainer.errors import DataError
 
 
 @dataclass
@@ -83,7 +82,7 @@ class CaptureConfig:
 
 def check_stream(sfreq: float, ch_names: Sequence[str], units: Sequence[str], cfg: CaptureConfig,
                  source: str = "stream") -> tuple[list[int], list[str], np.ndarray]:
-    """Validate a stream against ``cfg`` (:func:`edge.stream.match_stream`, shared with decoding).
+    """Validate a stream against ``cfg`` (:func:`neurofed.edge.stream.match_stream`, shared with decoding).
 
     Returns
     -------
@@ -119,7 +118,7 @@ def capture_layout(sfreq: float, ch_names: Sequence[str], units: Sequence[str], 
 
 
 class TrialCutter:
-    """Pending cue markers -> raw trials, as the samples arrive (windows from :class:`edge.windowing.CueWindower`).
+    """Pending cue markers -> raw trials, as the samples arrive (windows from :class:`neurofed.edge.windowing.CueWindower`).
 
     Parameters
     ----------
@@ -226,7 +225,7 @@ class LiveCapture:
     def __init__(self, name: str | None = None, source_id: str | None = None, marker_name: str | None = None,
                  cfg: CaptureConfig | None = None, resolve_timeout: float = 5.0, processing: str = "clocksync",
                  buffer_seconds: float = 60.0, gap_warn: float = 0.5, reconnect_after: float = 4.0) -> None:
-        from edge.lsl_io import (  # the only pylsl user
+        from neurofed.edge.lsl_io import (  # the only pylsl user
             Inlet,
             StreamError,
             check_marker_stream,
@@ -310,7 +309,7 @@ class LiveCapture:
 
     def _reconnect(self, now: float) -> None:
         """Open fresh inlets if the same source is visible again (fallback to liblsl's recovery)."""
-        from edge.lsl_io import Inlet, StreamError, find_stream
+        from neurofed.edge.lsl_io import Inlet, StreamError, find_stream
 
         self._next_reconnect = now + 1.0
         old_e, old_m = self.eeg.meta, self.markers.meta

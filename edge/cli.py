@@ -20,13 +20,13 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 
 
 # --- feature modules register their commands here (one line each) ---
-from edge.record_cli import register as _register_record; _register_record(app)
-from edge.join_cli import register as _register_join; _register_join(app)
-from edge.infer_cli import register as _register_infer; _register_infer(app)
+from neurofed.edge.record_cli import register as _register_record; _register_record(app)
+from neurofed.edge.join_cli import register as _register_join; _register_join(app)
+from neurofed.edge.infer_cli import register as _register_infer; _register_infer(app)
 
 
 def main() -> None:
     """Entry point: NeuroFed's own errors print one clear line and exit 2."""
-    from trainer.errors import run_cli
+    from neurofed.trainer.errors import run_cli
 
     run_cli(app)

@@ -1,6 +1,6 @@
 """The headset-side federation client: join, wait for tasks, train locally, upload weights (never EEG).
 
-Learning is :func:`trainer.fl.client.client_update`; this module moves messages and keeps the
+Learning is :func:`neurofed.trainer.fl.client.client_update`; this module moves messages and keeps the
 client's state on disk between rounds (one safetensors file, written atomically), so a restarted
 client resumes where it was, and a round the coordinator re-issues (after its own restart or a
 broker outage) is answered from the cached update instead of training twice.
@@ -18,11 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file
-from torch import Tensor
-
-from broker.protocol import (
+from neurofed.broker.protocol import (
     COORDINATOR_ID,
     SECAGG_DOWN,
     ErrorMsg,
@@ -41,7 +37,7 @@ from broker.protocol import (
     state_sha256,
     unpack,
 )
-from broker.transport import (
+from neurofed.broker.transport import (
     NO_BROKER_HINT,
     AuthError,
     Incoming,
@@ -49,20 +45,23 @@ from broker.transport import (
     TransportError,
     connect_with_backoff,
 )
-from edge import logger
-from edge.secagg_client import SecAggSession
-from trainer.atomic import save_safetensors
-from trainer.data.dataset import SubjectData
-from trainer.data.profiles import DeviceProfile, ProfileError, match_profile
-from trainer.errors import NeuroFedError
-from trainer.experiments.runner import client_seed
-from trainer.fl.api import Strategy
-from trainer.fl.client import ClientState, ClientUpdate, client_update, init_client_state
-from trainer.fl.local import LocalConfig
-from trainer.fl.secagg import SecAggError
-from trainer.fl.server import downlink
-from trainer.fl.strategies import get_strategy
-from trainer.models import build_model
+from neurofed.edge import logger
+from neurofed.edge.secagg_client import SecAggSession
+from neurofed.trainer.atomic import save_safetensors
+from neurofed.trainer.data.dataset import SubjectData
+from neurofed.trainer.data.profiles import DeviceProfile, ProfileError, match_profile
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.experiments.runner import client_seed
+from neurofed.trainer.fl.api import Strategy
+from neurofed.trainer.fl.client import ClientState, ClientUpdate, client_update, init_client_state
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.secagg import SecAggError
+from neurofed.trainer.fl.server import downlink
+from neurofed.trainer.fl.strategies import get_strategy
+from neurofed.trainer.models import build_model
+from safetensors import safe_open
+from safetensors.torch import load_file
+from torch import Tensor
 
 DataLoader = Callable[[ModelSpec], SubjectData]
 #: ``() -> (channel names, sampling rate in Hz)`` of the client's device (its recording / stream, before preprocessing)
@@ -134,7 +133,7 @@ class EdgeClient:
         Seconds to keep retrying an unreachable broker (0: fail at once with one clear error).
     montage : callable, optional
         The device's channels and rate: in a federation of several device profiles (issue 19) the
-        client is the profile they match (:func:`trainer.data.profiles.match_profile`), announces it
+        client is the profile they match (:func:`neurofed.trainer.data.profiles.match_profile`), announces it
         when joining and fetches only that profile's model (``model/<profile>``).
     """
 

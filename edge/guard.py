@@ -3,7 +3,7 @@
 Checks the raw window (microvolts, before filtering) channel by channel: non-finite samples,
 flat channels (electrode off, amplifier dead), saturated channels (amplitude beyond the
 amplifier's range, or clipping plateaus at the channel's extreme values). The kinds, thresholds
-and reason text are ``trainer.data.guard``'s, shared with the standalone ONNX graph.
+and reason text are ``neurofed.trainer.data.guard``'s, shared with the standalone ONNX graph.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from trainer.data.guard import GuardConfig, guard_reason
+from neurofed.trainer.data.guard import GuardConfig, guard_reason
 
 __all__ = ["GuardConfig", "GuardResult", "check_window"]
 

@@ -1,8 +1,8 @@
 """Real-time inference on plain arrays: guard, then one pluggable decoder step (online EA, BN context).
 
-No LSL here: windows come in as arrays (cut by :mod:`edge.windowing` from :class:`edge.buffer.RingBuffer`,
+No LSL here: windows come in as arrays (cut by :mod:`neurofed.edge.windowing` from :class:`neurofed.edge.buffer.RingBuffer`,
 the same cutting ``edge-client record`` uses), so the whole path is testable offline and the LSL glue
-stays thin. The stream's channels and units are matched by :func:`edge.stream.match_stream`, shared
+stays thin. The stream's channels and units are matched by :func:`neurofed.edge.stream.match_stream`, shared
 with recording: a stream ``edge-client record`` accepts, ``edge-client infer`` accepts.
 
 **The seam.** Everything after the input guard is one call, ``probs, state = decoder.step(window, state)``
@@ -33,15 +33,14 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-
-from edge.guard import GuardConfig, GuardResult, check_window
-from edge.stream import StreamLayout, match_stream
-from edge.windowing import Window
-from export.metadata import OnnxModelMeta
-from export.runtime import OnnxModel
-from trainer.data.config import PreprocessConfig
-from trainer.data.preprocess import apply_ea, ea_inv_sqrt, n_times_for, preprocess_epochs
-from trainer.errors import DataError, NeuroFedError
+from neurofed.edge.guard import GuardConfig, GuardResult, check_window
+from neurofed.edge.stream import StreamLayout, match_stream
+from neurofed.edge.windowing import Window
+from neurofed.export.metadata import OnnxModelMeta
+from neurofed.export.runtime import OnnxModel
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.preprocess import apply_ea, ea_inv_sqrt, n_times_for, preprocess_epochs
+from neurofed.trainer.errors import DataError, NeuroFedError
 
 logger = logging.getLogger("neurofed.edge")
 
@@ -157,7 +156,7 @@ class StandaloneStep:
 
     Parameters
     ----------
-    model : export.standalone.StandaloneModel
+    model : neurofed.export.standalone.StandaloneModel
     stream_sfreq : float
         The stream's rate; the graph is exported for one device rate (``--rate``) and must match it.
 
@@ -174,8 +173,8 @@ class StandaloneStep:
         self.from_uv = None if info.unit_to_uv == 1.0 else 1.0 / float(info.unit_to_uv)
         self.offsets = {e["name"]: int(e["offset"]) for e in info.state_layout}
 
-    #: the graph runs the input guard itself (the default thresholds of trainer.data.guard) and raises
-    #: ``export.standalone.WindowRejected``: the engine need not run the same check in Python first
+    #: the graph runs the input guard itself (the default thresholds of neurofed.trainer.data.guard) and raises
+    #: ``neurofed.export.standalone.WindowRejected``: the engine need not run the same check in Python first
     guards = True
 
     def init_state(self) -> np.ndarray:
@@ -282,7 +281,7 @@ class InferenceEngine:
             )
         raw = self.layout.select(window.T)
         if self.graph_guards:
-            from export.standalone import WindowRejected
+            from neurofed.export.standalone import WindowRejected
 
             try:
                 p, self.state = self.decoder.step(raw, self.state)
@@ -300,7 +299,7 @@ class InferenceEngine:
                           int(ea_windows), float(t_arrival))
 
     def process_window(self, w: Window) -> Prediction | Rejection:
-        """:meth:`process` on a window cut by :mod:`edge.windowing` (stream layout, sample-major)."""
+        """:meth:`process` on a window cut by :mod:`neurofed.edge.windowing` (stream layout, sample-major)."""
         return self.process(w.data.T, w.t_end, w.t_arrival)
 
 
@@ -308,11 +307,11 @@ def check_stream(meta: OnnxModelMeta, ch_names: Sequence[str], sfreq: float,
                  units: Sequence[str] | None = None, source: str = "stream") -> StreamLayout:
     """Clear errors when a stream cannot feed the model (missing channels, units, rate); its layout if it can.
 
-    Channels, units and the band-pass limit are checked by :func:`edge.stream.match_stream` (the same
+    Channels, units and the band-pass limit are checked by :func:`neurofed.edge.stream.match_stream` (the same
     rules as recording); a model without resampling also needs the stream at its own rate. A model for a
     device profile that streams ``counts`` (ADS1299 counts) reads a ``counts`` channel with the profile's gain.
     """
-    from trainer.data.profiles import DeviceProfile
+    from neurofed.trainer.data.profiles import DeviceProfile
 
     dev = DeviceProfile.from_dict(meta.profile, "model metadata") if meta.profile else None
     layout = match_stream(sfreq, ch_names, units, list(meta.ch_names), fmax=float(meta.preprocess.get("fmax", 0.0)),
@@ -329,12 +328,12 @@ def pick_model(models: Sequence[str | Path], ch_names: Sequence[str], sfreq: flo
 
     One model with no device profile in its metadata decodes any stream that has its channels (as
     before). Otherwise the stream (channel names in order, rate) must match exactly one model's
-    device profile (:func:`trainer.data.profiles.match_profile`, as an edge client's recorded data
+    device profile (:func:`neurofed.trainer.data.profiles.match_profile`, as an edge client's recorded data
     must to join a federation of profiles); a stream matching none, several models of one profile,
     or a mix of models with and without a profile are each refused with one line.
     """
-    from export.metadata import read_onnx_meta
-    from trainer.data.profiles import DeviceProfile, match_profile
+    from neurofed.export.metadata import read_onnx_meta
+    from neurofed.trainer.data.profiles import DeviceProfile, match_profile
 
     files: list[Path] = []
     for m in map(Path, models):

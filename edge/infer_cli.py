@@ -1,8 +1,8 @@
 """``edge-client infer``: decode a live LSL headset with an exported ONNX model.
 
-EEG (and cue markers) come in through :mod:`edge.lsl_io` into the edge's one ring buffer
-(:class:`edge.buffer.RingBuffer`); windows are cut by :mod:`edge.windowing` (as ``edge-client record``
-cuts trials) and decoded by :class:`edge.infer.InferenceEngine` (guard, then the decoder step: online EA,
+EEG (and cue markers) come in through :mod:`neurofed.edge.lsl_io` into the edge's one ring buffer
+(:class:`neurofed.edge.buffer.RingBuffer`); windows are cut by :mod:`neurofed.edge.windowing` (as ``edge-client record``
+cuts trials) and decoded by :class:`neurofed.edge.infer.InferenceEngine` (guard, then the decoder step: online EA,
 batch-specific BN context, onnxruntime); predictions go out as an LSL stream and optionally as MQTT
 JSON messages.
 
@@ -28,26 +28,25 @@ from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import typer
+from neurofed.edge.buffer import RingBuffer
+from neurofed.edge.windowing import CueWindower, SlidingWindower
+from neurofed.trainer.errors import NeuroFedError
 
-from edge.buffer import RingBuffer
-from edge.windowing import CueWindower, SlidingWindower
-from trainer.errors import NeuroFedError
-
-if TYPE_CHECKING:  # edge.infer imports torch and mne: imported when a command runs, not to build the CLI
-    from edge.infer import InferenceEngine
+if TYPE_CHECKING:  # neurofed.edge.infer imports torch and mne: imported when a command runs, not to build the CLI
+    from neurofed.edge.infer import InferenceEngine
 
 #: Seconds of EEG the decoder's ring buffer holds beyond one window (cues may announce late). 30 s of stream
 #: time is 1.5 s of wall time for a recording replayed at 20x (the demo): a marker delayed by a busy machine
 #: still finds its data (at 10 s, a 0.8 s hiccup under load 15 cost one of 180 cues). 64 ch x 160 Hz: 2.5 MB.
 BUFFER_SECONDS = 30.0
 #: Longest the decoder loop blocks on the EEG inlet when no sample is waiting (it wakes on the first sample:
-#: :meth:`edge.lsl_io.Inlet.pull`); markers are polled between waits, so a cue is seen within this time.
+#: :meth:`neurofed.edge.lsl_io.Inlet.pull`); markers are polled between waits, so a cue is seen within this time.
 POLL_SECONDS = 0.001
 
 
 def prediction_outlet(name: str, source_id: str, classes: Sequence[str], model_hash: str):
     """The LSL outlet predictions are published on (one sample per decoded window, stamped at emission)."""
-    from edge.lsl_io import irregular_outlet
+    from neurofed.edge.lsl_io import irregular_outlet
 
     labels = ["class_index", *[f"p_{c}" for c in classes], "t_window_end"]
     return irregular_outlet(name, "Predictions", labels, source_id, "double64",
@@ -75,15 +74,15 @@ def run_loop(
 ) -> dict:
     """Pull, window, decode, publish until ``stop``, ``max_seconds``, ``max_windows`` or Ctrl-C.
 
-    ``eeg``/``markers`` need a ``pull()`` like :class:`edge.lsl_io.Inlet` (markers: ``pull_markers()``).
+    ``eeg``/``markers`` need a ``pull()`` like :class:`neurofed.edge.lsl_io.Inlet` (markers: ``pull_markers()``).
     Every result gets ``t_arrival`` (local LSL time its window's last sample was pulled) and ``t_emit``
     (local LSL time just before the sinks publish it). Returns counts and the latency ``t_emit - t_arrival``
     of the predictions (ms); Ctrl-C ends the loop and still returns them.
     """
-    from edge.infer import Prediction
+    from neurofed.edge.infer import Prediction
 
     if clock is None:
-        from edge.lsl_io import local_clock as clock
+        from neurofed.edge.lsl_io import local_clock as clock
 
     stop = stop or threading.Event()
     buf = make_buffer(engine)
@@ -130,7 +129,7 @@ def run_loop(
 
 
 def lsl_sink(outlet) -> Callable[[object], None]:
-    from edge.infer import Prediction
+    from neurofed.edge.infer import Prediction
 
     def push(res: object) -> None:
         if isinstance(res, Prediction):
@@ -140,7 +139,7 @@ def lsl_sink(outlet) -> Callable[[object], None]:
 
 
 def mqtt_sink(transport, topic: str) -> Callable[[object], None]:
-    from edge.infer import Prediction, Rejection
+    from neurofed.edge.infer import Prediction, Rejection
 
     def push(res: object) -> None:
         if isinstance(res, Prediction):
@@ -162,7 +161,7 @@ def mqtt_sink(transport, topic: str) -> Callable[[object], None]:
 
 
 def log_sink(console) -> Callable[[object], None]:
-    from edge.infer import Prediction
+    from neurofed.edge.infer import Prediction
 
     def show(res: object) -> None:
         if isinstance(res, Prediction):
@@ -217,12 +216,11 @@ def infer(
     ] = None,
 ) -> None:
     """Decode a live headset: predictions out as an LSL stream (and MQTT if asked)."""
+    from neurofed.edge.infer import InferenceEngine, StandaloneStep, pick_model
+    from neurofed.edge.lsl_io import Inlet, check_marker_stream, check_unique, find_stream
+    from neurofed.export.runtime import OnnxModel, load_model
+    from neurofed.export.standalone import StandaloneModel
     from rich.console import Console
-
-    from edge.infer import InferenceEngine, StandaloneStep, pick_model
-    from edge.lsl_io import Inlet, check_marker_stream, check_unique, find_stream
-    from export.runtime import OnnxModel, load_model
-    from export.standalone import StandaloneModel
 
     console = Console()
     if mode not in ("cue", "sliding"):
@@ -260,7 +258,7 @@ def infer(
         outlet = prediction_outlet(name, f"{eeg.meta.source_id}-predictions", om.meta.classes, om.meta.model_hash)
         sinks = [lsl_sink(outlet)] + ([] if quiet else [log_sink(console)])
         if mqtt:
-            from broker.transport import MqttTransport
+            from neurofed.broker.transport import MqttTransport
 
             transport = MqttTransport(mqtt, f"neurofed-infer-{eeg.meta.source_id}").connect()
             sinks.append(mqtt_sink(transport, mqtt_topic or f"neurofed/predictions/{stream}"))

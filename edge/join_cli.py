@@ -6,12 +6,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-
-from trainer.errors import DataError, NeuroFedError
+from neurofed.trainer.errors import DataError, NeuroFedError
 
 if TYPE_CHECKING:  # the heavy imports (torch via safetensors, mne) wait until the broker has answered
-    from broker.protocol import ModelSpec
-    from trainer.data.dataset import SubjectData
+    from neurofed.broker.protocol import ModelSpec
+    from neurofed.trainer.data.dataset import SubjectData
 
 
 def make_loader(data_dir: Path | None, subject: int | None, store: Path | None, profile: str | None = None,
@@ -19,7 +18,7 @@ def make_loader(data_dir: Path | None, subject: int | None, store: Path | None, 
     """``ModelSpec -> SubjectData`` from EEGMMIDB files (``--data-dir/--subject``) or a captured store.
 
     In a federation of device profiles (``spec.profile`` set) an EEGMMIDB subject is recorded through
-    ``profile`` (default ``lab64``, the recording as it is; :func:`trainer.data.profiles.load_profile_subject`,
+    ``profile`` (default ``lab64``, the recording as it is; :func:`neurofed.trainer.data.profiles.load_profile_subject`,
     as ``neurofed simulate --profiles`` does) and keeps all of that device's channels.
     """
     if (store is None) == (subject is None):
@@ -28,20 +27,20 @@ def make_loader(data_dir: Path | None, subject: int | None, store: Path | None, 
         raise DataError("--profile presents an EEGMMIDB subject through a device; a --store is already a device's")
 
     def load(spec: ModelSpec) -> SubjectData:
-        from trainer.data.config import PreprocessConfig
+        from neurofed.trainer.data.config import PreprocessConfig
 
         cfg = PreprocessConfig.from_dict(spec.preprocess)
         if spec.profile and store is None:
-            from trainer.data.profiles import load_profile_subject
+            from neurofed.trainer.data.profiles import load_profile_subject
 
             return load_profile_subject(int(subject), profile or "lab64", cfg, data_dir, noise_seed)  # type: ignore[arg-type]
         if store is not None:
             try:
-                from edge.store import LocalStore  # written by the capture feature
+                from neurofed.edge.store import LocalStore  # written by the capture feature
             except ImportError:
                 raise DataError("--store needs edge/store.py (LocalStore), which this build does not have") from None
             return LocalStore(store).load_subject_data(cfg, classes=list(spec.classes))
-        from trainer.data import load_eegmmidb_subject
+        from neurofed.trainer.data import load_eegmmidb_subject
 
         return load_eegmmidb_subject(int(subject), cfg, data_dir)  # type: ignore[arg-type]
 
@@ -54,13 +53,13 @@ def make_montage(store: Path | None, profile: str | None):
 
     def montage() -> tuple[list[str], float]:
         if store is not None:
-            from edge.store import LocalStore
+            from neurofed.edge.store import LocalStore
 
             st = LocalStore(store)
             if not st.meta:
                 raise DataError(f"{store}: the store holds no trials yet, so its device is unknown")
             return list(st.meta["ch_names"]), float(st.meta["sfreq"])
-        from trainer.data.profiles import get_profile
+        from neurofed.trainer.data.profiles import get_profile
 
         p = get_profile(profile or "lab64")
         return list(p.channels), p.sfreq
@@ -90,15 +89,14 @@ def join(
 ) -> None:
     """Join a federation: train on local trials when selected, upload weights only (never EEG)."""
     if wait_for_broker <= 0:  # fail in about a second on a dead broker, before importing torch
-        from broker.transport import NO_BROKER_HINT, BrokerURL, TransportError
+        from neurofed.broker.transport import NO_BROKER_HINT, BrokerURL, TransportError
 
         try:
             BrokerURL.parse(broker).probe()
         except TransportError as exc:
             raise TransportError(f"{exc}{NO_BROKER_HINT}") from None
     import torch
-
-    from edge.federation import EdgeClient
+    from neurofed.edge.federation import EdgeClient
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     loader = make_loader(data_dir, subject, store, profile, noise_seed)

@@ -34,12 +34,11 @@ def register(app: typer.Typer) -> None:
         A stream in raw ``counts`` (e.g. headset-sim --profile cyton_daisy16) is converted with the gain of the
         device profile its channels and rate match; one matching none is refused.
         """
+        from neurofed.edge.capture import CaptureConfig, LiveCapture
+        from neurofed.edge.store import LocalStore
+        from neurofed.trainer.data.config import PreprocessConfig
+        from neurofed.trainer.errors import NeuroFedError
         from rich.console import Console
-
-        from edge.capture import CaptureConfig, LiveCapture
-        from edge.store import LocalStore
-        from trainer.data.config import PreprocessConfig
-        from trainer.errors import NeuroFedError
 
         if stream is None and source_id is None:
             raise NeuroFedError("give --stream NAME or --source-id ID of the EEG stream")

@@ -1,4 +1,4 @@
-"""A client's side of one secure-aggregation round over MQTT (SecAgg+; the maths is :mod:`trainer.fl.secagg`).
+"""A client's side of one secure-aggregation round over MQTT (SecAgg+; the maths is :mod:`neurofed.trainer.fl.secagg`).
 
 Messages in, messages out: the :class:`EdgeClient` (or a benchmark swarm) feeds every ``secagg_down/<id>``
 message to :meth:`SecAggSession.step` and publishes what it returns on ``secagg/<id>``. The session
@@ -21,9 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
-
-from broker.protocol import (
+from neurofed.broker.protocol import (
     SaInboxMsg,
     SaKeysMsg,
     SaMaskedMsg,
@@ -33,9 +31,9 @@ from broker.protocol import (
     SaUnmaskMsg,
     TaskMsg,
 )
-from edge import logger
-from trainer.fl.client import ClientUpdate
-from trainer.fl.secagg import (
+from neurofed.edge import logger
+from neurofed.trainer.fl.client import ClientUpdate
+from neurofed.trainer.fl.secagg import (
     KEY_LEN,
     SEALED_LEN,
     SecAggClient,
@@ -48,6 +46,7 @@ from trainer.fl.secagg import (
     neighbours_of,
     unb64_records,
 )
+from torch import Tensor
 
 Out = tuple[Any, dict[str, Tensor] | None]
 

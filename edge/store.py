@@ -22,14 +22,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from edge import logger
-from edge.capture import RawTrial
-from trainer.atomic import atomic_write_bytes
-from trainer.data.config import PreprocessConfig
-from trainer.data.dataset import SubjectData
-from trainer.data.preprocess import apply_ea, ea_matrix, preprocess_epochs
-from trainer.errors import DataError
+from neurofed.edge import logger
+from neurofed.edge.capture import RawTrial
+from neurofed.trainer.atomic import atomic_write_bytes
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.dataset import SubjectData
+from neurofed.trainer.data.preprocess import apply_ea, ea_matrix, preprocess_epochs
+from neurofed.trainer.errors import DataError
 
 FORMAT = "neurofed-trials/1"
 

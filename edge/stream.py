@@ -4,10 +4,10 @@ One place decides whether an incoming EEG stream can feed a consumer (``edge-cli
 ``edge-client infer``): its nominal rate, which stream channels carry the wanted labels, and the factor
 from each channel's declared unit to microvolts. A stream one command accepts, the other accepts too.
 
-Units and labels follow :mod:`trainer.data.units` (the one table: ``microvolts``, ``uV``, ``volts``, mne-lsl's
+Units and labels follow :mod:`neurofed.trainer.data.units` (the one table: ``microvolts``, ``uV``, ``volts``, mne-lsl's
 ``"0"``...; ``Fc5.`` ~ ``FC5``). A channel in ``counts`` (raw amplifier counts, e.g. an OpenBCI Cyton's ADS1299)
 has no physical unit of its own: it is read with the gain of a device profile whose unit is ``counts``
-(:func:`trainer.data.profiles.to_microvolts`): the model's profile when decoding, the profile the stream matches
+(:func:`neurofed.trainer.data.profiles.to_microvolts`): the model's profile when decoding, the profile the stream matches
 (:func:`stream_profile`) when recording.
 """
 
@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-
-from trainer.data.profiles import DeviceProfile, ProfileError, match_profile, to_microvolts
-from trainer.data.units import norm_label, unit_scale
-from trainer.errors import DataError
+from neurofed.trainer.data.profiles import DeviceProfile, ProfileError, match_profile, to_microvolts
+from neurofed.trainer.data.units import norm_label, unit_scale
+from neurofed.trainer.errors import DataError
 
 #: Name of a sample-counter channel (mne-lsl's tests, firmware_sim); never EEG.
 COUNTER_CHANNEL = "Samples"
@@ -41,7 +40,7 @@ def stream_profile(sfreq: float, ch_names: Sequence[str], units: Sequence[str] |
     """The device profile whose gain reads a stream's ``counts`` channels; None when it has none.
 
     The stream's channels (without the ``Samples`` counter) and rate must match one profile
-    (:func:`trainer.data.profiles.match_profile`; default: the shipped ones) whose unit is ``counts``.
+    (:func:`neurofed.trainer.data.profiles.match_profile`; default: the shipped ones) whose unit is ``counts``.
 
     Raises
     ------

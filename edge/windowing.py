@@ -1,4 +1,4 @@
-"""The one windower of the edge: cue-locked and sliding windows cut from :class:`edge.buffer.RingBuffer`.
+"""The one windower of the edge: cue-locked and sliding windows cut from :class:`neurofed.edge.buffer.RingBuffer`.
 
 Recording (``edge-client record``: raw trials into the store) and decoding (``edge-client infer``) cut
 their windows here, so a recorded trial and a decoded window of the same cue are the same samples.
@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from edge import logger
-from edge.buffer import RingBuffer
-from trainer.errors import DataError
+from neurofed.edge import logger
+from neurofed.edge.buffer import RingBuffer
+from neurofed.trainer.errors import DataError
 
 
 @dataclass

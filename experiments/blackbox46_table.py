@@ -22,9 +22,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+from neurofed.trainer.experiments.sweep import _key, sweep_plot
 from scipy import stats
-
-from trainer.experiments.sweep import _key, sweep_plot
 
 RES = Path("experiments/results/blackbox46")
 
@@ -123,7 +122,7 @@ def main() -> None:
 
 def eps_curves(runs: list[str], attack: str, seeds: list[int]) -> dict[str, dict]:
     """Per run, mean BCA over subjects (per subject the mean over ``seeds``) benign and at every eps of ``attack``
-    that every run has on all its folds of ``seeds``, in the form :func:`trainer.experiments.sweep.sweep_plot` draws."""
+    that every run has on all its folds of ``seeds``, in the form :func:`neurofed.trainer.experiments.sweep.sweep_plot` draws."""
     def complete(run: str, folder: Path) -> bool:
         return all(len(list(folder.glob(f"seed{sd}_fold*.json"))) == len(list((run_dir(run) / "jobs").glob(
             f"seed{sd}_fold*.json"))) > 0 for sd in seeds)

@@ -16,12 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import typer
-
-from trainer.data import PreprocessConfig, load_subjects
-from trainer.experiments.runner import EvalSpec, evaluate_subjects, run_federated
-from trainer.fl.local import LocalConfig
-from trainer.fl.strategies import get_strategy
-from trainer.presets import get_preset
+from neurofed.trainer.data import PreprocessConfig, load_subjects
+from neurofed.trainer.experiments.runner import EvalSpec, evaluate_subjects, run_federated
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.strategies import get_strategy
+from neurofed.trainer.presets import get_preset
 
 
 def main(out: Path = Path("experiments/results/fedbm_pilot/lkcc_pooled.json"), rounds: int = 20) -> None:

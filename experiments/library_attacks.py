@@ -21,11 +21,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-
-from trainer.art_attacks import HSJ_STATS, reset_hsj_stats
-from trainer.experiments.grid import parse_spec
-from trainer.experiments.protocol import make_folds
-from trainer.experiments.simulate import _job
+from neurofed.trainer.art_attacks import HSJ_STATS, reset_hsj_stats
+from neurofed.trainer.experiments.grid import parse_spec
+from neurofed.trainer.experiments.protocol import make_folds
+from neurofed.trainer.experiments.simulate import _job
 
 SUBJECTS_30 = [*range(1, 20), *range(24, 34), 42]
 ATTACKS = [["fgsm", 0.03], ["pgd", 0.03], ["autoattack", 0.03], ["square", 0.05], ["hsj", 0.05]]
@@ -46,7 +45,7 @@ def main(name: str, only: list[str] | None = None) -> None:
     res = _job(asdict(cfg), 0, fold, 0, str(out / f"{name}.job.json"), 1)
     published = Path(f"experiments/results/table/{name}/jobs/seed0_fold00.json")
     pub = json.loads(published.read_text()) if published.exists() else None
-    from trainer.attacks import attack_budgets
+    from neurofed.trainer.attacks import attack_budgets
 
     if only:  # keep the earlier run's numbers of the attacks not re-run (its benign/FGSM must equal this one's)
         old = json.loads((out / f"{name}.json").read_text())

@@ -8,11 +8,11 @@ import time
 import torch
 
 torch.set_num_threads(1)
-from trainer.data import PreprocessConfig, list_subjects, load_subjects
-from trainer.experiments.protocol import make_folds
-from trainer.experiments.runner import EvalSpec, run_centralised, run_federated
-from trainer.fl.local import LocalConfig
-from trainer.fl.strategies import get_strategy
+from neurofed.trainer.data import PreprocessConfig, list_subjects, load_subjects
+from neurofed.trainer.experiments.protocol import make_folds
+from neurofed.trainer.experiments.runner import EvalSpec, run_centralised, run_federated
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.strategies import get_strategy
 
 cfg = PreprocessConfig.from_preset("sensorimotor21", resample=80.0)
 subs = list_subjects()

@@ -12,7 +12,7 @@ while read -r name opts; do
   case "$name" in ''|\#*) continue;; esac
   out="experiments/results/$group/$name"
   echo "$(date -u +%H:%M:%S) start $name"
-  OMP_NUM_THREADS=1 python -m trainer.cli simulate $opts --workers 1 --threads 1 --out "$out" >> "$out.log" 2>&1
+  OMP_NUM_THREADS=1 python -m neurofed.trainer.cli simulate $opts --workers 1 --threads 1 --out "$out" >> "$out.log" 2>&1
   rc=$?  # (it used to echo "rc=$?" after $(date ...), i.e. date's status: rc=0 even for failed runs)
   echo "$(date -u +%H:%M:%S) end $name rc=$rc"
 done < "$spec"

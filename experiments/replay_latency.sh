@@ -19,13 +19,13 @@ PYTHONPATH="$HERE" python -c "
 from pathlib import Path; from neurofed.bench_e2e import build_latency_model
 build_latency_model(Path('$TMP/lat.onnx'), 3, None)" >/dev/null
 export LSLAPICFG="$(PYTHONPATH="$HERE" python -c "
-from edge.lsl_config import use_private_session; print(use_private_session('replay-latency', '$TMP')[1])")"
+from neurofed.edge.lsl_config import use_private_session; print(use_private_session('replay-latency', '$TMP')[1])")"
 export PYTHONPATH="$SRC"
 NAME="replay-$RANDOM"
-python -c "import sys; sys.argv[0]='edge-client'; from edge.cli import main; main()" infer \
+python -c "import sys; sys.argv[0]='edge-client'; from neurofed.edge.cli import main; main()" infer \
   --model "$TMP/lat.onnx" --stream "$NAME" --mode cue --quiet --timeout 60 --duration 30 >"$TMP/infer.log" 2>&1 &
 INFER=$!
-python -c "import sys; sys.argv[0]='headset-sim'; from firmware_sim.cli import main; main()" \
+python -c "import sys; sys.argv[0]='headset-sim'; from neurofed.firmware_sim.cli import main; main()" \
   --subject 3 --runs 4 --speed 10 --name "$NAME" --wait-consumers 60 >"$TMP/sim.log" 2>&1
 wait "$INFER"
 grep -A3 "^done:" "$TMP/infer.log" || { echo "no result; end of the decoder log:"; tail -5 "$TMP/infer.log"; exit 1; }

@@ -15,8 +15,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from trainer.experiments.protocol import make_folds
-from trainer.experiments.simulate import SimConfig, write_results
+from neurofed.trainer.experiments.protocol import make_folds
+from neurofed.trainer.experiments.simulate import SimConfig, write_results
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from `onnx_attack/square_0.05/seedS_foldKK.json` where a row has it, on the seed
 rows "none" (= FedAvg) and "SAFE" are sweep46's fedavg and safe runs; their black-box results are blackbox46's (the
 same models: blackbox46's jobs equal sweep46's subject by subject); a last row, CT+AT (baselines46's centralised FGSM
 adversarial training), is a reference, not a combination. Paired t-tests over subjects against "none" and against
-SAFE (trainer.report.paired_comparison), and the pairs in :data:`PAIRS` listed under the table (Square on the seeds
+SAFE (neurofed.trainer.report.paired_comparison), and the pairs in :data:`PAIRS` listed under the table (Square on the seeds
 both rows were attacked on). Writes OUT/table.md and OUT/summary.json.
 """
 
@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 from blackbox46_table import load  # experiments/ is on sys.path when run as a script
-
-from trainer.experiments.simulate import aggregate_seeds
-from trainer.report import paired_comparison
+from neurofed.trainer.experiments.simulate import aggregate_seeds
+from neurofed.trainer.report import paired_comparison
 
 R = Path("experiments/results")
 # label, trained run (sweep/), black-box run (onnx_attack/), LBSN, FAT, AWP

@@ -10,12 +10,11 @@ import sys
 
 import numpy as np
 import torch
-
-from export.runtime import OnnxModel
-from trainer.checkpoint import load_checkpoint
-from trainer.cli import parse_subjects
-from trainer.data import PreprocessConfig, load_eegmmidb_subject
-from trainer.evaluate import bca, predict
+from neurofed.export.runtime import OnnxModel
+from neurofed.trainer.checkpoint import load_checkpoint
+from neurofed.trainer.cli import parse_subjects
+from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
+from neurofed.trainer.evaluate import bca, predict
 
 torch.set_num_threads(1)
 ckpt, onnx_path, subjects, out = sys.argv[1:5]

@@ -2,7 +2,7 @@
 
 One round of local training from the coordinator's initial model on real subjects (2 local epochs,
 batch 8, and the config default), per strategy: ||update - global|| / ||global|| over floating
-entries, as `broker.validation` computes it.
+entries, as `neurofed.broker.validation` computes it.
 
 Usage: python experiments/update_norm_ratio.py  (writes experiments/results/update_norm_ratio.json)
 """
@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 
 torch.set_num_threads(1)
-from broker.config import config_from_dict
-from broker.coordinator import initial_model
-from broker.validation import state_norm, update_norm
-from trainer.data import load_eegmmidb_subject
-from trainer.fl.client import client_update, init_client_state
-from trainer.fl.server import downlink
+from neurofed.broker.config import config_from_dict
+from neurofed.broker.coordinator import initial_model
+from neurofed.broker.validation import state_norm, update_norm
+from neurofed.trainer.data import load_eegmmidb_subject
+from neurofed.trainer.fl.client import client_update, init_client_state
+from neurofed.trainer.fl.server import downlink
 
 rows = []
 for strat in ("fedavg", "fedbs"):

@@ -13,19 +13,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from trainer.data import PreprocessConfig, load_subjects
-from trainer.experiments.runner import run_federated
-from trainer.fl.algorithms import robust
-from trainer.fl.local import LocalConfig
-from trainer.fl.strategies import get_strategy
+from neurofed.trainer.data import PreprocessConfig, load_subjects
+from neurofed.trainer.experiments.runner import run_federated
+from neurofed.trainer.fl.algorithms import robust
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.strategies import get_strategy
 
 SUBJECTS = [1, 2, 3, 4, 5, 6, 7, 8, 24, 25, 26, 27]
 
 
 def per_algorithm(algorithms: list[str], rounds: list[list[float]]) -> None:
     """Max / median honest update norm per round for each algorithm (the clip never binds below it)."""
-    from trainer.experiments.protocol import make_folds
+    from neurofed.trainer.experiments.protocol import make_folds
 
     subjects = [*range(1, 20), *range(24, 51)]
     held_out = set(make_folds(subjects, "kfold:5", 0)[0])

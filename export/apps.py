@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-
-from export.standalone import StandaloneModel, eegmmidb_session_windows, export_standalone
-from trainer.errors import NeuroFedError
+from neurofed.export.standalone import StandaloneModel, eegmmidb_session_windows, export_standalone
+from neurofed.trainer.errors import NeuroFedError
 
 logger = logging.getLogger("neurofed.export")
 

@@ -10,8 +10,7 @@ from typing import Annotated
 
 import numpy as np
 import typer
-
-from trainer.bench import BENCH_DIR, write_result
+from neurofed.trainer.bench import BENCH_DIR, write_result
 
 
 def time_calls(fn: Callable[[], object], reps: int, warmup: int) -> dict:
@@ -46,21 +45,20 @@ def bench_shape(
 ) -> dict:
     """Latency of one architecture/shape: torch eager vs onnxruntime fp32 vs int8, 1 thread each.
 
-    ``members`` > 1: a :class:`~trainer.models.ensemble.SoftmaxEnsemble` of that many such models in one graph
+    ``members`` > 1: a :class:`~neurofed.trainer.models.ensemble.SoftmaxEnsemble` of that many such models in one graph
     (what ``neurofed combine`` + ``neurofed export`` deploy)."""
     import torch
-
-    from export.metadata import build_meta, embed_meta
-    from export.onnx_export import to_onnx
-    from export.quantize import quantize
-    from export.runtime import OnnxModel
-    from trainer.checkpoint import ModelMeta
-    from trainer.data import PreprocessConfig
-    from trainer.models import build_model
+    from neurofed.export.metadata import build_meta, embed_meta
+    from neurofed.export.onnx_export import to_onnx
+    from neurofed.export.quantize import quantize
+    from neurofed.export.runtime import OnnxModel
+    from neurofed.trainer.checkpoint import ModelMeta
+    from neurofed.trainer.data import PreprocessConfig
+    from neurofed.trainer.models import build_model
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    from trainer.models.ensemble import ENSEMBLE, SoftmaxEnsemble
+    from neurofed.trainer.models.ensemble import ENSEMBLE, SoftmaxEnsemble
 
     nets = [build_model(model_name, n_channels, 2, n_times, sfreq, bn_mode) for _ in range(members)]
     net = (nets[0] if members == 1 else SoftmaxEnsemble(nets)).eval()

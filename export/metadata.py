@@ -1,7 +1,7 @@
 """Metadata embedded in exported ONNX models (``metadata_props``, key ``neurofed``, JSON).
 
 Everything a consumer needs to feed the model correctly travels inside the ``.onnx`` file: the
-checkpoint's own model description (:class:`trainer.checkpoint.ModelMeta`: channel order,
+checkpoint's own model description (:class:`neurofed.trainer.checkpoint.ModelMeta`: channel order,
 sampling rate, classes, preprocessing, test batch size, strategy, training data hashes) plus
 what the export adds (band-pass/window, EA policy, a hash of the weights, and for standalone
 graphs the state layout).
@@ -19,10 +19,9 @@ from typing import Any
 
 import onnx
 import torch
+from neurofed.trainer.checkpoint import ModelMeta, meta_fields
+from neurofed.trainer.errors import NeuroFedError
 from pydantic import ConfigDict, ValidationError, create_model, field_validator
-
-from trainer.checkpoint import ModelMeta, meta_fields
-from trainer.errors import NeuroFedError
 
 META_KEY = "neurofed"
 INPUT_NAME = "x"
@@ -48,7 +47,7 @@ class OnnxModelMeta(ModelCard):  # type: ignore[misc, valid-type]
     output_name: str = OUTPUT_NAME
     quantized: str | None = None
     standalone: dict[str, Any] | None = None
-    #: the device profile the model is for (:meth:`trainer.data.profiles.DeviceProfile.to_dict`: name,
+    #: the device profile the model is for (:meth:`neurofed.trainer.data.profiles.DeviceProfile.to_dict`: name,
     #: channels and rate of the stream it decodes); None: a model for no particular device
     profile: dict[str, Any] | None = None
 
@@ -90,8 +89,8 @@ def package_version() -> str:
 
 
 def build_meta(ckpt_meta: ModelMeta, state: Mapping[str, torch.Tensor]) -> OnnxModelMeta:
-    """ONNX metadata: the checkpoint's :class:`~trainer.checkpoint.ModelMeta` plus what export adds."""
-    from trainer.checkpoint import device_of
+    """ONNX metadata: the checkpoint's :class:`~neurofed.trainer.checkpoint.ModelMeta` plus what export adds."""
+    from neurofed.trainer.checkpoint import device_of
 
     device = device_of(ckpt_meta)
     pre = dict(ckpt_meta.preprocess or {})

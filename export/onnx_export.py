@@ -20,13 +20,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
+from neurofed.export.metadata import INPUT_NAME, OUTPUT_NAME, OnnxModelMeta, build_meta, embed_meta
+from neurofed.export.runtime import make_session
+from neurofed.trainer.atomic import atomic_write_bytes
+from neurofed.trainer.checkpoint import ModelMeta
+from neurofed.trainer.errors import NeuroFedError
 from torch import nn
-
-from export.metadata import INPUT_NAME, OUTPUT_NAME, OnnxModelMeta, build_meta, embed_meta
-from export.runtime import make_session
-from trainer.atomic import atomic_write_bytes
-from trainer.checkpoint import ModelMeta
-from trainer.errors import NeuroFedError
 
 logger = logging.getLogger("neurofed.export")
 
@@ -172,8 +171,8 @@ def held_out_data(
     Returns ``(X, y, subject_ids, held_out)``; ``held_out`` is False only when every subject of
     the data folder is among the training files (then the last subjects are used, and said so).
     """
-    from trainer.data import PreprocessConfig, list_subjects, load_eegmmidb_subject
-    from trainer.data.eegmmidb import TASKS
+    from neurofed.trainer.data import PreprocessConfig, list_subjects, load_eegmmidb_subject
+    from neurofed.trainer.data.eegmmidb import TASKS
 
     task = next((t for t, (_, cls) in TASKS.items() if list(cls) == list(meta.classes)), None)
     if task is None:
@@ -193,13 +192,13 @@ def held_out_data(
                 "every subject in the data folder was used for training; verifying on trained subjects"
             )
         subjects = free[:n_subjects]
-    from trainer.checkpoint import device_of
+    from neurofed.trainer.checkpoint import device_of
 
     device = device_of(meta) if isinstance(meta, ModelMeta) else None
     xs, ys, ids = [], [], []
     for s in subjects:
         if device is not None:  # a device profile's model: the subject recorded through that device
-            from trainer.data.profiles import load_profile_subject
+            from neurofed.trainer.data.profiles import load_profile_subject
 
             sd = load_profile_subject(s, device, cfg, data_dir, task=task)
         else:
@@ -262,7 +261,7 @@ def export_checkpoint(
     subjects: Sequence[int] | None = None,
 ) -> tuple[OnnxModelMeta, VerifyReport]:
     """``neurofed export``: checkpoint -> verified ONNX file with metadata (one model; see :func:`export_profiles`)."""
-    from trainer.checkpoint import load_checkpoint
+    from neurofed.trainer.checkpoint import load_checkpoint
 
     if not Path(ckpt).is_file():
         raise NeuroFedError(f"{ckpt}: checkpoint file not found")
@@ -287,15 +286,14 @@ def export_profiles(
     verify: bool = True,
     subjects: Sequence[int] | None = None,
 ) -> dict[str, tuple[Path, OnnxModelMeta, VerifyReport]]:
-    """Export every deployable model of a checkpoint (:func:`trainer.checkpoint.load_profile_models`).
+    """Export every deployable model of a checkpoint (:func:`neurofed.trainer.checkpoint.load_profile_models`).
 
     A hierarchical (``fleeg``) checkpoint gives one ONNX model per device profile (shared module + that
     profile's own, its profile in the metadata), written to :func:`profile_output`, each verified against
     torch on real held-out trials recorded through its device; any other checkpoint gives ``out``.
     """
+    from neurofed.trainer.checkpoint import is_hierarchical, load_profile_models
     from safetensors import safe_open
-
-    from trainer.checkpoint import is_hierarchical, load_profile_models
 
     if not Path(ckpt).is_file():
         raise NeuroFedError(f"{ckpt}: checkpoint file not found")

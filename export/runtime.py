@@ -8,9 +8,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-
-from export.metadata import OnnxModelMeta, meta_from_model
-from trainer.errors import NeuroFedError
+from neurofed.export.metadata import OnnxModelMeta, meta_from_model
+from neurofed.trainer.errors import NeuroFedError
 
 
 def make_session(model: str | os.PathLike | bytes, threads: int = 1) -> ort.InferenceSession:
@@ -54,7 +53,7 @@ class OnnxModel:
         if self.meta.standalone:
             raise NeuroFedError(
                 f"{path}: a standalone model (raw window + state); run it with "
-                "export.standalone.StandaloneModel, or export the plain model without --standalone"
+                "neurofed.export.standalone.StandaloneModel, or export the plain model without --standalone"
             )
         self.session = make_session(proto.SerializeToString(), threads)
         self._in = self.session.get_inputs()[0].name

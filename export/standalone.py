@@ -5,8 +5,8 @@ an explicit state; everything NeuroFed does between the amplifier and the class 
 happens inside the graph:
 
 * **unit** -> microvolts (one constant factor, folded into ``P`` below);
-* **input guard** (non-finite, flat, saturated channels; ``edge.guard``'s rules, with the kinds
-  and thresholds of ``trainer.data.guard``, the one definition both use) -> the ``guard`` output,
+* **input guard** (non-finite, flat, saturated channels; ``neurofed.edge.guard``'s rules, with the kinds
+  and thresholds of ``neurofed.trainer.data.guard``, the one definition both use) -> the ``guard`` output,
   and a rejected window leaves the state untouched; evaluated on the raw float32 window with
   thresholds converted exactly to the device's unit (:meth:`StandaloneDecoder._guard`);
 * **band-pass + resampling** as one exact matrix ``P`` (``y = x @ P``): ``sosfiltfilt`` on a
@@ -37,18 +37,17 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+from neurofed.trainer.atomic import atomic_write_bytes
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.guard import GUARD_KINDS, GuardConfig
+from neurofed.trainer.data.guard import guard_reason as reason_text
+from neurofed.trainer.data.preprocess import n_times_for, preprocess_epochs
+from neurofed.trainer.errors import DataError, NeuroFedError
+from neurofed.trainer.models.eegnet import EEGNet
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
-
-from trainer.atomic import atomic_write_bytes
-from trainer.data.config import PreprocessConfig
-from trainer.data.guard import GUARD_KINDS, GuardConfig
-from trainer.data.guard import guard_reason as reason_text
-from trainer.data.preprocess import n_times_for, preprocess_epochs
-from trainer.errors import DataError, NeuroFedError
-from trainer.models.eegnet import EEGNet
 
 logger = logging.getLogger("neurofed.export")
 
@@ -110,7 +109,7 @@ def raw_threshold(limit_uv: float, scale: float) -> float:
 def preprocess_matrix(cfg: PreprocessConfig, rate: float) -> np.ndarray:
     """``P`` (window_samples, n_times) with ``preprocess(x) == x @ P`` for any window ``x``.
 
-    Built by running training's own preprocessing (``trainer.data.preprocess.preprocess_epochs``:
+    Built by running training's own preprocessing (``neurofed.trainer.data.preprocess.preprocess_epochs``:
     ``sosfiltfilt`` then ``resample_poly``) on the identity: row ``i`` is the response to a unit
     impulse at sample ``i``. Exact because both steps are linear in the window.
     """
@@ -353,7 +352,7 @@ class EEGNetContext(nn.Module):
 def _eegnet_parts(net: nn.Module) -> tuple[nn.Module, ...] | None:
     """``(temporal, bn_t, conv_spatial, bn_s, body, classifier)`` of an EEGNet or FLEEG EEGNet (after
     :func:`_plain_bn`), ``body`` the layers from the first ELU to the flattened features; None for other models."""
-    from trainer.models.fleeg import FleegEEGNet
+    from neurofed.trainer.models.fleeg import FleegEEGNet
 
     if type(net) is EEGNet:
         body = nn.Sequential(_fast_elu(net.pool_1), net.conv_separable, net.bnorm_2, _fast_elu(net.pool_2),
@@ -416,15 +415,15 @@ class StandaloneDecoder(nn.Module):
     ----------
     model : nn.Module
         The trained network (eval mode).
-    ckpt_meta : trainer.checkpoint.ModelMeta
+    ckpt_meta : neurofed.trainer.checkpoint.ModelMeta
     model_hash : str
-        Hex SHA-256 of the weights (``export.metadata.model_hash``).
+        Hex SHA-256 of the weights (``neurofed.export.metadata.model_hash``).
     rate : float
         The device's sampling rate in Hz.
     unit : str
         The device's unit (a key of :data:`UNITS`, or any label when ``unit_to_uv`` is given).
-    guard : trainer.data.guard.GuardConfig, optional
-        The input guard's thresholds (default: ``GuardConfig()``, the same definition as ``edge.guard``'s).
+    guard : neurofed.trainer.data.guard.GuardConfig, optional
+        The input guard's thresholds (default: ``GuardConfig()``, the same definition as ``neurofed.edge.guard``'s).
     context_cache : bool
         For EEGNet with batch-specific BN, keep each context window's temporal-convolution moments
         in the state (:class:`EEGNetContext`); False runs the whole batch through the network
@@ -523,7 +522,7 @@ class StandaloneDecoder(nn.Module):
     def _guard(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-channel flags (non-finite, flat, saturated), the zeroed raw window and an accept flag.
 
-        ``w`` is the raw float32 window in device units. The rules are ``trainer.data.guard``'s on the
+        ``w`` is the raw float32 window in device units. The rules are ``neurofed.trainer.data.guard``'s on the
         window in microvolts ``x = float64(w) * scale``; all but the flat test run on ``w`` itself, in
         float32, with the same verdicts: ``float64(w) * scale`` is finite exactly where ``w`` is, and
         is strictly increasing in ``w`` (a float32 times a positive float64 constant, rounded to float64:
@@ -611,7 +610,7 @@ def to_standalone_onnx(dec: StandaloneDecoder) -> onnx.ModelProto:
     """Export with the dynamo exporter at opset 18 (static shapes: one window, one state)."""
     window = torch.randn(dec.n_ch, dec.n_in, generator=torch.Generator().manual_seed(0)) * 20.0
     state = torch.from_numpy(dec.initial_state())
-    from export.onnx_export import quiet_exporter
+    from neurofed.export.onnx_export import quiet_exporter
 
     with quiet_exporter():
         try:
@@ -685,10 +684,10 @@ def hash_words_of(dec: StandaloneDecoder) -> list[int]:
 def profile_device(meta: Any) -> tuple[float, str, float] | None:
     """``(rate, unit, unit_to_uv)`` of the device profile a checkpoint's model is for, or None.
 
-    The profile (:func:`trainer.checkpoint.device_of`) knows what its headset streams: the graph then takes
+    The profile (:func:`neurofed.trainer.checkpoint.device_of`) knows what its headset streams: the graph then takes
     that rate and unit (counts at the profile's gain included) and no ``--rate``/``--unit`` is needed.
     """
-    from trainer.checkpoint import device_of
+    from neurofed.trainer.checkpoint import device_of
 
     dev = device_of(meta)
     return None if dev is None else (dev.sfreq, dev.unit, 1.0 / dev.scale)
@@ -714,7 +713,7 @@ def device_settings(meta: Any, rate: float | None, unit: str | None) -> tuple[fl
 def write_standalone(model: nn.Module, cmeta: Any, out: str | os.PathLike, rate: float | None = None,
                      unit: str | None = None, step_s: float = 0.5) -> tuple[Any, StandaloneDecoder]:
     """One model -> standalone ONNX with metadata (device: :func:`device_settings`); returns (meta, decoder)."""
-    from export.metadata import build_meta, embed_meta
+    from neurofed.export.metadata import build_meta, embed_meta
 
     rate, unit, to_uv = device_settings(cmeta, rate, unit)
     meta = build_meta(cmeta, model.state_dict())
@@ -740,7 +739,7 @@ def export_standalone(
 
     ``rate``/``unit`` default to the model's device profile, else 160 Hz and microvolts.
     """
-    from trainer.checkpoint import load_checkpoint
+    from neurofed.trainer.checkpoint import load_checkpoint
 
     if not Path(ckpt).is_file():
         raise NeuroFedError(f"{ckpt}: checkpoint file not found")
@@ -752,9 +751,9 @@ def export_standalone_profiles(
     ckpt: str | os.PathLike, out: str | os.PathLike, step_s: float = 0.5,
 ) -> dict[str, tuple[Path, Any, StandaloneDecoder]]:
     """A hierarchical (``fleeg``) checkpoint -> one standalone graph per device profile, each at its profile's
-    rate and unit, written to :func:`export.onnx_export.profile_output` (``model.onnx`` -> ``model.<profile>.onnx``)."""
-    from export.onnx_export import profile_output
-    from trainer.checkpoint import load_profile_models
+    rate and unit, written to :func:`neurofed.export.onnx_export.profile_output` (``model.onnx`` -> ``model.<profile>.onnx``)."""
+    from neurofed.export.onnx_export import profile_output
+    from neurofed.trainer.checkpoint import load_profile_models
 
     if not Path(ckpt).is_file():
         raise NeuroFedError(f"{ckpt}: checkpoint file not found")
@@ -796,7 +795,7 @@ class StandaloneModel:
     """
 
     def __init__(self, path: str | os.PathLike, threads: int = 1) -> None:
-        from export.runtime import load_model, make_session
+        from neurofed.export.runtime import load_model, make_session
 
         self.path = Path(path)
         proto, self.meta = load_model(path)
@@ -851,8 +850,8 @@ def recording_windows(
     Returns ``(windows (n, channels, samples) in microvolts, labels, sampling rate)``; this is what
     a device streams, before any preprocessing.
     """
-    from trainer.data.io import epochs_from_raw, read_raw
-    from trainer.data.preprocess import pick_channels
+    from neurofed.trainer.data.io import epochs_from_raw, read_raw
+    from neurofed.trainer.data.preprocess import pick_channels
 
     raw = read_raw(path)
     x, labels = epochs_from_raw(raw, label_map, tmin, tmax, source=str(path))
@@ -864,7 +863,7 @@ def eegmmidb_session_windows(
 ) -> list[tuple[str, np.ndarray, np.ndarray, float]]:
     """Every imagery run (session) of an EEGMMIDB subject whose classes are ``classes``:
     ``[(run file name, windows, class indices, rate), ...]`` in run order."""
-    from trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, subject_files
+    from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, subject_files
 
     task = next((t for t, (_, cls) in TASKS.items() if list(cls) == list(classes)), None)
     if task is None:

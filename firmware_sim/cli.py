@@ -8,10 +8,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from firmware_sim.player import PlayerConfig, play_many, run_to_end
-from firmware_sim.recording import LSL_UNITS, Recording, load_eegmmidb, load_recording, through_profile
-from trainer.errors import NeuroFedError
+from neurofed.firmware_sim.player import PlayerConfig, play_many, run_to_end
+from neurofed.firmware_sim.recording import (
+    LSL_UNITS,
+    Recording,
+    load_eegmmidb,
+    load_recording,
+    through_profile,
+)
+from neurofed.trainer.errors import NeuroFedError
 
 app = typer.Typer(name="headset-sim", help="Simulated EEG headsets: replay recordings as LSL EEG + marker streams.",
                   add_completion=False, pretty_exceptions_enable=False)
@@ -69,7 +74,7 @@ def play(
         raise NeuroFedError("nothing to play: give recording files, --subject or --subjects")
     unit = "microvolts"
     if profile is not None:
-        from trainer.data.profiles import get_profile
+        from neurofed.trainer.data.profiles import get_profile
 
         prof = get_profile(profile)
         recs = [(tag, through_profile(rec, prof, seed + i)) for i, (tag, rec) in enumerate(recs)]
@@ -90,7 +95,7 @@ def play(
 
 def main() -> None:
     """Entry point: NeuroFed's own errors print one clear line and exit 2."""
-    from trainer.errors import run_cli
+    from neurofed.trainer.errors import run_cli
 
     run_cli(app)
 

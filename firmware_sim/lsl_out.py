@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pylsl
-
-from firmware_sim.recording import COUNTER_CHANNEL
+from neurofed.firmware_sim.recording import COUNTER_CHANNEL
 
 EEG_UNIT = "microvolts"
 

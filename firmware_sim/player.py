@@ -1,4 +1,4 @@
-"""Replay a :class:`~firmware_sim.recording.Recording` as LSL EEG + marker streams, like headset firmware.
+"""Replay a :class:`~neurofed.firmware_sim.recording.Recording` as LSL EEG + marker streams, like headset firmware.
 
 Timing: sample ``i`` carries timestamp ``t0 + clock_offset + i / sfreq`` (the nominal rate, whatever the
 playback speed), and a chunk whose newest sample is ``i`` is pushed when the wall clock reaches
@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from firmware_sim import logger, lsl_out
-from firmware_sim.recording import Recording
-from trainer.errors import NeuroFedError
+from neurofed.firmware_sim import logger, lsl_out
+from neurofed.firmware_sim.recording import Recording
+from neurofed.trainer.errors import NeuroFedError
 
 
 @dataclass(frozen=True)

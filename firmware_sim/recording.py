@@ -1,9 +1,9 @@
 """Load recordings to replay: continuous EEG in microvolts (float32) plus cue markers at sample indices.
 
-This module never touches LSL (see :mod:`firmware_sim.lsl_out` for the pusher). Reading recordings is
-trainer's (:mod:`trainer.data.io`: ``read_raw`` with its size and annotation checks, ``cue_samples`` placing
-cues on samples exactly as offline epoching does); firmware_sim imports only ``trainer.data`` and
-``trainer.errors`` (the import contract in pyproject.toml).
+This module never touches LSL (see :mod:`neurofed.firmware_sim.lsl_out` for the pusher). Reading recordings is
+trainer's (:mod:`neurofed.trainer.data.io`: ``read_raw`` with its size and annotation checks, ``cue_samples`` placing
+cues on samples exactly as offline epoching does); firmware_sim imports only ``neurofed.trainer.data`` and
+``neurofed.trainer.errors`` (the import contract in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from trainer.data.eegmmidb import LR_IMAGERY_RUNS, RUN_EVENT_LABELS, subject_files
-from trainer.data.io import cue_samples, read_raw
-from trainer.errors import DataError
+from neurofed.trainer.data.eegmmidb import LR_IMAGERY_RUNS, RUN_EVENT_LABELS, subject_files
+from neurofed.trainer.data.io import cue_samples, read_raw
+from neurofed.trainer.errors import DataError
 
 #: Name of the optional counter channel (sample index), as in mne-lsl's tests.
 COUNTER_CHANNEL = "Samples"
@@ -75,7 +74,7 @@ def load_recording(
     label_map: Mapping[str, str] | None = None,
     include_rest: bool = False,
 ) -> Recording:
-    """Read any MNE-readable file (``trainer.data.io.read_raw``) into a :class:`Recording`.
+    """Read any MNE-readable file (``neurofed.trainer.data.io.read_raw``) into a :class:`Recording`.
 
     Parameters
     ----------
@@ -140,18 +139,18 @@ def through_profile(rec: Recording, profile, seed: int = 0) -> Recording:
     """What the headset of a device profile would stream for this recording (issue 19).
 
     The profile's channels (in its order), its rate (``scipy.signal.resample_poly``), its seeded
-    additive noise and its unit and gain (:func:`trainer.data.profiles.to_device`, the code the
+    additive noise and its unit and gain (:func:`neurofed.trainer.data.profiles.to_device`, the code the
     trainer's profile loader uses); cue markers keep their times (sample index x new rate / old rate).
 
     Parameters
     ----------
     rec : Recording
-    profile : trainer.data.profiles.DeviceProfile or str
+    profile : neurofed.trainer.data.profiles.DeviceProfile or str
         A profile or the name of a shipped one.
     seed : int
         Seed of the additive noise.
     """
-    from trainer.data.profiles import get_profile, to_device
+    from neurofed.trainer.data.profiles import get_profile, to_device
 
     prof = get_profile(profile)
     rng = np.random.default_rng([seed, 19])

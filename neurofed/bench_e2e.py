@@ -36,17 +36,17 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from trainer.errors import NeuroFedError
+from neurofed.trainer.errors import NeuroFedError
 
 
 def build_latency_model(out: Path, subject: int, data_dir: Path | None) -> Path:
     """Export a random-init EEGNet with the demo's preprocessing and the subject's real channel layout."""
     import torch
 
-    from export.onnx_export import export_model
-    from trainer.checkpoint import ModelMeta
-    from trainer.data import PreprocessConfig, load_eegmmidb_subject
-    from trainer.models import build_model
+    from neurofed.export.onnx_export import export_model
+    from neurofed.trainer.checkpoint import ModelMeta
+    from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
+    from neurofed.trainer.models import build_model
 
     cfg = PreprocessConfig.from_preset("sensorimotor21", resample=80.0)
     sd = load_eegmmidb_subject(subject, cfg, data_dir)
@@ -90,7 +90,7 @@ def run_e2e(
     ``edge-client infer --stats-out``). The machine's load averages before and after the run are recorded.
     ``profile``: the decoded headset streams as that device profile (``headset-sim --profile``).
     """
-    from edge.bench_lsl import _private_lsl
+    from neurofed.edge.bench_lsl import _private_lsl
     from neurofed.livewatch import LiveWatch
     from neurofed.supervise import Supervisor, command
 
@@ -175,7 +175,7 @@ def run_e2e(
 def model_targets(model: Path | None) -> dict[str, float]:
     """The latency targets of the path a model runs: the standalone graph's (issue 18: p50 <= 3 ms, p99 <= 5 ms)
     if every model given is a standalone export, else the Python engine's (p50 <= 10 ms, p99 <= 30 ms)."""
-    from export.metadata import read_onnx_meta
+    from neurofed.export.metadata import read_onnx_meta
 
     files = ([] if model is None else sorted(model.glob("*.onnx")) if model.is_dir() else [model])
     if files and all(read_onnx_meta(f).standalone for f in files):
@@ -206,9 +206,9 @@ def register(bench: typer.Typer) -> None:
         out: Annotated[Path, typer.Option(help="JSON results")] = Path("docs/bench/e2e.json"),
     ) -> None:
         """End-to-end live decoding latency: window's last EEG sample in -> prediction out (LSL)."""
-        from trainer.bench import write_result
-        from trainer.cli import parse_int_list, parse_name_list
-        from trainer.data.profiles import ProfileError, get_profile
+        from neurofed.trainer.bench import write_result
+        from neurofed.trainer.cli import parse_int_list, parse_name_list
+        from neurofed.trainer.data.profiles import ProfileError, get_profile
 
         profiles: list[str | None] = [None]
         if profile is not None:

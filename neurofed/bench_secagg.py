@@ -7,7 +7,7 @@ each playing a contiguous slice of the clients in turn, so their work runs besid
 interpreters, other cores) as it would on the clients' own hosts, though far less parallel: 100 clients share
 two processes and the same two cores as the coordinator and the broker. Each client answers its task at once
 with the global model plus seeded noise, through the real client code
-(:class:`edge.secagg_client.SecAggSession` under secure aggregation), so the numbers are the protocol's, not
+(:class:`neurofed.edge.secagg_client.SecAggSession` under secure aggregation), so the numbers are the protocol's, not
 training's. Measured per round:
 
 * ``round_s``: the coordinator's round time (task published to model published);
@@ -19,7 +19,7 @@ training's. Measured per round:
   threads are not counted);
 * ``coordinator_cpu_s``: the coordinator's own secure-aggregation work (validation, routing, unmasking).
 
-Also in process (no broker): the masking core alone (:func:`trainer.fl.secagg.secure_weighted_mean`) with the
+Also in process (no broker): the masking core alone (:func:`neurofed.trainer.fl.secagg.secure_weighted_mean`) with the
 SecAgg+ graph, 0 % and 10 % dropout.
 """
 
@@ -40,10 +40,10 @@ import numpy as np
 import torch
 import typer
 
-from broker.bench import Swarm
-from broker.config import config_from_dict
-from broker.coordinator import Coordinator
-from broker.protocol import (
+from neurofed.broker.bench import Swarm
+from neurofed.broker.config import config_from_dict
+from neurofed.broker.coordinator import Coordinator
+from neurofed.broker.protocol import (
     StatusMsg,
     TaskMsg,
     UpdateMsg,
@@ -52,16 +52,16 @@ from broker.protocol import (
     pack,
     state_sha256,
 )
-from edge.secagg_client import SecAggSession
-from trainer.fl.client import ClientUpdate
-from trainer.fl.secagg import SecAggError, graph_params, secure_weighted_mean
-from trainer.fl.server import downlink
-from trainer.fl.strategies import get_strategy
+from neurofed.edge.secagg_client import SecAggSession
+from neurofed.trainer.fl.client import ClientUpdate
+from neurofed.trainer.fl.secagg import SecAggError, graph_params, secure_weighted_mean
+from neurofed.trainer.fl.server import downlink
+from neurofed.trainer.fl.strategies import get_strategy
 
 
 class SecAggSwarm(Swarm):
     """``n`` simulated clients on one connection: join, answer tasks (plain or masked), follow the secagg steps
-    (:class:`broker.bench.Swarm`'s joining and model watching, plus the secure-aggregation steps)."""
+    (:class:`neurofed.broker.bench.Swarm`'s joining and model watching, plus the secure-aggregation steps)."""
 
     def __init__(self, url: str, fed: str, n: int, seed: int = 0, drop_after_shares: frozenset[str] = frozenset(),
                  first: int = 0) -> None:
@@ -106,7 +106,7 @@ class SecAggSwarm(Swarm):
             self._send(cid, out)
 
     def handle(self, item, msg, tensors) -> None:
-        """:meth:`broker.bench.Swarm.handle`, plus the secure-aggregation steps of each simulated client."""
+        """:meth:`neurofed.broker.bench.Swarm.handle`, plus the secure-aggregation steps of each simulated client."""
         cid = item.topic.rsplit("/", 1)[-1]
         if msg.kind == "task" or (msg.kind == "result" and msg.final):  # a round boundary: the counters so far
             self.marks.append((msg.kind, int(msg.round), self.cpu_s, self.t.bytes_in + self.t.bytes_out))
@@ -249,7 +249,7 @@ def bench_secagg(
     swarm_procs: int = typer.Option(0, help="Processes playing the clients (0: one per CPU core).", min=0),
 ) -> None:
     """Secure aggregation's round overhead over MQTT (time, bytes) vs plain FedAvg rounds; results to ``out``."""
-    from trainer.cli import parse_int_list
+    from neurofed.trainer.cli import parse_int_list
 
     torch.set_num_threads(1)
     procs = swarm_procs or os.cpu_count() or 1

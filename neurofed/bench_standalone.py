@@ -23,16 +23,16 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from export.bench import time_calls
-from trainer.bench import BENCH_DIR, write_result
+from neurofed.export.bench import time_calls
+from neurofed.trainer.bench import BENCH_DIR, write_result
 
 
 def device_sessions(subject: int, meta, data_dir: str | None, profile=None) -> tuple[list, float, list[str] | None]:
     """The subject's imagery sessions as cue-locked raw windows (``eegmmidb_session_windows``), the rate and the
     channel units a stream of them has; with a device profile, each window as that headset streams it
-    (:func:`trainer.data.profiles.to_device`: its rate, unit and gain, seeded noise)."""
-    from export.standalone import eegmmidb_session_windows
-    from trainer.data.profiles import noise_rng, to_device
+    (:func:`neurofed.trainer.data.profiles.to_device`: its rate, unit and gain, seeded noise)."""
+    from neurofed.export.standalone import eegmmidb_session_windows
+    from neurofed.trainer.data.profiles import noise_rng, to_device
 
     sessions = eegmmidb_session_windows(subject, list(meta.ch_names), list(meta.classes), *meta.window, data_dir)
     if profile is None:
@@ -51,10 +51,10 @@ def compare_subject(plain: Path, standalone: Path, subject: int, data_dir: str |
     import tract
     from onnx.reference import ReferenceEvaluator
 
-    from edge.infer import InferenceEngine
-    from export.runtime import OnnxModel
-    from export.standalone import StandaloneModel
-    from trainer.evaluate import bca
+    from neurofed.edge.infer import InferenceEngine
+    from neurofed.export.runtime import OnnxModel
+    from neurofed.export.standalone import StandaloneModel
+    from neurofed.trainer.evaluate import bca
 
     om, sm = OnnxModel(plain), StandaloneModel(standalone)
     m = sm.meta
@@ -103,7 +103,7 @@ def browsertime_calls(checkpoint: Path, subject: int, data_dir: str | None, web:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    from export.apps import make_bundle, serve
+    from neurofed.export.apps import make_bundle, serve
 
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver):
@@ -156,13 +156,13 @@ def bench_standalone(
     """Standalone graph == Python pipeline on real held-out sessions (ORT, tract, onnx.reference); p50 per window."""
     from rich.console import Console
 
-    from edge.infer import InferenceEngine
-    from export.onnx_export import export_checkpoint
-    from export.runtime import OnnxModel
-    from export.standalone import StandaloneModel, export_standalone
-    from trainer.checkpoint import device_of, read_meta
-    from trainer.cli import parse_subjects
-    from trainer.errors import NeuroFedError
+    from neurofed.edge.infer import InferenceEngine
+    from neurofed.export.onnx_export import export_checkpoint
+    from neurofed.export.runtime import OnnxModel
+    from neurofed.export.standalone import StandaloneModel, export_standalone
+    from neurofed.trainer.checkpoint import device_of, read_meta
+    from neurofed.trainer.cli import parse_subjects
+    from neurofed.trainer.errors import NeuroFedError
 
     console = Console()
     cmeta = read_meta(checkpoint)

@@ -1,6 +1,6 @@
 """The ``neurofed`` command: each package contributes its commands through ``register(app, bench)``.
 
-Errors NeuroFed raises on purpose (:class:`trainer.errors.NeuroFedError`) print one clear line
+Errors NeuroFed raises on purpose (:class:`neurofed.trainer.errors.NeuroFedError`) print one clear line
 and exit 2, never a bare traceback.
 """
 
@@ -23,7 +23,7 @@ bench = typer.Typer(help="Benchmarks: results go to docs/bench/*.json and are su
 app.add_typer(bench, name="bench")
 
 #: Packages that contribute commands, in help order.
-COMMAND_MODULES = ("trainer.cli", "broker.cli", "export.cli",
+COMMAND_MODULES = ("neurofed.trainer.cli", "neurofed.broker.cli", "neurofed.export.cli",
                    "neurofed.demo")
 
 
@@ -60,8 +60,8 @@ try:
 except ImportError as _exc:
     print(f"warning: secure aggregation benchmark unavailable ({_exc})", file=sys.stderr)
 try:
-    from edge.bench_lsl import register_bench as _register_lsl_bench
     from neurofed.bench_e2e import register as _register_e2e_bench
+    from neurofed.edge.bench_lsl import register_bench as _register_lsl_bench
 
     _register_lsl_bench(bench)
     _register_e2e_bench(bench)
@@ -71,7 +71,7 @@ except ImportError as _exc:
 
 def main() -> None:
     """Entry point: run the CLI, turning NeuroFed's own errors into one clear line."""
-    from trainer.errors import run_cli
+    from neurofed.trainer.errors import run_cli
 
     run_cli(app)
 

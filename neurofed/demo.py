@@ -14,8 +14,8 @@ from typing import Annotated
 
 import typer
 
-from trainer.errors import NeuroFedError
-from trainer.fl.local import LocalConfig
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.fl.local import LocalConfig
 
 _LOCAL = LocalConfig()  # the published protocol: one definition for simulate, the demo and the coordinator
 
@@ -38,7 +38,7 @@ class DemoConfig:
         the subjects to generalise from (experiments/demo_sizing/).
     lr : float
         Client SGD learning rate. Batch size, local epochs and lr default to the published protocol's
-        single definition (:class:`trainer.fl.local.LocalConfig`): 0.05, not the papers' 0.005, which with
+        single definition (:class:`neurofed.trainer.fl.local.LocalConfig`): 0.05, not the papers' 0.005, which with
         45 trials per client leaves the model at chance for 100 rounds (docs/BENCHMARKS.md).
     speed : float
         Playback speed of the training headsets (capture phase).
@@ -90,7 +90,7 @@ class DemoConfig:
 
 
 def _subjects(spec: str) -> list[int]:
-    from trainer.cli import parse_subjects
+    from neurofed.trainer.cli import parse_subjects
 
     return parse_subjects(spec, None)
 

@@ -13,7 +13,7 @@ from neurofed.supervise import DemoError, command
 
 def _progress(tap, curve, rounds: int) -> None:
     """Print one line per finished round (coordinator's result message + held-out BCA of its model)."""
-    from broker.protocol import decode
+    from neurofed.broker.protocol import decode
 
     curve.poll()
     while not tap.results.empty():
@@ -44,7 +44,7 @@ def p_above_chance(k: int, n: int, chance: float = 0.5) -> float | None:
 
 def decoded(y: np.ndarray, p: np.ndarray) -> dict:
     """BCA, accuracy, its 95 % Wilson interval and the p-value against chance, from labels and predictions."""
-    from trainer.evaluate import bca
+    from neurofed.trainer.evaluate import bca
 
     n, k = len(y), int((np.asarray(y) == np.asarray(p)).sum())
     return {"n": n, "correct": k, "accuracy": k / n if n else None,
@@ -70,11 +70,11 @@ class HeldOutCurve:
     def poll(self) -> None:
         import torch
 
-        from broker.protocol import decode
-        from trainer.data import load_eegmmidb_subject
-        from trainer.data.config import PreprocessConfig
-        from trainer.evaluate import bca, predict
-        from trainer.models import build_model
+        from neurofed.broker.protocol import decode
+        from neurofed.trainer.data import load_eegmmidb_subject
+        from neurofed.trainer.data.config import PreprocessConfig
+        from neurofed.trainer.evaluate import bca, predict
+        from neurofed.trainer.models import build_model
 
         while not self.tap.models.empty():
             _, payload = self.tap.models.get()
@@ -93,7 +93,7 @@ class HeldOutCurve:
 
 def live(run: Run) -> dict:
     """Stream every held-out subject at once; one ``edge-client infer`` and one listener per headset."""
-    from export.metadata import read_onnx_meta
+    from neurofed.export.metadata import read_onnx_meta
     from neurofed.livewatch import LiveWatch
 
     cfg, t = run.cfg, time.monotonic()
@@ -216,9 +216,9 @@ def eeg_fingerprint(run: Run, spec) -> tuple:
     Built while ``neurofed export`` runs (the demo process only waits then), so the audit at the end
     only scans the wire.
     """
-    from edge.store import LocalStore
+    from neurofed.edge.store import LocalStore
+    from neurofed.trainer.data.config import PreprocessConfig
     from neurofed.wiretap import EegFingerprint
-    from trainer.data.config import PreprocessConfig
 
     t = time.monotonic()
     pre = PreprocessConfig.from_dict(spec.preprocess)
@@ -232,8 +232,8 @@ def eeg_fingerprint(run: Run, spec) -> tuple:
 
 def check_wire(run: Run, tap, spec, fingerprint: tuple | None = None) -> dict:
     """The no-EEG audit (neurofed.wiretap) over everything seen on the broker."""
+    from neurofed.trainer.models import build_model
     from neurofed.wiretap import audit
-    from trainer.models import build_model
 
     t = time.monotonic()
     trials, fp, build_s = fingerprint or eeg_fingerprint(run, spec)

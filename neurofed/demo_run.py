@@ -13,8 +13,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from edge.lsl_config import PORT_RANGE, session_config
 from neurofed.demo import DemoConfig
+from neurofed.edge.lsl_config import PORT_RANGE, session_config
 from neurofed.supervise import DemoError, Supervisor, command
 
 console = Console(highlight=False, width=None if Console().is_terminal else 120)
@@ -23,7 +23,7 @@ class Run:
     """State shared by the phases of one demo run."""
 
     def __init__(self, cfg: DemoConfig) -> None:
-        from trainer.data.eegmmidb import resolve_data_dir
+        from neurofed.trainer.data.eegmmidb import resolve_data_dir
 
         self.cfg = cfg
         self.dir = Path(cfg.out).resolve()
@@ -73,15 +73,15 @@ class Run:
 # ----------------------------------------------------------------------------- phases
 #: What the demo needs from the other packages: (piece named in the error, module, CLI, command).
 PIECES = (
-    ("broker/: embedded MQTT broker (neurofed broker)", "broker.embedded", "neurofed", "broker"),
-    ("broker/: coordinator (neurofed coordinator)", "broker.coordinator", "neurofed", "coordinator"),
-    ("firmware_sim/: simulated headsets", "firmware_sim.player", None, None),
-    ("edge/: on-device capture (edge-client record)", "edge.capture", "edge-client", "record"),
-    ("edge/: on-device trial store", "edge.store", None, None),
-    ("edge/: federation client (edge-client join)", "edge.federation", "edge-client", "join"),
-    ("edge/: live decoding (edge-client infer)", "edge.infer", "edge-client", "infer"),
-    ("export/: ONNX export (neurofed export)", "export.onnx_export", "neurofed", "export"),
-    ("export/: evaluation (neurofed evaluate)", "export.evaluate", "neurofed", "evaluate"),
+    ("broker/: embedded MQTT broker (neurofed broker)", "neurofed.broker.embedded", "neurofed", "broker"),
+    ("broker/: coordinator (neurofed coordinator)", "neurofed.broker.coordinator", "neurofed", "coordinator"),
+    ("firmware_sim/: simulated headsets", "neurofed.firmware_sim.player", None, None),
+    ("edge/: on-device capture (edge-client record)", "neurofed.edge.capture", "edge-client", "record"),
+    ("edge/: on-device trial store", "neurofed.edge.store", None, None),
+    ("edge/: federation client (edge-client join)", "neurofed.edge.federation", "edge-client", "join"),
+    ("edge/: live decoding (edge-client infer)", "neurofed.edge.infer", "edge-client", "infer"),
+    ("export/: ONNX export (neurofed export)", "neurofed.export.onnx_export", "neurofed", "export"),
+    ("export/: evaluation (neurofed evaluate)", "neurofed.export.evaluate", "neurofed", "evaluate"),
 )
 
 
@@ -100,7 +100,7 @@ def preflight() -> None:
         if cli is None:
             continue
         if cli not in apps:
-            mod = importlib.import_module("neurofed.cli" if cli == "neurofed" else "edge.cli")
+            mod = importlib.import_module("neurofed.cli" if cli == "neurofed" else "neurofed.edge.cli")
             apps[cli] = {c.name or c.callback.__name__ for c in mod.app.registered_commands}
         if cmd not in apps[cli]:
             problems.append(f"{piece}: `{cli} {cmd}` is not a registered command")
@@ -109,10 +109,10 @@ def preflight() -> None:
 
 
 def start_broker(run: Run) -> None:
-    from broker.embedded import free_port, port_open
+    from neurofed.broker.embedded import free_port, port_open
 
     if run.cfg.broker:
-        from broker.transport import BrokerURL
+        from neurofed.broker.transport import BrokerURL
 
         u = BrokerURL.parse(run.cfg.broker)
         if not port_open(u.host, u.port, 2.0):
@@ -137,7 +137,7 @@ def recording_seconds(run: Run, subjects: list[int]) -> float:
     """Longest per-subject playback length (s) of the chosen runs (EDF headers only)."""
     import mne
 
-    from trainer.data.eegmmidb import subject_files
+    from neurofed.trainer.data.eegmmidb import subject_files
 
     longest = 0.0
     for s in subjects:
@@ -179,7 +179,7 @@ def capture(run: Run) -> dict:
     run.sup.wait(["headsets-train"], run.budget(wall + 240 + 60), "simulated headsets (capture)")
     run.sup.wait(names, run.budget(60), "edge-client record")
     counts = {}
-    from edge.store import LocalStore
+    from neurofed.edge.store import LocalStore
 
     sent = cues_sent(run.dir / "logs" / "headsets-train.log")
     for s in cfg.subjects:
@@ -202,7 +202,7 @@ def capture(run: Run) -> dict:
 
 def cues_sent(headset_log: Path) -> dict[str, int]:
     """Stream name -> cue markers a simulated headset sent (its closing line in the headset-sim log)."""
-    from firmware_sim.player import markers_sent
+    from neurofed.firmware_sim.player import markers_sent
 
     return markers_sent(headset_log.read_text(errors="replace")) if headset_log.is_file() else {}
 
@@ -316,7 +316,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         run.results["federation"] = federate(run, tap, curve)
         run.results["curve"] = [curve.points[k] for k in sorted(curve.points)]
         run.results["heldout_subjects"] = {"subjects": [f"S{h:03d}" for h in cfg.heldout], "rule": cfg.heldout_rule}
-        from broker.config import load_config
+        from neurofed.broker.config import load_config
 
         spec = load_config(run.dir / "federation.toml").model_spec()
         with ThreadPoolExecutor(1) as pool:  # the audit's fingerprints are built while the export runs

@@ -80,7 +80,7 @@ class LiveWatch(threading.Thread):
                 if pred is not None:
                     data, ts = pred.pull_chunk(timeout=0.0)
                     now = pylsl.local_clock()
-                    for d in data:  # stamped at emission; the window end is the last channel (edge.infer_cli)
+                    for d in data:  # stamped at emission; the window end is the last channel (neurofed.edge.infer_cli)
                         self.preds.append((float(d[-1]), [float(v) for v in d[:-1]], now))
                 if not busy:
                     time.sleep(0.0005)

@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.errors import NeuroFedError
+from neurofed.trainer.errors import NeuroFedError
 
 #: How each console command of the project is started (independent of PATH).
 ENTRY_POINTS = {
     "neurofed": "neurofed.cli",
-    "edge-client": "edge.cli",
-    "headset-sim": "firmware_sim.cli",
+    "edge-client": "neurofed.edge.cli",
+    "headset-sim": "neurofed.firmware_sim.cli",
 }
 
 

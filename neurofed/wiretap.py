@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from broker.protocol import (
+from neurofed.broker.protocol import (
     COORDINATOR_ID,
     SECAGG_DOWN,
     SECAGG_UP,
@@ -60,7 +60,7 @@ class Wiretap:
     """
 
     def __init__(self, url: str, federation: str, max_foreign_bytes: int = 64 << 20) -> None:
-        from broker.transport import BrokerURL
+        from neurofed.broker.transport import BrokerURL
 
         self.url = BrokerURL.parse(url)
         self.topics = Topics(federation)

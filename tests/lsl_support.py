@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from edge.lsl_config import use_private_session
+from neurofed.edge.lsl_config import use_private_session
 
 
 def configure_lsl() -> str:
@@ -27,7 +27,7 @@ def unique_name(prefix: str) -> str:
 
 
 def drain(inlet, until, timeout: float = 20.0, poll: float = 0.005):
-    """Pull from an :class:`edge.lsl_io.Inlet` until ``until(data, ts)`` holds or ``timeout`` s pass.
+    """Pull from an :class:`neurofed.edge.lsl_io.Inlet` until ``until(data, ts)`` holds or ``timeout`` s pass.
 
     Returns the concatenated ``(data, timestamps)``.
     """

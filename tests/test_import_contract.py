@@ -1,8 +1,8 @@
 """The import contract (pyproject.toml ``[tool.importlinter]``), enforced by import-linter in every test run.
 
 trainer/ imports no transport (paho, pylsl, mne_lsl) and nothing of broker/edge/export/firmware_sim/neurofed;
-firmware_sim/ imports nothing of broker/edge/export/neurofed and of trainer only ``trainer.data``,
-``trainer.errors`` and ``trainer.atomic``; export/ imports nothing of edge/, broker/ or neurofed/.
+firmware_sim/ imports nothing of broker/edge/export/neurofed and of trainer only ``neurofed.trainer.data``,
+``neurofed.trainer.errors`` and ``neurofed.trainer.atomic``; export/ imports nothing of edge/, broker/ or neurofed/.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_contract_covers_every_rule_and_trainer_module():
     assert set(c["export-no-edge"]["forbidden_modules"]) >= {"edge", "broker", "neurofed"}
     fw = set(c["firmware-sim-alone"]["forbidden_modules"])
     assert fw >= {"broker", "edge", "export", "neurofed"}
-    # firmware_sim may use trainer.data, trainer.errors and trainer.atomic (the data cache's atomic writer) only
+    # firmware_sim may use neurofed.trainer.data, neurofed.trainer.errors and neurofed.trainer.atomic (the data cache's atomic writer) only
     trainer_modules = {f"trainer.{p.stem if p.is_file() else p.name}" for p in (ROOT / "trainer").iterdir()
                        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
-    assert trainer_modules - {"trainer.data", "trainer.errors", "trainer.atomic"} == {m for m in fw if m.startswith("trainer.")}
+    assert trainer_modules - {"neurofed.trainer.data", "neurofed.trainer.errors", "neurofed.trainer.atomic"} == {m for m in fw if m.startswith("trainer.")}

@@ -3,7 +3,7 @@
 ART assumes a scalar epsilon, an input box and image-shaped inputs. The wrapper :class:`ScaledBatch` shows ART each trial
 divided by its own per-channel standard deviation over time (``z = x / std_t(x)``), shaped (n, 1, H, W) like a near-square one-colour image (ART's Square
 attack draws square patches and needs H and W of similar size; the layout only shapes its random
-proposals, the budget is the same), so a scalar ``eps`` in ``z`` is ``eps x std`` per channel in ``x``, exactly NeuroFed's budget (:func:`trainer.attacks.channel_budget`),
+proposals, the budget is the same), so a scalar ``eps`` in ``z`` is ``eps x std`` per channel in ``x``, exactly NeuroFed's budget (:func:`neurofed.trainer.attacks.channel_budget`),
 and the input box is ``[-BOX, BOX]`` standard deviations, far outside any trial (never clips; ART's
 Square attack needs a box).
 
@@ -179,7 +179,7 @@ def _p_init(wrapper: ScaledBatch, p: float) -> float:
 
 
 def art_fgsm(model: nn.Module, x: Tensor, y: Tensor, eps: float, seed: int = 0) -> Tensor:
-    """ART's FastGradientMethod (L-inf) through the wrapper: equals :func:`trainer.attacks.fgsm`."""
+    """ART's FastGradientMethod (L-inf) through the wrapper: equals :func:`neurofed.trainer.attacks.fgsm`."""
     from art.attacks.evasion import FastGradientMethod
 
     wrapper, clf, _ = _setup(model, x, seed)

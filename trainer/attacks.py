@@ -12,9 +12,8 @@ from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+from neurofed.trainer.errors import NeuroFedError
 from torch import Tensor, nn
-
-from trainer.errors import NeuroFedError
 
 
 def channel_budget(x: Tensor, eps: float) -> Tensor:
@@ -65,11 +64,10 @@ class AttackUnavailable(NeuroFedError):
 
 
 def art_attacks_module(name: str) -> ModuleType:
-    """:mod:`trainer.art_attacks`, imported when attack ``name`` runs; :class:`AttackUnavailable` without ART."""
+    """:mod:`neurofed.trainer.art_attacks`, imported when attack ``name`` runs; :class:`AttackUnavailable` without ART."""
     try:
-        import art  # noqa: F401  (trainer.art_attacks imports it lazily, inside each attack)
-
-        from trainer import art_attacks
+        import art  # noqa: F401  (neurofed.trainer.art_attacks imports it lazily, inside each attack)
+        from neurofed.trainer import art_attacks
     except ImportError as exc:
         raise AttackUnavailable(f"attack {name!r} needs the Adversarial Robustness Toolbox: "
                                 "pip install 'neurofed[attacks]'") from exc
@@ -88,7 +86,7 @@ def _library_attack(name: str) -> Callable[..., Tensor]:
 
 #: Every attack by name (``--attack NAME:EPS``): function(model, x, y, eps, seed) -> adversarial batch.
 #: fgsm/pgd are NeuroFed's own white-box attacks; autoattack, square (score-based) and hsj (hard-label
-#: HopSkipJump) run through ART (:mod:`trainer.art_attacks`, budgets in its ``LIBRARY_BUDGETS``).
+#: HopSkipJump) run through ART (:mod:`neurofed.trainer.art_attacks`, budgets in its ``LIBRARY_BUDGETS``).
 LIBRARY_ATTACK_NAMES = ("autoattack", "square", "hsj")
 ATTACKS: dict[str, Callable[..., Tensor]] = {"fgsm": fgsm, "pgd": pgd,
                                              **{n: _library_attack(n) for n in LIBRARY_ATTACK_NAMES}}
@@ -98,6 +96,6 @@ def attack_budgets(names: list[str]) -> dict[str, dict]:
     """Budgets of the library attacks among ``names`` (stated in results)."""
     if not any(n in LIBRARY_ATTACK_NAMES for n in names):
         return {}
-    from trainer.art_attacks import LIBRARY_BUDGETS
+    from neurofed.trainer.art_attacks import LIBRARY_BUDGETS
 
     return {n: LIBRARY_BUDGETS[n] for n in names if n in LIBRARY_BUDGETS}

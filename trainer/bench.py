@@ -46,8 +46,8 @@ def bench_data(
     out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
 ) -> None:
     """EDF load + preprocess time per subject, cold (empty cache) vs cached."""
-    from trainer.cli import parse_subjects
-    from trainer.data import PreprocessConfig, load_eegmmidb_subject
+    from neurofed.trainer.cli import parse_subjects
+    from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
 
     cfg = PreprocessConfig.from_preset(channels, resample=resample)
     subs = parse_subjects(subjects, data_dir)
@@ -83,10 +83,9 @@ def bench_train(
     thread all the work runs there), so the ratios can be read on a machine other jobs share.
     """
     import torch
-
-    from trainer.fl.local import LocalConfig, train_local
-    from trainer.fl.strategies import get_strategy
-    from trainer.models import build_model, count_parameters
+    from neurofed.trainer.fl.local import LocalConfig, train_local
+    from neurofed.trainer.fl.strategies import get_strategy
+    from neurofed.trainer.models import build_model, count_parameters
 
     torch.set_num_threads(threads)
     shapes = {"21ch x 80Hz x 4s": (21, 320, 80.0), "64ch x 160Hz x 4s": (64, 640, 160.0)}

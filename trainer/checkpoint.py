@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 import torch
+from neurofed.trainer.atomic import save_safetensors
+from neurofed.trainer.errors import NeuroFedError
 from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
-
-from trainer.atomic import save_safetensors
-from trainer.errors import NeuroFedError
 
 FORMAT_VERSION = 1
 
@@ -42,7 +41,7 @@ class ModelMeta:
     classes : list of str
         Class names in logit order.
     preprocess : dict
-        :class:`trainer.data.PreprocessConfig` as a dict.
+        :class:`neurofed.trainer.data.PreprocessConfig` as a dict.
     strategy : str
     test_batch_size : int
         Batch size for batch-specific BN at inference.
@@ -70,8 +69,8 @@ class ModelMeta:
     def build(self) -> nn.Module:
         """A fresh model of this architecture and shape (``extra["model_kwargs"]``: e.g. fleeg_eegnet's
         ``local_bn_mode``)."""
-        from trainer.models import build_model
-        from trainer.models.ensemble import ENSEMBLE, SoftmaxEnsemble
+        from neurofed.trainer.models import build_model
+        from neurofed.trainer.models.ensemble import ENSEMBLE, SoftmaxEnsemble
 
         if self.model == ENSEMBLE:  # the members' own descriptions (combine_checkpoints)
             return SoftmaxEnsemble([ModelMeta(**m).build() for m in self.extra.get("members", [])])
@@ -81,7 +80,7 @@ class ModelMeta:
 
 #: The fields of :class:`ModelMeta` that describe the model itself (what to build and how to feed
 #: it), as opposed to provenance (test batch size, training data hashes, extras, format version).
-#: The federation's wire description of its model (``broker.protocol.ModelSpec``) is exactly these
+#: The federation's wire description of its model (``neurofed.broker.protocol.ModelSpec``) is exactly these
 #: fields, with ModelMeta's types and defaults; the wire only adds bounds.
 MODEL_FIELDS: tuple[str, ...] = (
     "model", "n_channels", "n_classes", "n_times", "sfreq", "bn_mode", "ch_names", "classes", "preprocess", "strategy",
@@ -133,8 +132,8 @@ def read_meta(path: str | os.PathLike) -> ModelMeta:
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[nn.Module, ModelMeta]:
     """Rebuild the model of a checkpoint and load its weights (strict)."""
-    from trainer.models.ensemble import SoftmaxEnsemble
-    from trainer.models.heads import install_concept_head_for
+    from neurofed.trainer.models.ensemble import SoftmaxEnsemble
+    from neurofed.trainer.models.heads import install_concept_head_for
 
     meta = read_meta(path)
     try:
@@ -164,7 +163,7 @@ ENSEMBLE_SHARED: tuple[str, ...] = ("n_channels", "ch_names", "n_times", "sfreq"
 
 def combine_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> ModelMeta:
     """Write one checkpoint holding the softmax-mean ensemble of ``paths``' models
-    (:class:`trainer.models.ensemble.SoftmaxEnsemble`); everything that reads a checkpoint (export, ``--standalone``,
+    (:class:`neurofed.trainer.models.ensemble.SoftmaxEnsemble`); everything that reads a checkpoint (export, ``--standalone``,
     attacks, evaluation) then takes the ensemble like any model.
 
     The members' descriptions go to ``extra["members"]`` (their training data hashes to the ensemble's union); its
@@ -176,7 +175,7 @@ def combine_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
         Fewer than two checkpoints, an unreadable one, a member that is itself an ensemble or a per-device-profile
         (fleeg) server state, or members that differ in what :data:`ENSEMBLE_SHARED` names or in their device.
     """
-    from trainer.models.ensemble import ENSEMBLE
+    from neurofed.trainer.models.ensemble import ENSEMBLE
 
     if len(paths) < 2:
         raise NeuroFedError(f"an ensemble needs at least two checkpoints, got {len(paths)}")
@@ -220,12 +219,12 @@ def combine_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
 
 # ---------------------------------------------------------------------------- device profiles (issue 19)
 def device_of(meta: ModelMeta):
-    """The device profile a model is for (:class:`trainer.data.profiles.DeviceProfile`), or None.
+    """The device profile a model is for (:class:`neurofed.trainer.data.profiles.DeviceProfile`), or None.
 
     From ``extra["device"]`` (the profile's definition, written by the coordinator and by a split
     hierarchical checkpoint), else ``extra["profile"]`` as a shipped profile's name.
     """
-    from trainer.data.profiles import DeviceProfile, get_profile
+    from neurofed.trainer.data.profiles import DeviceProfile, get_profile
 
     dev, name = meta.extra.get("device"), meta.extra.get("profile")
     if dev:
@@ -234,8 +233,8 @@ def device_of(meta: ModelMeta):
 
 
 def is_hierarchical(keys) -> bool:
-    """Whether state-dict keys include per-profile modules (``@<profile>/<key>``, :func:`trainer.fl.api.group_key`)."""
-    from trainer.fl.api import GROUP_MARK
+    """Whether state-dict keys include per-profile modules (``@<profile>/<key>``, :func:`neurofed.trainer.fl.api.group_key`)."""
+    from neurofed.trainer.fl.api import GROUP_MARK
 
     return any(k.startswith(GROUP_MARK) for k in keys)
 
@@ -245,14 +244,14 @@ def load_profile_models(path: str | os.PathLike) -> dict[str, tuple[nn.Module, M
 
     A hierarchical checkpoint (the server state of a ``fleeg`` federation: the shared module plus
     ``@<profile>/`` modules, ``extra["device_profiles"]`` their definitions) gives one model per
-    profile: the shared module and that profile's own (:func:`trainer.fl.api.group_view`), with the
+    profile: the shared module and that profile's own (:func:`neurofed.trainer.fl.api.group_view`), with the
     profile's channels and its definition in ``extra["device"]``. Any other checkpoint gives itself,
     under its ``extra["profile"]`` if it has one.
     """
     from dataclasses import replace
 
-    from trainer.data.profiles import DeviceProfile
-    from trainer.fl.api import group_view, groups_of
+    from neurofed.trainer.data.profiles import DeviceProfile
+    from neurofed.trainer.fl.api import group_view, groups_of
 
     meta = read_meta(path)
     state = load_file(str(path))

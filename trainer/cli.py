@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from neurofed.trainer.data.eegmmidb import parse_subjects  # re-exported: CLIs and scripts use it
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
-
-from trainer.data.eegmmidb import parse_subjects  # re-exported: CLIs and scripts use it
 
 console = Console()
 
@@ -42,8 +41,8 @@ def parse_name_list(value: str | None) -> list[str]:
 
 
 def parse_attacks(spec: str | None) -> list[list]:
-    """``pgd:0.03,fgsm:0.01`` -> [["pgd", 0.03], ["fgsm", 0.01]] (names: :data:`trainer.attacks.ATTACKS`)."""
-    from trainer.attacks import ATTACKS
+    """``pgd:0.03,fgsm:0.01`` -> [["pgd", 0.03], ["fgsm", 0.01]] (names: :data:`neurofed.trainer.attacks.ATTACKS`)."""
+    from neurofed.trainer.attacks import ATTACKS
 
     if not spec:
         return []
@@ -58,7 +57,7 @@ def parse_attacks(spec: str | None) -> list[list]:
 
 def preprocess_from_options(channels: str, resample: float | None, ea: bool, fmin: float, fmax: float,
                             tmin: float, tmax: float):
-    from trainer.data import PreprocessConfig
+    from neurofed.trainer.data import PreprocessConfig
 
     return PreprocessConfig.from_preset(channels, resample=resample, ea=ea, fmin=fmin, fmax=fmax, tmin=tmin, tmax=tmax)
 
@@ -81,27 +80,27 @@ def print_results(results: dict) -> None:
 
 
 def _algorithm_help() -> str:
-    from trainer.fl.strategies import ALGORITHMS
+    from neurofed.trainer.fl.strategies import ALGORITHMS
 
     return "; ".join(f"{a.name}: {a.summary}" for a in ALGORITHMS.values())
 
 
 def _preset_help() -> str:
-    from trainer.presets import PRESETS
+    from neurofed.trainer.presets import PRESETS
 
     return " | ".join(f"{p.name}: {p.summary}" + (f" (NOTE: {p.caveat})" if p.caveat else "") for p in PRESETS.values())
 
 
 def build_sim_config(opts: dict):
-    """The :class:`~trainer.experiments.simulate.SimConfig` of ``neurofed simulate``'s option values (by
+    """The :class:`~neurofed.trainer.experiments.simulate.SimConfig` of ``neurofed simulate``'s option values (by
     parameter name, strategy parameters included; ``neurofed grid`` parses spec lines into the same values),
     validated. Unset training options take the preset's values (``--preset``, default ``published``)."""
-    from trainer.errors import NeuroFedError
-    from trainer.experiments.partition import parse_partition
-    from trainer.experiments.simulate import SimConfig
-    from trainer.fl.local import LocalConfig
-    from trainer.fl.strategies import PARAMS
-    from trainer.presets import get_preset
+    from neurofed.trainer.errors import NeuroFedError
+    from neurofed.trainer.experiments.partition import parse_partition
+    from neurofed.trainer.experiments.simulate import SimConfig
+    from neurofed.trainer.fl.local import LocalConfig
+    from neurofed.trainer.fl.strategies import PARAMS
+    from neurofed.trainer.presets import get_preset
 
     o = opts
     try:
@@ -135,7 +134,7 @@ def build_sim_config(opts: dict):
     assignment: dict[str, str] = {}
     only_profile = o["only_profile"]
     if profiles:
-        from trainer.data.profiles import parse_assignment
+        from neurofed.trainer.data.profiles import parse_assignment
 
         try:
             assignment = {str(k): v for k, v in parse_assignment(profiles, subject_ids, o["profile_seed"]).items()}
@@ -170,7 +169,7 @@ def build_sim_config(opts: dict):
         if not st.centralised:
             st.check_participation(cfg.fraction)  # GA needs every client in every round
         if o["byzantine"]:
-            from trainer.fl.byzantine import Byzantine
+            from neurofed.trainer.fl.byzantine import Byzantine
 
             Byzantine.parse(o["byzantine"])
     except ValueError as exc:
@@ -243,7 +242,7 @@ def simulate(
     the preset. Strategy parameters (generated from the algorithm registry) override the algorithm's
     own settings for ablations and compositions, e.g. --algorithm fedbs --sam-rho 0.
     """
-    from trainer.experiments.simulate import run_simulation
+    from neurofed.trainer.experiments.simulate import run_simulation
 
     opts = {k: v for k, v in locals().items() if k != "strategy_params"}
     cfg = build_sim_config({**opts, **strategy_params})
@@ -269,13 +268,13 @@ def simulate(
 def with_strategy_options(func):
     """Give ``func`` (which takes ``**strategy_params``) one CLI option per registered strategy parameter.
 
-    The options come from :data:`trainer.fl.strategies.PARAMS`, so a new algorithm's parameters appear in
+    The options come from :data:`neurofed.trainer.fl.strategies.PARAMS`, so a new algorithm's parameters appear in
     ``neurofed simulate --help`` without touching this file. Each defaults to None (= the algorithm's value).
     """
     import inspect
     import typing
 
-    from trainer.fl.strategies import PARAMS
+    from neurofed.trainer.fl.strategies import PARAMS
 
     if getattr(func, "_strategy_options", False):  # already given its options (idempotent)
         return func
@@ -297,12 +296,12 @@ def with_strategy_options(func):
 
 def algorithms(markdown: Annotated[bool, typer.Option(help="print the docs' markdown tables")] = False) -> None:
     """The registered federated algorithms and their parameters (from trainer/fl/strategies.py)."""
-    from trainer.fl.strategies import docs_tables
+    from neurofed.trainer.fl.strategies import docs_tables
 
     if markdown:
         print(docs_tables())
         return
-    from trainer.fl.strategies import ALGORITHMS, PARAMS
+    from neurofed.trainer.fl.strategies import ALGORITHMS, PARAMS
 
     t = Table(title="algorithms (neurofed simulate --algorithm NAME; federation.toml [federation] strategy)")
     for c in ("name", "settings", "what it does"):
@@ -328,7 +327,7 @@ def combine(
 
     It exports (`neurofed export`, `--standalone`), evaluates and decodes live like any checkpoint.
     """
-    from trainer.checkpoint import combine_checkpoints
+    from neurofed.trainer.checkpoint import combine_checkpoints
 
     meta = combine_checkpoints(checkpoints, output)
     console.print(f"wrote {output}: {len(checkpoints)} members ({meta.strategy}), {meta.n_channels} ch x "
@@ -343,9 +342,9 @@ def data_info(data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA
     """Where the data is, and every file checked: header vs size, annotations, left/right cues.
 
     Exits 2 naming each file with a problem (truncated, unreadable, missing, cues absent)."""
-    from trainer.data import resolve_data_dir
-    from trainer.data.eegmmidb import check_files
-    from trainer.errors import DataError
+    from neurofed.trainer.data import resolve_data_dir
+    from neurofed.trainer.data.eegmmidb import check_files
+    from neurofed.trainer.errors import DataError
 
     d = resolve_data_dir(data_dir)
     with Progress(TextColumn("[bold]checking EDF files"), BarColumn(), TextColumn("{task.completed} files"),
@@ -373,7 +372,7 @@ def data_download(
     path: Annotated[str | None, typer.Option(help="MNE data folder (default ~/mne_data)")] = None,
 ) -> None:
     """Download EEGMMIDB runs 4/8/12 with MNE (needs the network; fails in seconds when offline)."""
-    from trainer.data.eegmmidb import download
+    from neurofed.trainer.data.eegmmidb import download
 
     files = download(parse_subjects(subjects, None) if subjects != "all" else range(1, 110), path=path)
     console.print(f"{len(files)} files ready")
@@ -385,27 +384,27 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     app.command("algorithms")(algorithms)
     app.command("combine")(combine)
     app.add_typer(data_app, name="data")
-    from trainer import bench as trainer_bench
-    from trainer import report as trainer_report
+    from neurofed.trainer import bench as trainer_bench
+    from neurofed.trainer import report as trainer_report
 
     app.command("report")(trainer_report.report)
-    from trainer.experiments import classical as trainer_classical
+    from neurofed.trainer.experiments import classical as trainer_classical
 
     app.command("classical")(trainer_classical.classical)
-    from trainer.experiments import grid as trainer_grid
+    from neurofed.trainer.experiments import grid as trainer_grid
 
     app.command("grid")(trainer_grid.grid)
-    from trainer.experiments import sweep as trainer_sweep
+    from neurofed.trainer.experiments import sweep as trainer_sweep
 
     app.command("sweep")(trainer_sweep.sweep)
-    from trainer.experiments import ensemble as trainer_ensemble
+    from neurofed.trainer.experiments import ensemble as trainer_ensemble
 
     app.command("ensemble")(trainer_ensemble.ensemble)
     trainer_bench.register(bench)
 
 
 def _standalone() -> None:
-    """``python -m trainer.cli``: the trainer's commands alone (no broker/export imports)."""
+    """``python -m neurofed.trainer.cli``: the trainer's commands alone (no broker/export imports)."""
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -413,7 +412,7 @@ def _standalone() -> None:
     bench = typer.Typer(no_args_is_help=True)
     app.add_typer(bench, name="bench")
     register(app, bench)
-    from trainer.errors import run_cli
+    from neurofed.trainer.errors import run_cli
 
     run_cli(app)
 

@@ -1,6 +1,6 @@
 """Named experiment settings: ``published`` (the default everywhere) and ``paper`` (the papers' own).
 
-One definition: the published protocol's optimiser is :class:`trainer.fl.local.LocalConfig`'s
+One definition: the published protocol's optimiser is :class:`neurofed.trainer.fl.local.LocalConfig`'s
 defaults; this module adds the schedule and the input format around it. ``neurofed simulate
 --preset NAME`` starts from a preset and any explicit option overrides it.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.local import LocalConfig
 
 
 @dataclass(frozen=True)

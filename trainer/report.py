@@ -9,9 +9,8 @@ from typing import Annotated
 
 import numpy as np
 import typer
+from neurofed.trainer.experiments.partition import parse_partition
 from scipy import stats
-
-from trainer.experiments.partition import parse_partition
 
 
 def load_runs(run_dirs: list[Path], seeds: list[int] | None = None) -> list[dict]:
@@ -33,7 +32,7 @@ def load_runs(run_dirs: list[Path], seeds: list[int] | None = None) -> list[dict
 
 def only_seeds(run: dict, seeds: list[int]) -> dict:
     """The run restricted to ``seeds`` (those it has); an error naming the run if it has none of them."""
-    from trainer.experiments.simulate import aggregate_seeds, mean_curve
+    from neurofed.trainer.experiments.simulate import aggregate_seeds, mean_curve
 
     kept = {k: v for k, v in (run.get("per_seed") or {}).items() if int(k) in seeds}
     if not kept:
@@ -347,7 +346,7 @@ def report(
     p_metrics: Annotated[str, typer.Option(help="metrics to test, e.g. 'bca,pgd@0.03'")] = "bca",
 ) -> None:
     """Render a markdown table (mean ± std, paired t-test p-values) and PNG plots from runs."""
-    from trainer.cli import parse_int_list, parse_name_list
+    from neurofed.trainer.cli import parse_int_list, parse_name_list
 
     wanted = None
     if seeds is not None:

@@ -17,12 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.dataset import SubjectData
+from neurofed.trainer.data.preprocess import euclidean_alignment, n_times_for, preprocess_epochs
+from neurofed.trainer.errors import DataError
 from sklearn.base import BaseEstimator, ClassifierMixin
-
-from trainer.data.config import PreprocessConfig
-from trainer.data.dataset import SubjectData
-from trainer.data.preprocess import euclidean_alignment, n_times_for, preprocess_epochs
-from trainer.errors import DataError
 
 
 def _prepare(X: np.ndarray, sfreq: float, ch_names: Sequence[str], pre: PreprocessConfig, scale: float) -> np.ndarray:
@@ -41,9 +40,8 @@ def _prepare(X: np.ndarray, sfreq: float, ch_names: Sequence[str], pre: Preproce
 
 
 def _proba(model, x: np.ndarray, batch: int) -> np.ndarray:
+    from neurofed.trainer.evaluate import logits
     from scipy.special import softmax
-
-    from trainer.evaluate import logits
 
     return softmax(logits(model, x, batch), axis=1)
 
@@ -75,7 +73,7 @@ class NeuroFedCheckpointClassifier(ClassifierMixin, BaseEstimator):
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> NeuroFedCheckpointClassifier:
         """No training: checks the model and learns which label is which output."""
-        from trainer.checkpoint import load_checkpoint
+        from neurofed.trainer.checkpoint import load_checkpoint
 
         self.model_, self.meta_ = load_checkpoint(self.checkpoint)
         self.classes_ = np.asarray(self.classes if self.classes is not None else np.unique(y))
@@ -142,9 +140,9 @@ class NeuroFedClassifier(ClassifierMixin, BaseEstimator):
 
         EA runs per group (per subject) when ``groups`` is given, else over all of ``X``.
         """
-        from trainer.experiments.runner import run_centralised, run_federated
-        from trainer.fl.local import LocalConfig
-        from trainer.fl.strategies import get_strategy
+        from neurofed.trainer.experiments.runner import run_centralised, run_federated
+        from neurofed.trainer.fl.local import LocalConfig
+        from neurofed.trainer.fl.strategies import get_strategy
 
         X, y = np.asarray(X), np.asarray(y)
         self.classes_, yi = np.unique(y, return_inverse=True)

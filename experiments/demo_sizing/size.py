@@ -7,11 +7,10 @@ import sys
 import time
 
 import torch
-
-from trainer.data import PreprocessConfig, list_subjects, load_subjects
-from trainer.experiments.runner import EvalSpec, run_federated
-from trainer.fl.local import LocalConfig
-from trainer.fl.strategies import get_strategy
+from neurofed.trainer.data import PreprocessConfig, list_subjects, load_subjects
+from neurofed.trainer.experiments.runner import EvalSpec, run_federated
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.strategies import get_strategy
 
 torch.set_num_threads(1)
 n, rounds, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -30,7 +29,7 @@ def prog(r, total, p):
         print(r, p, flush=True)
 model, info = run_federated({sd.subject: sd for sd in train}, "eegnet", get_strategy("fedbs"),
                             LocalConfig(0.05, 0.9, 1e-4, 8, 2), rounds, fraction, 0, spec, prog)
-from trainer.experiments.runner import evaluate_subjects
+from neurofed.trainer.experiments.runner import evaluate_subjects
 
 res = {"fraction": fraction, "train": train_ids, "heldout": held, "rounds": rounds, "seconds": time.time() - t0,
        "per_subject": evaluate_subjects(model, spec, 0), "curve": info["curve"]}

@@ -25,9 +25,10 @@ import onnxruntime as ort
 
 
 def feeds_for(graph: Path, subject: int) -> dict[str, np.ndarray]:
-    from export.standalone import StandaloneModel
+    from neurofed.export.standalone import StandaloneModel
+    from neurofed.trainer.data.profiles import get_profile
+
     from neurofed.bench_standalone import device_sessions
-    from trainer.data.profiles import get_profile
 
     sm = StandaloneModel(graph)
     profile = get_profile(graph.stem.split(".")[-1])

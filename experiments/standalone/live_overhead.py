@@ -23,10 +23,10 @@ import numpy as np
 
 
 def python_overhead(path: str, reps: int = 300) -> None:
-    from edge.infer import InferenceEngine, StandaloneStep
-    from edge.infer_cli import make_buffer
-    from edge.windowing import CueWindower
-    from export.standalone import StandaloneModel
+    from neurofed.edge.infer import InferenceEngine, StandaloneStep
+    from neurofed.edge.infer_cli import make_buffer
+    from neurofed.edge.windowing import CueWindower
+    from neurofed.export.standalone import StandaloneModel
 
     sm = StandaloneModel(path)
     m, rate = sm.meta, sm.info.rate

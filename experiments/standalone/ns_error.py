@@ -3,7 +3,7 @@
 * the preprocessing matrix ``P`` against scipy (``sosfiltfilt`` + ``resample_poly``);
 * Newton-Schulz ``R^{-1/2}`` against the eigendecomposition, on the running EA covariance after every
   window of each subject's imagery runs, at 21 channels (sensorimotor21) and 64 (the lab64 profile's
-  channels): the graph's scaled iteration (Frobenius scaling, :data:`export.standalone.NS_ALPHAS`) and
+  channels): the graph's scaled iteration (Frobenius scaling, :data:`neurofed.export.standalone.NS_ALPHAS`) and
   the earlier plain trace-scaled one after k steps;
 * both on synthetic 64 x 64 SPD matrices of growing condition number (log-spaced spectrum).
 
@@ -17,17 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from export.standalone import (
+from neurofed.export.standalone import (
     NS_FLOOR,
     NS_ITERS,
     eegmmidb_session_windows,
     newton_schulz_inv_sqrt,
     preprocess_matrix,
 )
-from trainer.data import PreprocessConfig
-from trainer.data.preprocess import ea_inv_sqrt, preprocess_epochs
-from trainer.data.profiles import get_profile
+from neurofed.trainer.data import PreprocessConfig
+from neurofed.trainer.data.preprocess import ea_inv_sqrt, preprocess_epochs
+from neurofed.trainer.data.profiles import get_profile
 
 SUBJECTS = (3, 5, 7, 24, 33, 45)
 PLAIN_ITERS = (12, 15, 18, 20, 24, 30)

@@ -12,8 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from broker.embedded import free_port, port_open
+from neurofed.broker.embedded import free_port, port_open
 
 DATA_DIR = Path(os.environ.get("NEUROFED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data" / "eegmmidb"))
 if not DATA_DIR.exists():
@@ -82,7 +81,7 @@ def child_env(tmp_cache: Path | None = None) -> dict[str, str]:
 
 def start_edge(url: str, fed: str, subject: int, state_dir: Path, log: Path, env: dict[str, str],
                max_seconds: float = 240) -> subprocess.Popen:
-    cmd = [sys.executable, "-c", "from edge.cli import main; main()", "join", "--broker", url, "--client-id",
+    cmd = [sys.executable, "-c", "from neurofed.edge.cli import main; main()", "join", "--broker", url, "--client-id",
            f"S{subject:03d}", "--federation", fed, "--data-dir", str(DATA_DIR), "--subject", str(subject),
            "--state-dir", str(state_dir), "--max-seconds", str(max_seconds), "--keepalive", "5"]
     return subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env)

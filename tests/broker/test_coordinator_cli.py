@@ -9,13 +9,12 @@ import time
 
 import pytest
 import torch
-
-from broker.checkpoint import CheckpointError, load_server_checkpoint, save_server_checkpoint
-from broker.config import config_from_dict
-from broker.coordinator import Coordinator
-from broker.embedded import free_port, port_open
-from broker.transport import MqttTransport
-from trainer.fl.server import ServerState
+from neurofed.broker.checkpoint import CheckpointError, load_server_checkpoint, save_server_checkpoint
+from neurofed.broker.config import config_from_dict
+from neurofed.broker.coordinator import Coordinator
+from neurofed.broker.embedded import free_port, port_open
+from neurofed.broker.transport import MqttTransport
+from neurofed.trainer.fl.server import ServerState
 
 NEUROFED = [sys.executable, "-c", "from neurofed.cli import main; main()"]
 

@@ -6,12 +6,12 @@ import os
 
 import pytest
 import torch
+from neurofed.trainer.experiments.runner import run_federated
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.strategies import get_strategy
 from safetensors.torch import load_file
 
 from tests.broker.conftest import child_env, kill_all, start_coordinator, start_edge, wait_all, write_toml
-from trainer.experiments.runner import run_federated
-from trainer.fl.local import LocalConfig
-from trainer.fl.strategies import get_strategy
 
 
 def reference_state(subjects, rounds: int, fraction: float, seed: int, strategy: str,
@@ -61,8 +61,8 @@ def test_mqtt_federation_matches_in_process(subjects4, mosquitto, fed_name, tmp_
     diff = max(float((got[k].double() - want[k].double()).abs().max()) for k in want)
     assert diff <= 1e-6, f"max abs diff {diff}"
     # and the weights really moved away from the initial model
-    from broker.config import load_config
-    from broker.coordinator import initial_model
+    from neurofed.broker.config import load_config
+    from neurofed.broker.coordinator import initial_model
 
     init = initial_model(load_config(cfg)).state_dict()  # before a strategy's setup (FedBM: the plain head)
     assert max(float((got[k] - init[k]).abs().max()) for k in init if k in got) > 1e-3

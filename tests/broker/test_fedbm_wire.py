@@ -9,14 +9,14 @@ import time
 
 import pytest
 import torch
+from neurofed.broker import coordinator as coordinator_mod
+from neurofed.broker.coordinator import Coordinator, FederationError
+from neurofed.broker.protocol import Topics, decode
+from neurofed.broker.transport import MqttTransport
+from neurofed.edge.federation import EdgeClient
+from neurofed.trainer.fl.server import server_extras_for_clients
 
-from broker import coordinator as coordinator_mod
-from broker.coordinator import Coordinator, FederationError
-from broker.protocol import Topics, decode
-from broker.transport import MqttTransport
-from edge.federation import EdgeClient
 from tests.broker.test_hostile import Bg, make_cfg
-from trainer.fl.server import server_extras_for_clients
 
 GEN = {"fedbm_gen_every": 1, "fedbm_gen_iters": 1}
 

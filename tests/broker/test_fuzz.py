@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from broker.config import config_from_dict
-from broker.coordinator import Coordinator, FederationError
-from broker.protocol import (
+from neurofed.broker.config import config_from_dict
+from neurofed.broker.coordinator import Coordinator, FederationError
+from neurofed.broker.protocol import (
     FLAG_LZMA,
     SCHEMA_VERSION,
     ErrorMsg,
@@ -31,7 +30,8 @@ from broker.protocol import (
     new_id,
     pack,
 )
-from broker.transport import MqttTransport
+from neurofed.broker.transport import MqttTransport
+
 from tests.broker.conftest import child_env, kill_all, start_edge, wait_all
 from tests.broker.test_equivalence import reference_state
 

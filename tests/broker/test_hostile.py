@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 import torch
-
-from broker.config import FederationConfig, config_from_dict
-from broker.coordinator import Coordinator
-from broker.embedded import free_port
-from broker.protocol import (
+from neurofed.broker.config import FederationConfig, config_from_dict
+from neurofed.broker.coordinator import Coordinator
+from neurofed.broker.embedded import free_port
+from neurofed.broker.protocol import (
     COORDINATOR_ID,
     JoinMsg,
     ModelMsg,
@@ -33,13 +32,14 @@ from broker.protocol import (
     pack,
     state_sha256,
 )
-from broker.transport import MqttTransport, TransportError
-from broker.validation import state_norm
-from edge.federation import EdgeClient
+from neurofed.broker.transport import MqttTransport, TransportError
+from neurofed.broker.validation import state_norm
+from neurofed.edge.federation import EdgeClient
+from neurofed.trainer.fl.server import downlink
+from neurofed.trainer.fl.strategies import get_strategy
+from neurofed.trainer.models import build_model
+
 from tests.broker.test_equivalence import reference_state
-from trainer.fl.server import downlink
-from trainer.fl.strategies import get_strategy
-from trainer.models import build_model
 
 NEUROFED = [sys.executable, "-c", "from neurofed.cli import main; main()"]
 
@@ -268,8 +268,8 @@ def test_absurd_replayed_and_forged_updates_are_rejected_counted_and_not_answere
 
 def test_error_replies_about_messages_a_client_never_sent_are_ignored(caplog, tmp_path):
     """The innocent client a forger impersonated logs nothing; a reply about its own message is reported."""
-    from broker.protocol import ErrorMsg
-    from broker.transport import Incoming
+    from neurofed.broker.protocol import ErrorMsg
+    from neurofed.broker.transport import Incoming
 
     e = EdgeClient("mqtt://127.0.0.1:1", "f", "S001", lambda spec: None, tmp_path)
     e.sent.append("a" * 32)
@@ -381,7 +381,7 @@ def test_edge_client_fails_fast_and_clearly_when_no_broker_listens(tmp_path):
     with pytest.raises(TransportError, match="cannot reach broker"):
         e.run()
     assert time.monotonic() - t0 >= 0.5  # it retried
-    r = subprocess.run([sys.executable, "-c", "from edge.cli import main; main()", "join", "--broker",
+    r = subprocess.run([sys.executable, "-c", "from neurofed.edge.cli import main; main()", "join", "--broker",
                         f"mqtt://127.0.0.1:{port}", "--client-id", "S001", "--subject", "1", "--state-dir", str(tmp_path)],
                        check=False, capture_output=True, text=True, timeout=60)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]

@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-from broker.config import ConfigError, config_from_dict, load_config
-from broker.coordinator import Coordinator, initial_models
-from broker.protocol import (
+from neurofed.broker.config import ConfigError, config_from_dict, load_config
+from neurofed.broker.coordinator import Coordinator, initial_models
+from neurofed.broker.protocol import (
     COORDINATOR_ID,
     ErrorMsg,
     JoinMsg,
@@ -31,20 +29,22 @@ from broker.protocol import (
     pack,
     state_sha256,
 )
-from broker.transport import MqttTransport
-from edge.federation import EdgeClient
-from edge.join_cli import make_loader, make_montage
+from neurofed.broker.transport import MqttTransport
+from neurofed.edge.federation import EdgeClient
+from neurofed.edge.join_cli import make_loader, make_montage
+from neurofed.trainer.checkpoint import load_checkpoint, load_profile_models
+from neurofed.trainer.data.config import SENSORIMOTOR_21, PreprocessConfig
+from neurofed.trainer.data.profiles import get_profile, load_profile_subject
+from neurofed.trainer.experiments.runner import init_server_state, run_federated
+from neurofed.trainer.fl.api import GROUP_MARK
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.server import downlink
+from neurofed.trainer.fl.strategies import get_strategy
+from neurofed.trainer.models import build_model
+from safetensors.torch import load_file
+
 from tests.broker.conftest import DATA_DIR, child_env, kill_all
 from tests.broker.test_hostile import Bg
-from trainer.checkpoint import load_checkpoint, load_profile_models
-from trainer.data.config import SENSORIMOTOR_21, PreprocessConfig
-from trainer.data.profiles import get_profile, load_profile_subject
-from trainer.experiments.runner import init_server_state, run_federated
-from trainer.fl.api import GROUP_MARK
-from trainer.fl.local import LocalConfig
-from trainer.fl.server import downlink
-from trainer.fl.strategies import get_strategy
-from trainer.models import build_model
 
 #: subject -> device profile of the mixed federation (different channel counts: 8 and 16 channels)
 MIXED = {1: "unicorn8", 2: "cyton_daisy16", 3: "unicorn8", 4: "cyton_daisy16"}
@@ -96,7 +96,7 @@ local_epochs = 1
 
 
 def edge_cmd(url: str, fed: str, subject: int, profile: str, state: Path) -> list[str]:
-    return [sys.executable, "-c", "from edge.cli import main; main()", "join", "--broker", url, "--client-id",
+    return [sys.executable, "-c", "from neurofed.edge.cli import main; main()", "join", "--broker", url, "--client-id",
             f"S{subject:03d}", "--federation", fed, "--data-dir", str(DATA_DIR), "--subject", str(subject),
             "--profile", profile, "--state-dir", str(state), "--max-seconds", "600", "--keepalive", "5"]
 
@@ -182,7 +182,7 @@ def test_channel_map_model_over_mqtt_matches_in_process(mosquitto, fed_name, tmp
         assert meta.ch_names == list(get_profile(p).channels) and meta.model == model_name
         assert _diff(model.state_dict(), want_models[p].state_dict()) <= 1e-6
         if model_name == "fleeg_fixmap_eegnet":  # the frozen map arrives as the spherical-spline matrix, exactly
-            from trainer.data.profiles import interpolation_matrix
+            from neurofed.trainer.data.profiles import interpolation_matrix
 
             w = interpolation_matrix(get_profile(p).channels, SENSORIMOTOR_21).astype("float32")
             assert torch.equal(got[f"@{p}/local.weight"], torch.from_numpy(w))
@@ -451,8 +451,9 @@ def test_broker_acl_lets_a_client_read_only_its_profiles_model(tmp_path, fed_nam
     import json
     import tempfile
 
-    from broker.embedded import free_port
-    from broker.secure import BrokerConfigError, SecureBrokerSpec, write_broker_config
+    from neurofed.broker.embedded import free_port
+    from neurofed.broker.secure import BrokerConfigError, SecureBrokerSpec, write_broker_config
+
     from tests.broker.conftest import Mosquitto
 
     cfg_dir = Path(tempfile.mkdtemp(prefix="neurofed-mosq-"))  # mosquitto (as user mosquitto) must traverse it

@@ -7,9 +7,7 @@ import struct
 
 import pytest
 import torch
-from pydantic import ValidationError
-
-from broker.protocol import (
+from neurofed.broker.protocol import (
     SCHEMA_VERSION,
     JoinMsg,
     ModelSpec,
@@ -25,6 +23,7 @@ from broker.protocol import (
     state_sha256,
     unpack,
 )
+from pydantic import ValidationError
 
 
 def _update(**kw):
@@ -132,8 +131,8 @@ def test_model_spec_is_modelmeta_s_model_fields(tmp_path):
     import dataclasses
     import typing
 
-    import broker.protocol as proto
-    from trainer.checkpoint import MODEL_FIELDS, ModelMeta, meta_fields, read_meta, save_checkpoint
+    import neurofed.broker.protocol as proto
+    from neurofed.trainer.checkpoint import MODEL_FIELDS, ModelMeta, meta_fields, read_meta, save_checkpoint
 
     assert tuple(ModelSpec.model_fields)[:len(MODEL_FIELDS)] == MODEL_FIELDS  # + the wire-only device profiles
     for name, (hint, default) in meta_fields(MODEL_FIELDS).items():
@@ -150,7 +149,7 @@ def test_model_spec_is_modelmeta_s_model_fields(tmp_path):
 
 
 def test_model_bounds_must_match_modelmeta(monkeypatch):
-    import broker.protocol as proto
+    import neurofed.broker.protocol as proto
 
     monkeypatch.setitem(proto.MODEL_BOUNDS, "n_channels", str)
     with pytest.raises(TypeError, match="n_channels"):
@@ -163,7 +162,7 @@ def test_model_bounds_must_match_modelmeta(monkeypatch):
 # ----------------------------------------------------------------------------- schema 3: compact headers, coded bodies
 def _examples():
     """One message of every kind, with and without optional parts (nested specs, None fields, empty containers)."""
-    from broker.protocol import (
+    from neurofed.broker.protocol import (
         ErrorMsg,
         ExtrasMsg,
         ModelMsg,
@@ -246,7 +245,7 @@ def test_header_dictionary_is_pinned():
     """HEADER_DICT is part of the wire format: changing it is a schema change (bump SCHEMA_VERSION, then this hash)."""
     import hashlib
 
-    from broker.protocol import HEADER_DICT
+    from neurofed.broker.protocol import HEADER_DICT
 
     assert SCHEMA_VERSION == 3
     assert hashlib.sha256(HEADER_DICT).hexdigest() == HEADER_DICT_SHA256
@@ -256,7 +255,7 @@ HEADER_DICT_SHA256 = "20faa6c3ef840d560de4395acaf8a44aba6ba0f65b51bbf28b5531a4d6
 
 
 def test_bad_compressed_header_and_body_are_refused():
-    from broker.protocol import FLAG_HEADER, FLAG_LZMA, MAX_HEADER_BYTES, compress_body
+    from neurofed.broker.protocol import FLAG_HEADER, FLAG_LZMA, MAX_HEADER_BYTES, compress_body
 
     good = encode(_update(), {"state.w": torch.ones(16)}, compress=True)
     hlen = struct.unpack(">I", good[4:8])[0]
@@ -266,7 +265,7 @@ def test_bad_compressed_header_and_body_are_refused():
         decode(good[:4] + struct.pack(">I", hlen - 3) + good[8:8 + hlen - 3] + good[8 + hlen:])
     import zlib
 
-    from broker.protocol import HEADER_DICT
+    from neurofed.broker.protocol import HEADER_DICT
 
     c = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, HEADER_DICT)
     bomb = c.compress(b" " * (MAX_HEADER_BYTES + 10)) + c.flush()
@@ -284,8 +283,7 @@ def test_bad_compressed_header_and_body_are_refused():
 def test_body_coding_is_lossless_on_any_bytes():
     """shuffle / delta_code invert exactly for every length and content, incl. a lying safetensors header length."""
     import numpy as np
-
-    from broker.protocol import delta_code, delta_decode, shuffle, unshuffle
+    from neurofed.broker.protocol import delta_code, delta_decode, shuffle, unshuffle
 
     rng = np.random.default_rng(0)
     for n in [*range(70), 1001, 4099, 65_543]:
@@ -304,7 +302,7 @@ def test_model_and_update_bodies_shrink_and_decode_exactly():
     exact round trips, each smaller than plain zlib of the same safetensors bytes (the schema-2 model coding)."""
     import zlib
 
-    from broker.protocol import ModelMsg, delta_reference, tensors_to_bytes
+    from neurofed.broker.protocol import ModelMsg, delta_reference, tensors_to_bytes
 
     torch.manual_seed(0)
     glob = {"conv.weight": 0.1 * torch.randn(16, 1, 21, 1), "fc.weight": 0.05 * torch.randn(2, 160),

@@ -20,14 +20,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from broker.config import ConfigError, config_from_dict
-from broker.coordinator import Coordinator
-from broker.protocol import SCHEMA_VERSION, SaKeysMsg, SaMaskedMsg, SaSharesMsg, Topics, decode, encode
-from broker.transport import MqttTransport
-from edge.federation import EdgeClient
-from trainer.fl.secagg import b64, masked_keys, unb64
-from trainer.fl.server import ServerState, server_update
+from neurofed.broker.config import ConfigError, config_from_dict
+from neurofed.broker.coordinator import Coordinator
+from neurofed.broker.protocol import (
+    SCHEMA_VERSION,
+    SaKeysMsg,
+    SaMaskedMsg,
+    SaSharesMsg,
+    Topics,
+    decode,
+    encode,
+)
+from neurofed.broker.transport import MqttTransport
+from neurofed.edge.federation import EdgeClient
+from neurofed.trainer.fl.secagg import b64, masked_keys, unb64
+from neurofed.trainer.fl.server import ServerState, server_update
 
 ATOL = 1e-6  # fixed point: 2^-27 per coordinate and client, then float32
 
@@ -89,7 +96,7 @@ def _run(url: str, name: str, subjects, tmp: Path, secure: bool, kill: str | Non
 
 
 def _global0(cfg) -> dict[str, torch.Tensor]:
-    from broker.coordinator import initial_model
+    from neurofed.broker.coordinator import initial_model
 
     return {k: v.detach().clone() for k, v in initial_model(cfg).state_dict().items()}
 
@@ -106,7 +113,7 @@ def _max_diff(a, b, keys) -> float:
 
 def _audit(seen, edges, g0) -> tuple[int, float]:
     """(messages holding a client's update values, max |correlation| of a masked input with its client's update)."""
-    from broker.protocol import delta_reference
+    from neurofed.broker.protocol import delta_reference
 
     keys = masked_keys(g0)
     big = max(keys, key=lambda k: g0[k].numel())  # a run of 8 float32 of each client's largest trained tensor
@@ -131,7 +138,7 @@ def test_secagg_round_equals_plain_round_and_the_wire_shows_no_update(subjects4,
     sec, se, sseen = _run(mosquitto.url, fed_name + "s", subjects4, tmp_path, secure=True)
     g0 = _global0(sec.cfg)
     keys = masked_keys(g0)
-    # the plain FedAvg aggregation (trainer.fl.server.server_update) of the very updates the clients trained
+    # the plain FedAvg aggregation (neurofed.trainer.fl.server.server_update) of the very updates the clients trained
     # (threads share torch's RNG, so two runs' updates differ; each run is compared with its own updates)
     for coord, edges in ((plain, pe), (sec, se)):
         want = server_update(ServerState(g0), [(e.cid, e.state.update) for e in edges], coord.strategy, 4)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from broker.protocol import (
+from neurofed.broker.protocol import (
     SaKeysMsg,
     SaRevealMsg,
     SaSharesMsg,
@@ -21,12 +20,12 @@ from broker.protocol import (
     encode,
     new_id,
 )
-from broker.rounds import RoundState, SeenIds
-from broker.secagg_round import SecAggRound
-from broker.validation import Rejected, UpdateRules
-from edge.secagg_client import SecAggSession
-from trainer.fl.client import ClientUpdate
-from trainer.fl.secagg import B_SHARE_LEN, SEALED_LEN, b64, unb64
+from neurofed.broker.rounds import RoundState, SeenIds
+from neurofed.broker.secagg_round import SecAggRound
+from neurofed.broker.validation import Rejected, UpdateRules
+from neurofed.edge.secagg_client import SecAggSession
+from neurofed.trainer.fl.client import ClientUpdate
+from neurofed.trainer.fl.secagg import B_SHARE_LEN, SEALED_LEN, b64, unb64
 
 FED, N, SEED = "f", 6, 3
 

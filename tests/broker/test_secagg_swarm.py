@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 
-from broker.config import config_from_dict
-from broker.coordinator import Coordinator
+from neurofed.broker.config import config_from_dict
+from neurofed.broker.coordinator import Coordinator
+from neurofed.trainer.fl.secagg import masked_keys
+
 from neurofed.bench_secagg import SecAggSwarm
 from neurofed.wiretap import EegFingerprint, Wiretap, audit
-from trainer.fl.secagg import masked_keys
 
 
 def _round(url: str, name: str, tmp, drop: frozenset[str], n: int = 12, k: int = 4) -> tuple[Coordinator, SecAggSwarm]:

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from neurofed.broker.embedded import free_port
+from neurofed.broker.protocol import Topics
+from neurofed.broker.secure import BrokerConfigError, SecureBrokerSpec, write_broker_config
+from neurofed.broker.transport import AuthError, MqttTransport
 
-from broker.embedded import free_port
-from broker.protocol import Topics
-from broker.secure import BrokerConfigError, SecureBrokerSpec, write_broker_config
-from broker.transport import AuthError, MqttTransport
 from tests.broker.conftest import Mosquitto
 
 pytestmark = pytest.mark.skipif(shutil.which("mosquitto_passwd") is None, reason="mosquitto not installed")
@@ -115,7 +115,7 @@ def test_bad_specs_are_refused(tmp_path):
         SecureBrokerSpec("f", ["coordinator"])
     with pytest.raises(BrokerConfigError, match="both"):
         SecureBrokerSpec("f", ["A"], tls_cert=tmp_path / "c.pem")
-    from broker.protocol import ProtocolError
+    from neurofed.broker.protocol import ProtocolError
 
     with pytest.raises(ProtocolError):
         SecureBrokerSpec("f", ["a/b"])
@@ -130,7 +130,7 @@ def _openssl(*args: str, cwd: Path) -> None:
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_tls_listener_with_generated_config(fed_name):
     """A throwaway CA + server certificate; mqtts:// with the CA works, without it fails."""
-    from broker.transport import TransportError
+    from neurofed.broker.transport import TransportError
 
     d = Path(tempfile.mkdtemp(prefix="neurofed-tls-"))
     os.chmod(d, 0o755)

@@ -8,10 +8,9 @@ import sys
 import time
 
 import pytest
-
-from broker import logger
-from broker.embedded import EmbeddedBroker
-from broker.transport import BrokerURL, MqttTransport, TransportError
+from neurofed.broker import logger
+from neurofed.broker.embedded import EmbeddedBroker
+from neurofed.broker.transport import BrokerURL, MqttTransport, TransportError
 
 
 def _drain(t: MqttTransport, n: int, timeout: float = 5.0) -> list:
@@ -50,7 +49,7 @@ def test_embedded_amqtt_falls_back_to_311():
 def test_last_will_reports_a_killed_client(mosquitto):
     watcher = MqttTransport(mosquitto.url, "watcher").connect()
     watcher.subscribe("neurofed/w/status/#")
-    code = ("import time; from broker.transport import MqttTransport as T; "
+    code = ("import time; from neurofed.broker.transport import MqttTransport as T; "
             f"t=T('{mosquitto.url}','victim',will=('neurofed/w/status/victim',b'offline')).connect(); "
             "t.publish('neurofed/w/status/victim', b'online', retain=True); print('up', flush=True); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
@@ -68,7 +67,7 @@ def test_last_will_reports_a_killed_client(mosquitto):
 
 
 def test_unreachable_broker_and_bad_urls_raise_neurofed_errors():
-    from broker.embedded import free_port
+    from neurofed.broker.embedded import free_port
 
     with pytest.raises(TransportError, match="cannot reach"):
         MqttTransport(f"mqtt://127.0.0.1:{free_port()}", "x").connect(timeout=2)
@@ -95,8 +94,8 @@ def test_reconnects_after_broker_restart(mosquitto):
 
 
 def test_connect_with_backoff_gives_up_after_its_timeout():
-    from broker.embedded import free_port
-    from broker.transport import connect_with_backoff
+    from neurofed.broker.embedded import free_port
+    from neurofed.broker.transport import connect_with_backoff
 
     port = free_port()
     t0 = time.monotonic()

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from broker.config import ConfigError, config_from_dict, load_config
-from broker.protocol import JoinMsg, UpdateMsg, new_id, pack
-from broker.rounds import SeenIds
-from broker.validation import (
+from neurofed.broker.config import ConfigError, config_from_dict, load_config
+from neurofed.broker.protocol import JoinMsg, UpdateMsg, new_id, pack
+from neurofed.broker.rounds import SeenIds
+from neurofed.broker.validation import (
     Rejected,
     UpdateRules,
     check_envelope,
@@ -17,7 +16,7 @@ from broker.validation import (
     tensor_specs,
     update_norm,
 )
-from trainer.models import build_model
+from neurofed.trainer.models import build_model
 
 
 @pytest.fixture

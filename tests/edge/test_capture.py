@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from neurofed.edge.buffer import RingBuffer
+from neurofed.edge.capture import (
+    CaptureConfig,
+    LiveCapture,
+    RawTrial,
+    TrialCutter,
+    check_stream,
+    preprocess_trials,
+)
+from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
+from neurofed.firmware_sim.recording import Recording, load_recording
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS
+from neurofed.trainer.data.io import epochs_from_raw, read_raw
+from neurofed.trainer.data.preprocess import preprocess_epochs
+from neurofed.trainer.errors import DataError
 
-from edge.buffer import RingBuffer
-from edge.capture import CaptureConfig, LiveCapture, RawTrial, TrialCutter, check_stream, preprocess_trials
-from firmware_sim.player import HeadsetPlayer, PlayerConfig
-from firmware_sim.recording import Recording, load_recording
 from tests.lsl_support import unique_name
-from trainer.data.config import PreprocessConfig
-from trainer.data.eegmmidb import RUN_EVENT_LABELS
-from trainer.data.io import epochs_from_raw, read_raw
-from trainer.data.preprocess import preprocess_epochs
-from trainer.errors import DataError
 
 CUES_R04 = [672, 2000, 3328, 4656]  # first task cues of S001R04 (160 Hz)
 

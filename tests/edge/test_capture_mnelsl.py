@@ -5,11 +5,11 @@ from __future__ import annotations
 import mne
 import numpy as np
 import pytest
+from neurofed.edge.capture import CaptureConfig, LiveCapture
+from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS
+from neurofed.trainer.data.io import epochs_from_raw, read_raw
 
-from edge.capture import CaptureConfig, LiveCapture
 from tests.lsl_support import unique_name
-from trainer.data.eegmmidb import RUN_EVENT_LABELS
-from trainer.data.io import epochs_from_raw, read_raw
 
 mne_lsl_player = pytest.importorskip("mne_lsl.player")
 

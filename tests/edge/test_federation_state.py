@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import torch
-
-from edge.federation import EdgeState
-from trainer.fl.client import ClientState, ClientUpdate
+from neurofed.edge.federation import EdgeState
+from neurofed.trainer.fl.client import ClientState, ClientUpdate
 
 
 def test_edge_state_round_trips(tmp_path):

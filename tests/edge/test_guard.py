@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from edge.guard import GuardConfig, check_window
-from trainer.data.io import epochs_from_raw, read_raw
+from neurofed.edge.guard import GuardConfig, check_window
+from neurofed.trainer.data.io import epochs_from_raw, read_raw
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from edge.buffer import RingBuffer
-from edge.infer import (
+from neurofed.edge.buffer import RingBuffer
+from neurofed.edge.infer import (
     DecoderStep,
     InferenceEngine,
     Prediction,
@@ -17,12 +16,13 @@ from edge.infer import (
     Rejection,
     check_stream,
 )
-from edge.windowing import CueWindower, SlidingWindower
-from export.runtime import OnnxModel
+from neurofed.edge.windowing import CueWindower, SlidingWindower
+from neurofed.export.runtime import OnnxModel
+from neurofed.trainer.data.io import epochs_from_raw, read_raw
+from neurofed.trainer.data.preprocess import apply_ea, ea_matrix, preprocess_epochs
+from neurofed.trainer.errors import NeuroFedError
+
 from tests.export.conftest import exported_eegnet
-from trainer.data.io import epochs_from_raw, read_raw
-from trainer.data.preprocess import apply_ea, ea_matrix, preprocess_epochs
-from trainer.errors import NeuroFedError
 
 torch.set_num_threads(1)
 

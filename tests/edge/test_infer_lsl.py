@@ -8,19 +8,19 @@ import threading
 import numpy as np
 import pytest
 import torch
+from neurofed.edge.infer import InferenceEngine, Prediction
+from neurofed.edge.infer_cli import lsl_sink, prediction_outlet, run_loop
+from neurofed.edge.lsl_io import Inlet, find_stream, local_clock
+from neurofed.edge.windowing import CueWindower
+from neurofed.export.runtime import OnnxModel
+from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
+from neurofed.firmware_sim.recording import Recording, load_recording
+from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS
+from neurofed.trainer.errors import NeuroFedError
 from typer.testing import CliRunner
 
-from edge.infer import InferenceEngine, Prediction
-from edge.infer_cli import lsl_sink, prediction_outlet, run_loop
-from edge.lsl_io import Inlet, find_stream, local_clock
-from edge.windowing import CueWindower
-from export.runtime import OnnxModel
-from firmware_sim.player import HeadsetPlayer, PlayerConfig
-from firmware_sim.recording import Recording, load_recording
 from tests.export.conftest import exported_eegnet
 from tests.lsl_support import drain, unique_name
-from trainer.data.eegmmidb import RUN_EVENT_LABELS
-from trainer.errors import NeuroFedError
 
 torch.set_num_threads(1)
 
@@ -101,7 +101,7 @@ def test_live_cue_locked_predictions_on_lsl_replayed_20x_faster(rec, eegnet_bs):
 def test_record_accepts_implies_infer_accepts_on_lsl(rec, eegnet_bs):
     """A headset with EEGMMIDB's dotted labels ("Fc5.") streaming volts with mne-lsl's unit code "0":
     ``edge-client record``'s check accepts it, so does the decoder, and it decodes the same as microvolts."""
-    from edge.capture import CaptureConfig, check_stream
+    from neurofed.edge.capture import CaptureConfig, check_stream
 
     om = OnnxModel(eegnet_bs[1])
     dotted = [f"{c[0]}{c[1:].lower()}".ljust(4, ".") for c in rec.ch_names]
@@ -128,9 +128,9 @@ def test_record_accepts_implies_infer_accepts_on_lsl(rec, eegnet_bs):
 
 def test_cli_sliding_mode_publishes_lsl_and_mqtt(rec, eegnet_bs):
     """Real mosquitto on 127.0.0.1:1883 (the shared broker) receives the same predictions as JSON."""
-    from broker.embedded import port_open
-    from broker.transport import MqttTransport
-    from edge.cli import app
+    from neurofed.broker.embedded import port_open
+    from neurofed.broker.transport import MqttTransport
+    from neurofed.edge.cli import app
 
     if not port_open("127.0.0.1", 1883):
         pytest.skip("no mosquitto on 127.0.0.1:1883")
@@ -193,7 +193,7 @@ def test_cli_sliding_mode_publishes_lsl_and_mqtt(rec, eegnet_bs):
 
 
 def test_cli_clear_errors_for_missing_stream_and_channels(rec, eegnet_bs):
-    from edge.cli import app
+    from neurofed.edge.cli import app
 
     r = CliRunner().invoke(
         app, ["infer", "--model", str(eegnet_bs[1]), "--stream", unique_name("nobody"), "--timeout", "0.5"]

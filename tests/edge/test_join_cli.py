@@ -10,11 +10,10 @@ import uuid
 
 import numpy as np
 import pytest
+from neurofed.broker.config import config_from_dict
+from neurofed.broker.coordinator import Coordinator
 
-from broker.config import config_from_dict
-from broker.coordinator import Coordinator
-
-EDGE = [sys.executable, "-c", "from edge.cli import main; main()", "join"]
+EDGE = [sys.executable, "-c", "from neurofed.edge.cli import main; main()", "join"]
 URL = "mqtt://127.0.0.1:1883"
 
 
@@ -45,11 +44,11 @@ def test_bad_client_id_is_refused(tmp_path, data_dir):
 @pytest.mark.slow
 def test_store_client_trains_in_a_federation(tmp_path, data_dir):
     """A client fed from a captured LocalStore and one from EEGMMIDB files complete a round together."""
-    from edge.capture import RawTrial
-    from edge.store import LocalStore
-    from trainer.data.config import PreprocessConfig
-    from trainer.data.eegmmidb import LR_IMAGERY_RUNS, RUN_EVENT_LABELS, subject_files
-    from trainer.data.io import epochs_from_raw, read_raw
+    from neurofed.edge.capture import RawTrial
+    from neurofed.edge.store import LocalStore
+    from neurofed.trainer.data.config import PreprocessConfig
+    from neurofed.trainer.data.eegmmidb import LR_IMAGERY_RUNS, RUN_EVENT_LABELS, subject_files
+    from neurofed.trainer.data.io import epochs_from_raw, read_raw
 
     cfg = PreprocessConfig.from_preset("sensorimotor21", resample=80.0)
     store = LocalStore(tmp_path / "store", subject="S001", classes=("left_fist", "right_fist"))

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from edge.capture import RawTrial
-from edge.join_cli import make_loader, make_montage
-from edge.store import LocalStore
-from trainer.data.profiles import ProfileError, get_profile, match_profile
-from trainer.errors import DataError
+from neurofed.edge.capture import RawTrial
+from neurofed.edge.join_cli import make_loader, make_montage
+from neurofed.edge.store import LocalStore
+from neurofed.trainer.data.profiles import ProfileError, get_profile, match_profile
+from neurofed.trainer.errors import DataError
 
 FED = [get_profile("unicorn8"), get_profile("cyton_daisy16")]
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import typer
+from neurofed.edge.bench_lsl import register_bench
 from typer.testing import CliRunner
-
-from edge.bench_lsl import register_bench
 
 
 @pytest.mark.slow

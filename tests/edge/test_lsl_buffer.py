@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from neurofed.edge.buffer import RingBuffer
+from neurofed.edge.lsl_io import Inlet, StreamError, check_unique, find_stream
+from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
+from neurofed.firmware_sim.recording import Recording
+from neurofed.trainer.errors import DataError
 
-from edge.buffer import RingBuffer
-from edge.lsl_io import Inlet, StreamError, check_unique, find_stream
-from firmware_sim.player import HeadsetPlayer, PlayerConfig
-from firmware_sim.recording import Recording
 from tests.lsl_support import unique_name
-from trainer.errors import DataError
 
 
 def _fill(buf: RingBuffer, start: int, n: int, sfreq: float = 100.0) -> None:
@@ -89,7 +89,8 @@ def test_find_stream_by_name_type_source_id_and_timeout():
 
 
 def test_irregular_outlet_roundtrip():
-    from edge.lsl_io import irregular_outlet
+    from neurofed.edge.lsl_io import irregular_outlet
+
     from tests.lsl_support import drain
 
     name = unique_name("pred")
@@ -106,7 +107,7 @@ def test_irregular_outlet_roundtrip():
 
 def test_ambiguous_stream_name_is_an_error_naming_the_candidates():
     """Two outlets with one name (as mne-lsl does): refuse, list both, resolve either by its source_id."""
-    from edge.lsl_io import irregular_outlet
+    from neurofed.edge.lsl_io import irregular_outlet
 
     name = unique_name("twin")
     ids = [unique_name("src-a"), unique_name("src-b")]

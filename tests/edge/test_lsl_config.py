@@ -7,7 +7,8 @@ import subprocess
 import sys
 import time
 
-from edge.lsl_config import PORT_RANGE, session_config
+from neurofed.edge.lsl_config import PORT_RANGE, session_config
+
 from tests.lsl_support import unique_name
 
 # A consumer like `edge-client record`: resolve one stream by name, open it, report.

@@ -10,17 +10,17 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from neurofed.edge.store import LocalStore
+from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
+from neurofed.firmware_sim.recording import LSL_UNITS, load_recording, through_profile
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS
+from neurofed.trainer.data.io import epochs_from_raw, read_raw
+from neurofed.trainer.data.profiles import get_profile, present_raw
 
-from edge.store import LocalStore
-from firmware_sim.player import HeadsetPlayer, PlayerConfig
-from firmware_sim.recording import LSL_UNITS, load_recording, through_profile
 from tests.lsl_support import unique_name
-from trainer.data.config import PreprocessConfig
-from trainer.data.eegmmidb import RUN_EVENT_LABELS
-from trainer.data.io import epochs_from_raw, read_raw
-from trainer.data.profiles import get_profile, present_raw
 
-EDGE = [sys.executable, "-c", "from edge.cli import main; main()"]
+EDGE = [sys.executable, "-c", "from neurofed.edge.cli import main; main()"]
 SEED = 3  # the headset's noise seed
 
 

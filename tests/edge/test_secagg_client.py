@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from broker.protocol import SaInboxMsg, SaRosterMsg, SaUnmaskMsg, SecAggSpec, TaskMsg, new_id
-from edge.secagg_client import SecAggSession
-from trainer.fl.client import ClientUpdate
-from trainer.fl.secagg import SEALED_LEN, SecAggError, b64, graph_params, neighbour_graph, unb64
+from neurofed.broker.protocol import SaInboxMsg, SaRosterMsg, SaUnmaskMsg, SecAggSpec, TaskMsg, new_id
+from neurofed.edge.secagg_client import SecAggSession
+from neurofed.trainer.fl.client import ClientUpdate
+from neurofed.trainer.fl.secagg import SEALED_LEN, SecAggError, b64, graph_params, neighbour_graph, unb64
 
 FED, N, SEED = "f", 6, 11
 

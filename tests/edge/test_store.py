@@ -12,14 +12,13 @@ import time
 
 import numpy as np
 import pytest
-
-from edge.capture import RawTrial
-from edge.store import LocalStore
-from trainer.data.config import PreprocessConfig
-from trainer.data.dataset import load_recordings
-from trainer.data.eegmmidb import LR_IMAGERY_RUNS, RUN_EVENT_LABELS, subject_files
-from trainer.data.io import epochs_from_raw, read_raw
-from trainer.errors import DataError
+from neurofed.edge.capture import RawTrial
+from neurofed.edge.store import LocalStore
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.dataset import load_recordings
+from neurofed.trainer.data.eegmmidb import LR_IMAGERY_RUNS, RUN_EVENT_LABELS, subject_files
+from neurofed.trainer.data.io import epochs_from_raw, read_raw
+from neurofed.trainer.errors import DataError
 
 
 def _trial(seed: int, label: str = "left_fist", n_ch: int = 3, n_t: int = 50) -> RawTrial:
@@ -78,8 +77,8 @@ def test_store_refuses_mismatched_trials(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys, numpy as np
-    from edge.capture import RawTrial
-    from edge.store import LocalStore
+    from neurofed.edge.capture import RawTrial
+    from neurofed.edge.store import LocalStore
     st = LocalStore(sys.argv[1])
     i = len(st)
     print("ready", flush=True)

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from neurofed.edge.buffer import RingBuffer
+from neurofed.edge.capture import CaptureConfig, TrialCutter, check_stream
+from neurofed.edge.infer import InferenceEngine, Prediction
+from neurofed.edge.stream import match_stream, stream_profile
+from neurofed.edge.windowing import CueWindower, SlidingWindower
+from neurofed.export.runtime import OnnxModel
+from neurofed.trainer.data.preprocess import ea_inv_sqrt, ea_matrix, pick_channels
+from neurofed.trainer.data.profiles import ProfileError, get_profile, to_microvolts
+from neurofed.trainer.data.units import norm_label, unit_scale
+from neurofed.trainer.errors import DataError, NeuroFedError
 
-from edge.buffer import RingBuffer
-from edge.capture import CaptureConfig, TrialCutter, check_stream
-from edge.infer import InferenceEngine, Prediction
-from edge.stream import match_stream, stream_profile
-from edge.windowing import CueWindower, SlidingWindower
-from export.runtime import OnnxModel
 from tests.export.conftest import exported_eegnet
-from trainer.data.preprocess import ea_inv_sqrt, ea_matrix, pick_channels
-from trainer.data.profiles import ProfileError, get_profile, to_microvolts
-from trainer.data.units import norm_label, unit_scale
-from trainer.errors import DataError, NeuroFedError
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_match_stream_layout_and_errors():
 def test_layout_select_is_the_columns_in_microvolts_as_a_float64_copy(dtype):
     """``select`` (a slice when the wanted channels are the stream's first columns in order, else one gather)
     == picking the columns, scaling to microvolts, channel-major float64; never a view of the input."""
-    from edge.stream import StreamLayout
+    from neurofed.edge.stream import StreamLayout
 
     x = np.random.default_rng(0).standard_normal((640, 66)).astype(dtype)
     for idx, scale in [(list(range(66)), np.ones(66)), (list(range(64)), np.ones(64)), ([2, 0, 5], np.ones(3)),
@@ -142,7 +142,7 @@ def test_trial_cutter_uses_the_shared_windower():
 
 
 def _pcfg():
-    from trainer.data.config import PreprocessConfig
+    from neurofed.trainer.data.config import PreprocessConfig
 
     return PreprocessConfig(tmin=0.0, tmax=1.0)
 
@@ -159,7 +159,7 @@ def test_one_ea_inverse_square_root():
 
 def test_counts_are_read_with_the_matched_profiles_gain():
     """A stream in raw counts (issue 19): recording reads it with the gain of the shipped profile its channels and
-    rate match (the same conversion as :func:`trainer.data.profiles.to_microvolts`); anything else is one line."""
+    rate match (the same conversion as :func:`neurofed.trainer.data.profiles.to_microvolts`); anything else is one line."""
     cyton, uni = get_profile("cyton_daisy16"), get_profile("unicorn8")
     ch = list(cyton.channels)
     assert stream_profile(125.0, ch, ["microvolts"] * 16) is None  # a physical unit needs no profile

@@ -8,10 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from trainer.checkpoint import ModelMeta, save_checkpoint
-from trainer.data import PreprocessConfig, load_eegmmidb_subject
-from trainer.models import build_model
+from neurofed.trainer.checkpoint import ModelMeta, save_checkpoint
+from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
+from neurofed.trainer.models import build_model
 
 TRAIN_SUBJECTS = (1, 2)
 
@@ -62,7 +61,7 @@ _EXPORTED: dict[str, tuple[Path, Path]] = {}
 
 def exported_eegnet(tmp_path_factory, data_dir) -> tuple[Path, Path]:
     """(checkpoint, verified ONNX export) of a batch-specific EEGNet, built once per session."""
-    from export.onnx_export import export_checkpoint
+    from neurofed.export.onnx_export import export_checkpoint
 
     if "eegnet_bs" not in _EXPORTED:
         os.environ.setdefault("NEUROFED_CACHE", str(tmp_path_factory.mktemp("cache")))

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from export.apps import make_bundle, python_replay, read_recording, serve
-from trainer.errors import NeuroFedError
+from neurofed.export.apps import make_bundle, python_replay, read_recording, serve
+from neurofed.trainer.errors import NeuroFedError
 
 ROOT = Path(__file__).resolve().parents[2]
 WEB, NODE = ROOT / "apps" / "web", ROOT / "apps" / "node"

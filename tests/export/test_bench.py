@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-
-from export.bench import bench_shape
+from neurofed.export.bench import bench_shape
 
 torch.set_num_threads(1)
 

@@ -7,15 +7,15 @@ import json
 import numpy as np
 import pytest
 import torch
+from neurofed.export.evaluate import evaluate, load_eegmmidb_for, load_files_for, torch_twin
+from neurofed.export.metadata import read_onnx_meta
+from neurofed.export.onnx_export import export_checkpoint
+from neurofed.export.runtime import OnnxModel
+from neurofed.trainer.checkpoint import load_checkpoint
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.evaluate import bca, predict
 
-from export.evaluate import evaluate, load_eegmmidb_for, load_files_for, torch_twin
-from export.metadata import read_onnx_meta
-from export.onnx_export import export_checkpoint
-from export.runtime import OnnxModel
 from tests.export.conftest import make_checkpoint
-from trainer.checkpoint import load_checkpoint
-from trainer.errors import NeuroFedError
-from trainer.evaluate import bca, predict
 
 torch.set_num_threads(1)
 
@@ -47,7 +47,7 @@ def test_fgsm_through_twin_from_onnx_initializers(eegnet_bs, data_dir):
     assert res["attack"] == {"name": "fgsm", "eps": 0.05, "seed": 0}
     assert 0.0 <= res["per_subject"]["S003"]["bca_attacked"] <= 1.0
     # the attack really hurts the ONNX model: its loss on adversarial trials is higher
-    from export.evaluate import attack_batches
+    from neurofed.export.evaluate import attack_batches
 
     X, y = data["S003"]
     om = OnnxModel(onnx_path)
@@ -57,7 +57,7 @@ def test_fgsm_through_twin_from_onnx_initializers(eegnet_bs, data_dir):
         return torch.nn.functional.cross_entropy(torch.from_numpy(logits), torch.from_numpy(y)).item()
 
     assert ce(om.logits(Xa)) > ce(om.logits(X))
-    budget = 0.05 * X.std(axis=-1, ddof=1, keepdims=True)  # per trial and channel, as trainer.attacks
+    budget = 0.05 * X.std(axis=-1, ddof=1, keepdims=True)  # per trial and channel, as neurofed.trainer.attacks
     assert np.all(np.abs(Xa - X) <= budget * 1.001 + 1e-6)
 
 
@@ -145,9 +145,9 @@ def test_training_subjects_are_marked_and_summarised_apart(eegnet_bs, data_dir, 
 def test_black_box_attacks_query_the_onnx_graph_itself(eegnet_bs, data_dir, monkeypatch):
     """Square needs no checkpoint: it queries onnxruntime, and finds what it finds on the torch model."""
     pytest.importorskip("art")
-    from export.evaluate import query_attack_batches
-    from trainer import art_attacks
-    from trainer.evaluate import adversarial_batches
+    from neurofed.export.evaluate import query_attack_batches
+    from neurofed.trainer import art_attacks
+    from neurofed.trainer.evaluate import adversarial_batches
 
     monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "square", {"queries": 30, "restarts": 1, "p_init": 0.8})
     ckpt, onnx_path = eegnet_bs

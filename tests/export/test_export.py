@@ -8,10 +8,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import helper
-
-from export.metadata import model_hash, read_onnx_meta
-from export.onnx_export import (
+from neurofed.export.metadata import model_hash, read_onnx_meta
+from neurofed.export.onnx_export import (
     VerifyReport,
     check_graph,
     export_checkpoint,
@@ -19,11 +17,13 @@ from export.onnx_export import (
     to_onnx,
     verify_against_torch,
 )
-from export.runtime import OnnxModel
+from neurofed.export.runtime import OnnxModel
+from neurofed.trainer.checkpoint import load_checkpoint
+from neurofed.trainer.errors import NeuroFedError
+from onnx import helper
+
 from neurofed import __version__
 from tests.export.conftest import make_checkpoint
-from trainer.checkpoint import load_checkpoint
-from trainer.errors import NeuroFedError
 
 torch.set_num_threads(1)
 
@@ -130,11 +130,11 @@ def test_export_missing_checkpoint_is_one_clear_error(tmp_path):
 
 def test_static_export_matches_dynamic_shape_contract():
     """The exporter gives a symbolic batch dim; a batch of 3 (never seen at export) runs."""
-    from trainer.models import build_model
+    from neurofed.trainer.models import build_model
 
     net = build_model("eegnet", 21, 2, 320, 80.0, "batch_specific").eval()
     proto = to_onnx(net, 21, 320)
-    from export.runtime import make_session
+    from neurofed.export.runtime import make_session
 
     s = make_session(proto.SerializeToString())
     x = np.random.default_rng(0).standard_normal((3, 21, 320)).astype(np.float32)
@@ -147,11 +147,11 @@ def test_ensemble_checkpoint_exports_as_one_verified_graph(tmp_path, data_dir, c
     """`neurofed combine` of a batch-specific and a standard-BN EEGNet, then `neurofed export` and `--standalone`:
     one graph, verified against torch; its softmax is the mean of the two members' own exported softmax outputs;
     the standalone graph decodes a held-out session like the edge engine running the plain ensemble graph."""
+    from neurofed.edge.infer import InferenceEngine
+    from neurofed.export.standalone import StandaloneModel, eegmmidb_session_windows
     from scipy.special import softmax
     from typer.testing import CliRunner
 
-    from edge.infer import InferenceEngine
-    from export.standalone import StandaloneModel, eegmmidb_session_windows
     from neurofed.cli import app
 
     a = make_checkpoint(tmp_path / "a.safetensors", "eegnet", "batch_specific", data_dir, seed=0)

@@ -28,8 +28,8 @@ def test_export_imports_no_edge_broker_neurofed(path):
 
 
 def test_onnx_metadata_is_the_checkpoint_card(eegnet_bs):
-    from export.metadata import read_onnx_meta
-    from trainer.checkpoint import read_meta
+    from neurofed.export.metadata import read_onnx_meta
+    from neurofed.trainer.checkpoint import read_meta
 
     ckpt, onnx_path = eegnet_bs
     assert read_onnx_meta(onnx_path).model_meta() == read_meta(ckpt)

@@ -9,18 +9,17 @@ import os
 
 import pytest
 import torch
+from neurofed.edge.infer import pick_model
+from neurofed.export.metadata import read_onnx_meta
+from neurofed.export.onnx_export import ATOL, compare
+from neurofed.trainer.checkpoint import ModelMeta, load_profile_models, save_checkpoint
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.profiles import get_profile, load_profile_subject
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.experiments.runner import run_federated
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.strategies import get_strategy
 from typer.testing import CliRunner
-
-from edge.infer import pick_model
-from export.metadata import read_onnx_meta
-from export.onnx_export import ATOL, compare
-from trainer.checkpoint import ModelMeta, load_profile_models, save_checkpoint
-from trainer.data.config import PreprocessConfig
-from trainer.data.profiles import get_profile, load_profile_subject
-from trainer.errors import NeuroFedError
-from trainer.experiments.runner import run_federated
-from trainer.fl.local import LocalConfig
-from trainer.fl.strategies import get_strategy
 
 torch.set_num_threads(1)
 PROFILES = {1: "unicorn8", 2: "cyton_daisy16"}
@@ -85,8 +84,8 @@ def test_int8_export_gives_one_quantised_model_per_profile(fleeg_ckpt, data_dir,
     scored against the float model on the held-out trials recorded through that profile's device (the bounds of the
     single-model int8 test, tests/export/test_quantize.py), and picked by `edge-client infer` for its stream."""
     import onnx
+    from neurofed.export.runtime import OnnxModel
 
-    from export.runtime import OnnxModel
     from neurofed.cli import app
 
     ckpt, _ = fleeg_ckpt
@@ -123,7 +122,7 @@ def test_int8_export_gives_one_quantised_model_per_profile(fleeg_ckpt, data_dir,
 
 
 def test_infer_picks_the_model_of_the_streams_profile(fleeg_ckpt, data_dir, tmp_path):
-    from export.onnx_export import export_profiles
+    from neurofed.export.onnx_export import export_profiles
 
     ckpt, _ = fleeg_ckpt
     done = export_profiles(ckpt, tmp_path / "m" / "model.onnx", verify=False)
@@ -154,12 +153,13 @@ def test_infer_picks_the_model_of_the_streams_profile(fleeg_ckpt, data_dir, tmp_
 def test_infer_cli_decodes_a_profile_stream_and_refuses_a_stranger(fleeg_ckpt, data_dir, tmp_path):
     """Over real LSL: a headset streaming a real recording through unicorn8 is decoded with unicorn8's model (chosen
     from a folder of both); a cyton8 headset is refused with one line."""
-    from edge.cli import app
-    from export.onnx_export import export_profiles
-    from firmware_sim.player import HeadsetPlayer, PlayerConfig
-    from firmware_sim.recording import load_recording, through_profile
+    from neurofed.edge.cli import app
+    from neurofed.export.onnx_export import export_profiles
+    from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
+    from neurofed.firmware_sim.recording import load_recording, through_profile
+    from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS
+
     from tests.lsl_support import unique_name
-    from trainer.data.eegmmidb import RUN_EVENT_LABELS
 
     ckpt, _ = fleeg_ckpt
     export_profiles(ckpt, tmp_path / "m" / "model.onnx", verify=False)
@@ -188,10 +188,11 @@ def test_standalone_export_gives_one_graph_per_profile_at_its_rate_and_unit(flee
     taking its headset's rate and unit (cyton_daisy16: ADS1299 counts at 125 Hz), equal to the Python engine with that
     profile's plain model on every window of a held-out subject's sessions as the headset streams them (parity as
     `neurofed bench standalone` checks the single model: <= 1e-4, no class mismatch; onnxruntime and tract)."""
-    from edge.infer import InferenceEngine, StandaloneStep
-    from export.onnx_export import export_profiles
-    from export.runtime import OnnxModel
-    from export.standalone import StandaloneModel
+    from neurofed.edge.infer import InferenceEngine, StandaloneStep
+    from neurofed.export.onnx_export import export_profiles
+    from neurofed.export.runtime import OnnxModel
+    from neurofed.export.standalone import StandaloneModel
+
     from neurofed.bench_standalone import compare_subject, device_sessions
     from neurofed.cli import app
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import onnx
 import pytest
-
-from export.metadata import read_onnx_meta
-from export.onnx_export import held_out_data
-from export.quantize import accuracy_delta, quantize
-from trainer.checkpoint import read_meta
-from trainer.errors import NeuroFedError
+from neurofed.export.metadata import read_onnx_meta
+from neurofed.export.onnx_export import held_out_data
+from neurofed.export.quantize import accuracy_delta, quantize
+from neurofed.trainer.checkpoint import read_meta
+from neurofed.trainer.errors import NeuroFedError
 
 
 @pytest.mark.parametrize("ops", ["all", "linear"])

@@ -7,10 +7,9 @@ import numpy as np
 import onnx
 import pytest
 import torch
-
-from edge.infer import InferenceEngine, StandaloneStep
-from export.runtime import OnnxModel
-from export.standalone import (
+from neurofed.edge.infer import InferenceEngine, StandaloneStep
+from neurofed.export.runtime import OnnxModel
+from neurofed.export.standalone import (
     HASH_WORDS,
     NS_ALPHAS,
     NS_FLOOR,
@@ -25,10 +24,10 @@ from export.standalone import (
     preprocess_matrix,
     raw_threshold,
 )
-from trainer.data import PreprocessConfig
-from trainer.data.preprocess import ea_inv_sqrt as inv_sqrt
-from trainer.data.preprocess import preprocess_epochs
-from trainer.errors import NeuroFedError
+from neurofed.trainer.data import PreprocessConfig
+from neurofed.trainer.data.preprocess import ea_inv_sqrt as inv_sqrt
+from neurofed.trainer.data.preprocess import preprocess_epochs
+from neurofed.trainer.errors import NeuroFedError
 
 HELD_OUT = 3  # the fixture checkpoint trained on S001-S002
 
@@ -205,7 +204,8 @@ def test_bad_input_is_refused_clearly(standalone, sessions):
                                                 ("eegnet", "standard")])
 def test_other_variants_equal_python_pipeline(model, bn_mode, tmp_path, data_dir, cache_env):
     """ShallowConvNet, Deep4 (160 Hz: band-pass only) and standard BN (no context in the state)."""
-    from export.onnx_export import export_checkpoint
+    from neurofed.export.onnx_export import export_checkpoint
+
     from tests.export.conftest import make_checkpoint
 
     ckpt = make_checkpoint(tmp_path / "m.safetensors", model, bn_mode, data_dir)
@@ -258,12 +258,12 @@ def test_edge_engine_runs_the_standalone_graph(standalone, sessions, pipeline):
 
 
 def test_graph_guard_and_edge_guard_are_one_definition(standalone, sessions):
-    """The graph's guard and edge.guard share trainer.data.guard (kinds, thresholds, reason) and flag the
+    """The graph's guard and neurofed.edge.guard share neurofed.trainer.data.guard (kinds, thresholds, reason) and flag the
     same channels on real windows with injected faults."""
     from dataclasses import asdict
 
-    from edge.guard import GuardConfig, check_window
-    from trainer.data import guard as rules
+    from neurofed.edge.guard import GuardConfig, check_window
+    from neurofed.trainer.data import guard as rules
 
     m = StandaloneModel(standalone[1])
     assert GuardConfig is rules.GuardConfig
@@ -292,7 +292,7 @@ def test_eegnet_context_cache_equals_the_whole_batch(eegnet_bs, sessions, ea):
     EA, and a rejected window in between leaves both states unchanged."""
     from dataclasses import replace
 
-    from trainer.checkpoint import load_checkpoint
+    from neurofed.trainer.checkpoint import load_checkpoint
 
     model, cm = load_checkpoint(eegnet_bs[0])
     cm = replace(cm, preprocess={**cm.preprocess, "ea": ea})
@@ -321,7 +321,7 @@ def test_eegnet_cached_moments_give_the_first_bn_statistics(eegnet_bs, sessions)
     """The first BN's batch statistics from the cached per-window moments == those of EEGNet's temporal
     convolution run on the aligned batch. Checked directly: in the output, the second (batch-specific) BN
     cancels the first BN's shift exactly and its scale up to its eps, so errors here barely show there."""
-    from trainer.checkpoint import load_checkpoint
+    from neurofed.trainer.checkpoint import load_checkpoint
 
     model, cm = load_checkpoint(eegnet_bs[0])
     dec = StandaloneDecoder(model, cm, "ab" * 32, 160.0)
@@ -347,8 +347,9 @@ def test_fused_standard_bn_eegnet_equals_the_network(model, bn_mode, tmp_path, d
     mixed rows (EEGNetStandardFused) == the network on the aligned window, with and without EA."""
     from dataclasses import replace
 
+    from neurofed.trainer.checkpoint import load_checkpoint
+
     from tests.export.conftest import make_checkpoint
-    from trainer.checkpoint import load_checkpoint
 
     model_, cm = load_checkpoint(make_checkpoint(tmp_path / "m.safetensors", model, bn_mode, data_dir))
     for ea in (True, False):
@@ -366,12 +367,12 @@ def test_fused_standard_bn_eegnet_equals_the_network(model, bn_mode, tmp_path, d
 
 @pytest.mark.parametrize("scale", [1.0, 1e6, 1.0 / 0.02235174])
 def test_float32_graph_guard_flags_equal_the_float64_rules(eegnet_bs, sessions, scale):
-    """The graph's guard runs on the raw float32 window; its flags == edge.guard.check_window on the window in
+    """The graph's guard runs on the raw float32 window; its flags == neurofed.edge.guard.check_window on the window in
     microvolts (float64(w) * scale) for faults of every kind, including samples exactly at the saturation
     threshold and one float32 step below it, and plateaus one sample either side of the clip fraction."""
-    from edge.guard import check_window
-    from trainer.checkpoint import load_checkpoint
-    from trainer.data.guard import GUARD_KINDS
+    from neurofed.edge.guard import check_window
+    from neurofed.trainer.checkpoint import load_checkpoint
+    from neurofed.trainer.data.guard import GUARD_KINDS
 
     model, cm = load_checkpoint(eegnet_bs[0])
     dec = StandaloneDecoder(model, cm, "ab" * 32, 160.0, unit="x", unit_to_uv=scale)

@@ -6,11 +6,11 @@ import subprocess
 import sys
 
 import numpy as np
+from neurofed.edge.lsl_io import Inlet, find_stream
 
-from edge.lsl_io import Inlet, find_stream
 from tests.lsl_support import drain, unique_name
 
-RUN = [sys.executable, "-c", "from firmware_sim.cli import main; main()"]
+RUN = [sys.executable, "-c", "from neurofed.firmware_sim.cli import main; main()"]
 
 
 def test_cli_streams_several_subjects(data_dir):

@@ -7,13 +7,13 @@ import sys
 
 import numpy as np
 import pytest
+from neurofed.edge.lsl_io import Inlet, find_stream
+from neurofed.firmware_sim.recording import load_eegmmidb, through_profile
+from neurofed.trainer.data.profiles import DeviceProfile, ProfileError, get_profile, to_device
 
-from edge.lsl_io import Inlet, find_stream
-from firmware_sim.recording import load_eegmmidb, through_profile
 from tests.lsl_support import drain, unique_name
-from trainer.data.profiles import DeviceProfile, ProfileError, get_profile, to_device
 
-RUN = [sys.executable, "-c", "from firmware_sim.cli import main; main()"]
+RUN = [sys.executable, "-c", "from neurofed.firmware_sim.cli import main; main()"]
 
 
 def test_recording_through_profile_keeps_cue_times(data_dir):

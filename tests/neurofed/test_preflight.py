@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from neurofed.trainer.errors import NeuroFedError
 
 from neurofed import demo_run
 from neurofed.demo import DemoConfig
 from neurofed.supervise import DemoError
-from trainer.errors import NeuroFedError
 
 
 def test_all_pieces_present() -> None:
@@ -16,12 +16,12 @@ def test_all_pieces_present() -> None:
 
 def test_missing_piece_is_named(monkeypatch) -> None:
     monkeypatch.setattr(demo_run, "PIECES", (*demo_run.PIECES,
-                                             ("edge/: teleport (edge-client teleport)", "edge.teleport", None, None),
-                                             ("edge/: store", "edge.store", "edge-client", "teleport")))
+                                             ("edge/: teleport (edge-client teleport)", "neurofed.edge.teleport", None, None),
+                                             ("edge/: store", "neurofed.edge.store", "edge-client", "teleport")))
     with pytest.raises(DemoError) as exc:
         demo_run.preflight()
     msg = str(exc.value)
-    assert "edge/: teleport (edge-client teleport): cannot import edge.teleport" in msg
+    assert "edge/: teleport (edge-client teleport): cannot import neurofed.edge.teleport" in msg
     assert "`edge-client teleport` is not a registered command" in msg
 
 

@@ -9,12 +9,12 @@ import time
 import numpy as np
 import pytest
 import torch
+from neurofed.broker.protocol import ModelMsg, ModelSpec, encode
+from neurofed.trainer.data import load_eegmmidb_subject
+from neurofed.trainer.models import build_model
 
-from broker.protocol import ModelMsg, ModelSpec, encode
 from neurofed.supervise import Supervisor
 from neurofed.wiretap import EegFingerprint
-from trainer.data import load_eegmmidb_subject
-from trainer.models import build_model
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import torch
 
 pytest.importorskip("art")
 
-from trainer.art_attacks import ScaledBatch, art_fgsm, art_pgd
-from trainer.attacks import ATTACKS, channel_budget, fgsm, pgd
-from trainer.evaluate import attacked_predict
-from trainer.models import build_model
+from neurofed.trainer.art_attacks import ScaledBatch, art_fgsm, art_pgd
+from neurofed.trainer.attacks import ATTACKS, channel_budget, fgsm, pgd
+from neurofed.trainer.evaluate import attacked_predict
+from neurofed.trainer.models import build_model
 
 
 def _small(bn_mode: str = "batch_specific"):
@@ -53,7 +53,7 @@ def test_wrapper_puts_queried_subsets_in_their_batch_places():
 
 @pytest.mark.parametrize("attack", ["square", "hsj", "autoattack"])
 def test_library_attacks_stay_in_the_channel_budget(attack, monkeypatch):
-    from trainer import art_attacks
+    from neurofed.trainer import art_attacks
 
     monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "square", {"queries": 20, "restarts": 1, "p_init": 0.8})
     monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "hsj", {"max_iter": 2, "max_eval": 20, "init_eval": 10})
@@ -67,9 +67,9 @@ def test_library_attacks_stay_in_the_channel_budget(attack, monkeypatch):
 
 
 def test_budgets_of_library_attacks_go_into_results():
-    from trainer.art_attacks import LIBRARY_BUDGETS
-    from trainer.attacks import attack_budgets
-    from trainer.experiments.simulate import SimConfig, summarise
+    from neurofed.trainer.art_attacks import LIBRARY_BUDGETS
+    from neurofed.trainer.attacks import attack_budgets
+    from neurofed.trainer.experiments.simulate import SimConfig, summarise
 
     assert attack_budgets(["fgsm", "pgd"]) == {}
     cfg = SimConfig(algorithm="fedavg", subjects=[1, 2], attacks=[["pgd", 0.03], ["square", 0.05]])
@@ -80,7 +80,7 @@ def test_budgets_of_library_attacks_go_into_results():
 
 def test_hsj_leaves_trials_the_model_already_gets_wrong_as_they_are(monkeypatch):
     """HopSkipJump's untargeted goal is "another label than the model's": on a wrong trial that is the right one."""
-    from trainer import art_attacks
+    from neurofed.trainer import art_attacks
 
     monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "hsj", {"max_iter": 2, "max_eval": 20, "init_eval": 10})
     _, x, _ = _small()
@@ -102,7 +102,7 @@ def test_hsj_leaves_trials_the_model_already_gets_wrong_as_they_are(monkeypatch)
 
 def test_hsj_stops_a_trial_at_its_query_budget_and_keeps_it_clean(monkeypatch):
     """A HopSkipJump run past ``max_queries`` (ART's step-size search can loop) is stopped, counted, not hung."""
-    from trainer import art_attacks
+    from neurofed.trainer import art_attacks
 
     _, x, _ = _small()
     torch.manual_seed(1)
@@ -125,7 +125,7 @@ def test_hsj_stops_a_trial_at_its_query_budget_and_keeps_it_clean(monkeypatch):
 
 def test_repeated_batches_are_answered_from_the_cache_with_the_same_numbers(monkeypatch):
     """Square on batch-specific BN: cached answers change no adversarial trial and save forward passes."""
-    from trainer import art_attacks
+    from neurofed.trainer import art_attacks
 
     monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "square", {"queries": 60, "restarts": 1, "p_init": 0.8})
     model, x, y = _small()

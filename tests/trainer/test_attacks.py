@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+from neurofed.trainer.attacks import channel_budget, fgsm, pgd
+from neurofed.trainer.models import build_model
 from torch import nn
-
-from trainer.attacks import channel_budget, fgsm, pgd
-from trainer.models import build_model
 
 
 def _data(n=8, c=4, t=64, seed=0):
@@ -59,12 +58,11 @@ def test_library_attacks_without_art_name_the_missing_library(monkeypatch):
     import sys
 
     import pytest
-
-    from export.evaluate import query_attack_batches
-    from trainer.attacks import ATTACKS, AttackUnavailable
+    from neurofed.export.evaluate import query_attack_batches
+    from neurofed.trainer.attacks import ATTACKS, AttackUnavailable
 
     monkeypatch.setitem(sys.modules, "art", None)  # import art -> ImportError
-    monkeypatch.delitem(sys.modules, "trainer.art_attacks", raising=False)
+    monkeypatch.delitem(sys.modules, "neurofed.trainer.art_attacks", raising=False)
     model = build_model("eegnet", 4, 2, 80, 80.0, "batch_specific").eval()
     x, y = torch.zeros(2, 4, 80), torch.tensor([0, 1])
     with pytest.raises(AttackUnavailable, match=r"square.*neurofed\[attacks\]"):

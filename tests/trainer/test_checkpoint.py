@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from trainer.checkpoint import ModelMeta, load_checkpoint, read_meta, save_checkpoint
-from trainer.errors import NeuroFedError
+from neurofed.trainer.checkpoint import ModelMeta, load_checkpoint, read_meta, save_checkpoint
+from neurofed.trainer.errors import NeuroFedError
 
 
 def test_round_trip(tmp_path):
@@ -32,7 +31,7 @@ def test_not_a_checkpoint(tmp_path):
 def test_meta_fields_follow_modelmeta():
     from dataclasses import fields
 
-    from trainer.checkpoint import MODEL_FIELDS, meta_fields
+    from neurofed.trainer.checkpoint import MODEL_FIELDS, meta_fields
 
     allf = meta_fields()
     assert list(allf) == [f.name for f in fields(ModelMeta)]

@@ -6,18 +6,17 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
-
-from trainer.data import PreprocessConfig
-from trainer.errors import NeuroFedError
-from trainer.experiments.classical import (
+from neurofed.trainer.data import PreprocessConfig
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.experiments.classical import (
     METHOD_EA,
     METHODS,
     ClassicalConfig,
     recentred_covariances,
     run_classical,
 )
-from trainer.experiments.protocol import make_folds
+from neurofed.trainer.experiments.protocol import make_folds
+from typer.testing import CliRunner
 
 SUBJECTS = [1, 2, 3, 4]
 
@@ -64,14 +63,14 @@ def test_bad_method_is_one_clear_error():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_black_box_attack_on_classical_stays_in_budget(method, subjects4, monkeypatch):
-    from trainer import art_attacks
-    from trainer.art_attacks import blackbox_on_scores
-    from trainer.attacks import channel_budget
-    from trainer.experiments.classical import build_pipeline, scorer
+    from neurofed.trainer import art_attacks
+    from neurofed.trainer.art_attacks import blackbox_on_scores
+    from neurofed.trainer.attacks import channel_budget
+    from neurofed.trainer.experiments.classical import build_pipeline, scorer
 
     monkeypatch.setitem(art_attacks.LIBRARY_BUDGETS, "square", {"queries": 30, "restarts": 1, "p_init": 0.8})
     train, sd = subjects4[:3], subjects4[3]
-    from trainer.experiments.classical import _features
+    from neurofed.trainer.experiments.classical import _features
 
     pipe = build_pipeline(method).fit(np.concatenate(_features(method, train)), np.concatenate([s.y for s in train]))
     score = scorer(method, pipe, sd)

@@ -58,7 +58,7 @@ def test_simulate_without_held_out_saves_checkpoint(tmp_path, data_dir):
                                    "--test-subjects", "none", "--data-dir", str(data_dir), "--out", str(out)])
     assert res.exit_code == 0, res.output
     r = json.loads((out / "results.json").read_text())
-    from trainer.checkpoint import load_checkpoint
+    from neurofed.trainer.checkpoint import load_checkpoint
 
     _model, meta = load_checkpoint(r["checkpoints"][0])
     assert meta.strategy == "fedbs" and meta.bn_mode == "batch_specific" and meta.n_channels == 21
@@ -74,9 +74,9 @@ def test_bad_data_dir_is_one_clear_line(tmp_path):
 def test_default_simulate_leaves_chance_and_paper_preset_does_not(tmp_path, data_dir, small_cfg):
     """No default run trains to chance: `neurofed simulate` with its defaults (the published protocol) learns
     on real data in a few rounds; the papers' lr 0.005 / batch 32 stays at the chance-level loss (ln 2)."""
-    from trainer.checkpoint import load_checkpoint
-    from trainer.data import load_subjects
-    from trainer.evaluate import bca, predict
+    from neurofed.trainer.checkpoint import load_checkpoint
+    from neurofed.trainer.data import load_subjects
+    from neurofed.trainer.evaluate import bca, predict
 
     base = ["simulate", "--algorithm", "fedavg", "--subjects", "1-4", "--rounds", "6", "--test-subjects", "none",
             "--threads", "1", "--data-dir", str(data_dir)]
@@ -98,7 +98,7 @@ def test_default_simulate_leaves_chance_and_paper_preset_does_not(tmp_path, data
 def test_runs_made_before_a_config_field_existed_still_resume():
     from dataclasses import asdict
 
-    from trainer.experiments.simulate import SimConfig, run_differences
+    from neurofed.trainer.experiments.simulate import SimConfig, run_differences
 
     new = asdict(SimConfig(subjects=[1, 2], seeds=[0, 1]))
     old = {k: v for k, v in new.items() if k not in ("byzantine", "folds")}
@@ -121,7 +121,7 @@ def test_runs_made_when_local_bn_mode_was_a_config_field_still_resume():
     """fleeg_eegnet's local BN moved from a SimConfig field to the strategy parameter local_bn_mode."""
     from dataclasses import asdict
 
-    from trainer.experiments.simulate import SimConfig, run_differences
+    from neurofed.trainer.experiments.simulate import SimConfig, run_differences
 
     new = asdict(SimConfig(subjects=[1, 2]))
     assert not run_differences({**new, "local_bn_mode": None}, new)
@@ -136,10 +136,9 @@ def test_a_run_resumes_from_another_spelling_of_its_data_folder_and_a_refusal_na
     from dataclasses import asdict
 
     import pytest
-
-    from trainer.data.eegmmidb import subjects_root
-    from trainer.errors import NeuroFedError
-    from trainer.experiments.simulate import SimConfig, refuse_other_run, run_differences
+    from neurofed.trainer.data.eegmmidb import subjects_root
+    from neurofed.trainer.errors import NeuroFedError
+    from neurofed.trainer.experiments.simulate import SimConfig, refuse_other_run, run_differences
 
     root = subjects_root(data_dir)
     monkeypatch.setenv("NEUROFED_DATA", str(data_dir))
@@ -162,8 +161,7 @@ def test_a_run_resumes_from_another_spelling_of_its_data_folder_and_a_refusal_na
 def test_integer_lists_parse_and_a_bad_one_is_named():
     import pytest
     import typer
-
-    from trainer.cli import parse_int_list
+    from neurofed.trainer.cli import parse_int_list
 
     assert parse_int_list("2", "--seeds") == [2]
     assert parse_int_list("0, 1,,2", "--seeds") == [0, 1, 2]

@@ -10,11 +10,10 @@ from pathlib import Path
 import mne
 import numpy as np
 import pytest
-
-from trainer.data import PreprocessConfig, list_subjects, load_eegmmidb_subject, resolve_data_dir
-from trainer.data.dataset import load_recordings
-from trainer.data.eegmmidb import RUN_EVENT_LABELS, download, network_reachable, subject_files
-from trainer.errors import DataError, DownloadUnavailable
+from neurofed.trainer.data import PreprocessConfig, list_subjects, load_eegmmidb_subject, resolve_data_dir
+from neurofed.trainer.data.dataset import load_recordings
+from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS, download, network_reachable, subject_files
+from neurofed.trainer.errors import DataError, DownloadUnavailable
 
 
 @pytest.fixture
@@ -57,9 +56,8 @@ def test_cached_filter_designs_give_scipy_defaults_exactly(sfreq, new):
     """Band-pass and resampling reuse their designs (the live decoder calls them per window) bit for bit."""
     from fractions import Fraction
 
+    from neurofed.trainer.data.preprocess import bandpass, resample
     from scipy import signal
-
-    from trainer.data.preprocess import bandpass, resample
 
     x = np.random.default_rng(0).normal(0, 20, (3, 4, int(4 * sfreq)))
     for _ in range(2):  # second call: from the cache
@@ -206,7 +204,7 @@ def test_download_offline_fails_fast_and_clearly():
 @pytest.mark.skipif(network_reachable(timeout=2.0), reason="online: the offline error cannot be observed")
 def test_moabb_offline_fails_fast_and_clearly():
     pytest.importorskip("moabb")
-    from trainer.data.moabb_source import load_moabb_subject
+    from neurofed.trainer.data.moabb_source import load_moabb_subject
 
     t0 = time.perf_counter()
     with pytest.raises(DownloadUnavailable, match="offline"):
@@ -235,7 +233,7 @@ def test_data_info_names_a_truncated_file(tmp_path, data_dir):
 
 def test_check_file_reports_missing_cues(tmp_path):
     """An EDF whose annotations hold only T1 (no right-fist cue) is reported, not counted as complete."""
-    from trainer.data.eegmmidb import check_file
+    from neurofed.trainer.data.eegmmidb import check_file
 
     rng = np.random.default_rng(0)
     raw = mne.io.RawArray(rng.standard_normal((2, 160 * 30)) * 1e-5, mne.create_info(["C3", "C4"], 160.0, "eeg"),

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
-from trainer.attacks import channel_budget
-from trainer.experiments.runner import run_centralised, run_federated
-from trainer.fl.algorithms import fal
-from trainer.fl.local import LocalConfig, train_local
-from trainer.fl.strategies import get_strategy
-from trainer.models import build_model
+from neurofed.trainer.attacks import channel_budget
+from neurofed.trainer.experiments.runner import run_centralised, run_federated
+from neurofed.trainer.fl.algorithms import fal
+from neurofed.trainer.fl.local import LocalConfig, train_local
+from neurofed.trainer.fl.strategies import get_strategy
+from neurofed.trainer.models import build_model
 
 
 def test_pgd_hook_stays_in_the_per_channel_budget_and_leaves_bn_untouched():

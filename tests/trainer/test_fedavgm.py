@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import torch
-
-from trainer.experiments.runner import run_federated
-from trainer.fl.client import ClientUpdate
-from trainer.fl.local import LocalConfig
-from trainer.fl.server import ServerState, server_extras_for_clients, server_update
-from trainer.fl.strategies import get_strategy
+from neurofed.trainer.experiments.runner import run_federated
+from neurofed.trainer.fl.client import ClientUpdate
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.server import ServerState, server_extras_for_clients, server_update
+from neurofed.trainer.fl.strategies import get_strategy
 
 
 def _round(server, values, st):

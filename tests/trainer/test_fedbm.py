@@ -8,8 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from trainer.concepts import (
+from neurofed.trainer.concepts import (
     RESOURCE,
     ConceptError,
     concept_stats,
@@ -17,7 +16,7 @@ from trainer.concepts import (
     load_concepts,
     prompts_for,
 )
-from trainer.fl.algorithms.fedbm import (
+from neurofed.trainer.fl.algorithms.fedbm import (
     ConceptHead,
     ConditionalGenerator,
     alignment_prior_loss,
@@ -28,11 +27,11 @@ from trainer.fl.algorithms.fedbm import (
     install_head,
     surrogate_loss,
 )
-from trainer.fl.client import client_update, init_client_state
-from trainer.fl.local import LocalConfig
-from trainer.fl.server import ServerState, downlink, server_extras_for_clients, server_update
-from trainer.fl.strategies import get_strategy
-from trainer.models import build_model
+from neurofed.trainer.fl.client import client_update, init_client_state
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.server import ServerState, downlink, server_extras_for_clients, server_update
+from neurofed.trainer.fl.strategies import get_strategy
+from neurofed.trainer.models import build_model
 
 N_CH, N_T, SF = 4, 64, 32.0
 
@@ -192,7 +191,7 @@ def test_generator_losses_use_running_stats_or_the_alignment_prior():
         assert all(torch.isfinite(v) and v > 0 for v in parts.values())
         if bn == "batch_specific":
             torch.manual_seed(1)
-            from trainer.fl.algorithms.fedbm import sample_codes
+            from neurofed.trainer.fl.algorithms.fedbm import sample_codes
             _, x = gen(*sample_codes(mean, var, y, gen.noise_dim))
             assert float(parts["distribution"].detach()) == pytest.approx(float(alignment_prior_loss(x).detach()), rel=1e-6)
         parts["semantic"].backward()
@@ -202,7 +201,7 @@ def test_generator_losses_use_running_stats_or_the_alignment_prior():
 @pytest.mark.slow
 @pytest.mark.skipif(not encoder_available(), reason="optional extra fedbm not installed")
 def test_committed_embeddings_equal_a_fresh_local_encode():
-    from trainer.concepts import CONCEPTS, encode_concepts
+    from neurofed.trainer.concepts import CONCEPTS, encode_concepts
 
     with np.load(RESOURCE) as z:
         committed = z["embeddings"]
@@ -213,8 +212,8 @@ def test_committed_embeddings_equal_a_fresh_local_encode():
 def test_concept_head_model_survives_checkpoint_and_onnx_export(tmp_path):
     """A FedBM model (projection + frozen concept classifier) reloads from its checkpoint and exports to ONNX
     with the same logits: the head is rebuilt from the state's shapes, not replaced by a linear layer."""
-    from export.onnx_export import VerifyReport, to_onnx, verify_against_torch
-    from trainer.checkpoint import ModelMeta, load_checkpoint, save_checkpoint
+    from neurofed.export.onnx_export import VerifyReport, to_onnx, verify_against_torch
+    from neurofed.trainer.checkpoint import ModelMeta, load_checkpoint, save_checkpoint
 
     model = _model("batch_specific")
     install_head(model, concept_extras(load_concepts(["left_fist", "right_fist"]), 17.5))
@@ -236,7 +235,7 @@ def test_concept_head_model_survives_checkpoint_and_onnx_export(tmp_path):
 
 
 def test_a_plain_checkpoint_keeps_its_linear_head():
-    from trainer.models.heads import install_concept_head_for
+    from neurofed.trainer.models.heads import install_concept_head_for
 
     model = _model()
     assert not install_concept_head_for(model, model.state_dict())
@@ -246,7 +245,7 @@ def test_a_plain_checkpoint_keeps_its_linear_head():
 def test_pseudo_trials_do_not_move_bn_running_statistics():
     """The clients' pseudo-trial pass trains through standard BN without updating its running statistics (the
     held-out subjects are decoded with them; pseudo batches would pull them towards the generator's)."""
-    from trainer.fl.algorithms.fedbm import _GeneratorHook
+    from neurofed.trainer.fl.algorithms.fedbm import _GeneratorHook
 
     model = _model("standard")
     model.train()

@@ -8,15 +8,20 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from trainer.evaluate import mean_loss
-from trainer.experiments.runner import run_federated
-from trainer.fl.algorithms import fedfa
-from trainer.fl.client import ClientUpdate, client_update, init_client_state
-from trainer.fl.local import LocalConfig, train_local
-from trainer.fl.server import CLIPPED_KEY, ServerState, downlink, server_extras_for_clients, server_update
-from trainer.fl.strategies import get_strategy
-from trainer.models import build_model
+from neurofed.trainer.evaluate import mean_loss
+from neurofed.trainer.experiments.runner import run_federated
+from neurofed.trainer.fl.algorithms import fedfa
+from neurofed.trainer.fl.client import ClientUpdate, client_update, init_client_state
+from neurofed.trainer.fl.local import LocalConfig, train_local
+from neurofed.trainer.fl.server import (
+    CLIPPED_KEY,
+    ServerState,
+    downlink,
+    server_extras_for_clients,
+    server_update,
+)
+from neurofed.trainer.fl.strategies import get_strategy
+from neurofed.trainer.models import build_model
 
 
 def _model(seed: int = 0, name: str = "eegnet"):

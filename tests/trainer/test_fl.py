@@ -5,17 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from neurofed.trainer.attacks import channel_budget, fgsm, pgd
+from neurofed.trainer.experiments.runner import run_federated
+from neurofed.trainer.fl.api import StateAggregator
+from neurofed.trainer.fl.client import ClientState, ClientUpdate, client_update, init_client_state
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.server import ServerState, WeightedSum, downlink, select_clients, server_update
+from neurofed.trainer.fl.strategies import ALGORITHMS, get_strategy
+from neurofed.trainer.models import bn_state_keys, build_model
+from neurofed.trainer.perturb import awp_perturbation, perturbed, sam_perturbation
 from torch import nn
-
-from trainer.attacks import channel_budget, fgsm, pgd
-from trainer.experiments.runner import run_federated
-from trainer.fl.api import StateAggregator
-from trainer.fl.client import ClientState, ClientUpdate, client_update, init_client_state
-from trainer.fl.local import LocalConfig
-from trainer.fl.server import ServerState, WeightedSum, downlink, select_clients, server_update
-from trainer.fl.strategies import ALGORITHMS, get_strategy
-from trainer.models import bn_state_keys, build_model
-from trainer.perturb import awp_perturbation, perturbed, sam_perturbation
 
 
 def test_weighted_sum_matches_hand_computed_average():
@@ -186,7 +185,7 @@ def test_runs_are_reproducible(subjects4, alg):
 def test_scaffold_displacement_recovers_the_gradient_with_momentum(momentum):
     """SCAFFOLD's c_i = (x - y_i) / (lr * D_K): under a constant gradient g it is exactly g, with or without
     momentum (torch's SGD, fresh buffer, as in every local round)."""
-    from trainer.fl.client import momentum_displacement
+    from neurofed.trainer.fl.client import momentum_displacement
 
     g = torch.tensor([1.0, -2.0, 0.5])
     w = nn.Parameter(torch.zeros(3))

@@ -6,16 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from trainer.data.config import SENSORIMOTOR_21
-from trainer.data.profiles import get_profile, interpolation_matrix
-from trainer.experiments.runner import init_group_models, init_server_state
-from trainer.fl.api import group_key
-from trainer.fl.client import ClientUpdate
-from trainer.fl.local import LocalConfig, train_local
-from trainer.fl.server import ServerState, downlink, server_update
-from trainer.fl.strategies import get_strategy
-from trainer.models import EEGNet, FleegProjEEGNet, build_model, count_parameters
+from neurofed.trainer.data.config import SENSORIMOTOR_21
+from neurofed.trainer.data.profiles import get_profile, interpolation_matrix
+from neurofed.trainer.experiments.runner import init_group_models, init_server_state
+from neurofed.trainer.fl.api import group_key
+from neurofed.trainer.fl.client import ClientUpdate
+from neurofed.trainer.fl.local import LocalConfig, train_local
+from neurofed.trainer.fl.server import ServerState, downlink, server_update
+from neurofed.trainer.fl.strategies import get_strategy
+from neurofed.trainer.models import EEGNet, FleegProjEEGNet, build_model, count_parameters
 
 U8 = get_profile("unicorn8").channels
 LAB = get_profile("lab64").channels
@@ -92,7 +91,7 @@ def test_hierarchical_aggregation_keeps_the_map_per_profile():
 
 
 def test_group_models_get_their_devices_channel_names():
-    from trainer.data.dataset import SubjectData
+    from neurofed.trainer.data.dataset import SubjectData
 
     def sd(name, chans):
         return SubjectData(name, np.zeros((2, len(chans), 320), np.float32), np.array([0, 1]), ("l", "r"), 80.0,
@@ -107,8 +106,8 @@ def test_group_models_get_their_devices_channel_names():
 
 
 def test_checkpoint_round_trip_rebuilds_the_map(tmp_path):
-    from trainer.checkpoint import ModelMeta, load_checkpoint, save_checkpoint
-    from trainer.experiments.runner import global_state_of
+    from neurofed.trainer.checkpoint import ModelMeta, load_checkpoint, save_checkpoint
+    from neurofed.trainer.experiments.runner import global_state_of
 
     m = _model(U8)
     with torch.no_grad():
@@ -124,8 +123,8 @@ def test_checkpoint_round_trip_rebuilds_the_map(tmp_path):
 
 def test_profile_channels_interpolate_maps_every_device_onto_the_common_montage():
     """--profile-channels interpolate (row c2): the FIXED matrix applied to the preprocessed trials."""
-    from trainer.data.dataset import SubjectData
-    from trainer.experiments.simulate import interpolate_subject
+    from neurofed.trainer.data.dataset import SubjectData
+    from neurofed.trainer.experiments.simulate import interpolate_subject
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 8, 320)).astype(np.float32)

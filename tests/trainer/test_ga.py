@@ -8,15 +8,20 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from trainer.evaluate import mean_loss
-from trainer.experiments.runner import run_federated
-from trainer.fl.algorithms import ga
-from trainer.fl.client import ClientUpdate, client_update, init_client_state
-from trainer.fl.local import LocalConfig
-from trainer.fl.server import RoundAggregator, ServerState, downlink, server_extras_for_clients, server_update
-from trainer.fl.strategies import get_strategy
-from trainer.models import build_model
+from neurofed.trainer.evaluate import mean_loss
+from neurofed.trainer.experiments.runner import run_federated
+from neurofed.trainer.fl.algorithms import ga
+from neurofed.trainer.fl.client import ClientUpdate, client_update, init_client_state
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.server import (
+    RoundAggregator,
+    ServerState,
+    downlink,
+    server_extras_for_clients,
+    server_update,
+)
+from neurofed.trainer.fl.strategies import get_strategy
+from neurofed.trainer.models import build_model
 
 
 def test_adjust_by_hand():
@@ -73,7 +78,7 @@ def test_needs_ids_rounds_and_every_client():
         st.check_participation(0.5)
     st.check_participation(1.0)
     get_strategy("fedavg").check_participation(0.5)
-    from broker.config import ConfigError, config_from_dict
+    from neurofed.broker.config import ConfigError, config_from_dict
     with pytest.raises(ConfigError, match="needs every client"):
         config_from_dict({"federation": {"strategy": "ga", "fraction": 0.5}})
     config_from_dict({"federation": {"strategy": "ga", "fraction": 1.0}})
@@ -113,8 +118,8 @@ def test_two_rounds_on_real_subjects_learn(subjects4):
 def test_simulate_options_refuse_partial_participation_and_the_baseline_grid_parses(tmp_path):
     from pathlib import Path
 
-    from trainer.errors import NeuroFedError
-    from trainer.experiments.grid import parse_spec
+    from neurofed.trainer.errors import NeuroFedError
+    from neurofed.trainer.experiments.grid import parse_spec
 
     bad = tmp_path / "bad.txt"
     bad.write_text("ga --algorithm ga --subjects 1-4 --rounds 2\n")  # the preset's fraction 0.5

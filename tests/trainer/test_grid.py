@@ -8,9 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
-
-from trainer.errors import NeuroFedError
-from trainer.experiments.grid import (
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.experiments.grid import (
     compare_jobs,
     grid,
     parse_spec,

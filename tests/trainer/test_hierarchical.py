@@ -6,16 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from trainer.data import PreprocessConfig
-from trainer.data.profiles import load_profile_subject
-from trainer.experiments.runner import init_group_models, init_server_state, run_federated
-from trainer.fl.api import group_key
-from trainer.fl.client import ClientUpdate, client_update, init_client_state
-from trainer.fl.local import LocalConfig
-from trainer.fl.server import ServerState, downlink, server_update
-from trainer.fl.strategies import get_strategy
-from trainer.models import EEGNet, FleegEEGNet, bn_state_keys
+from neurofed.trainer.data import PreprocessConfig
+from neurofed.trainer.data.profiles import load_profile_subject
+from neurofed.trainer.experiments.runner import init_group_models, init_server_state, run_federated
+from neurofed.trainer.fl.api import group_key
+from neurofed.trainer.fl.client import ClientUpdate, client_update, init_client_state
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.server import ServerState, downlink, server_update
+from neurofed.trainer.fl.strategies import get_strategy
+from neurofed.trainer.models import EEGNet, FleegEEGNet, bn_state_keys
 
 CFG = LocalConfig(lr=0.05, momentum=0.9, weight_decay=1e-4, batch_size=8, local_epochs=1)
 
@@ -130,7 +129,7 @@ def test_mixed_device_federation_on_real_recordings(mixed):
 
 def test_one_round_by_hand_equals_run_federated(mixed):
     """Round 1 rebuilt from client_update: the per-profile and global averages of the real updates."""
-    from trainer.experiments.runner import client_seed
+    from neurofed.trainer.experiments.runner import client_seed
 
     subs, groups = mixed
     train = {k: v for k, v in subs.items() if k != "S005"}
@@ -164,7 +163,7 @@ def test_hierarchical_strategy_without_profiles_is_refused(mixed):
 
 
 def test_simulate_with_profiles_reports_per_profile_bca(data_dir, tmp_path, monkeypatch):
-    from trainer.experiments.simulate import SimConfig, run_simulation
+    from neurofed.trainer.experiments.simulate import SimConfig, run_simulation
 
     monkeypatch.setenv("NEUROFED_CACHE", str(tmp_path / "cache"))
     prof = {"1": "unicorn8", "2": "research21", "3": "unicorn8", "4": "research21", "5": "unicorn8", "6": "research21"}
@@ -175,7 +174,7 @@ def test_simulate_with_profiles_reports_per_profile_bca(data_dir, tmp_path, monk
     tested = sorted(res["per_subject"])
     assert len(tested) == 2 and set(res["per_profile"]) == {prof[str(int(s[1:]))] for s in tested}
     assert sum(r["n"] for r in res["per_profile"].values()) == 2
-    from trainer.errors import NeuroFedError
+    from neurofed.trainer.errors import NeuroFedError
 
     with pytest.raises(NeuroFedError, match="different channels"):
         run_simulation(SimConfig(algorithm="fedavg", **{**base, "model": "eegnet"}), tmp_path / "b")
@@ -185,8 +184,8 @@ def test_simulate_with_profiles_reports_per_profile_bca(data_dir, tmp_path, monk
 
 
 def test_deployment_saves_one_checkpoint_per_profile(data_dir, tmp_path, monkeypatch):
-    from trainer.checkpoint import load_checkpoint
-    from trainer.experiments.simulate import SimConfig, run_simulation
+    from neurofed.trainer.checkpoint import load_checkpoint
+    from neurofed.trainer.experiments.simulate import SimConfig, run_simulation
 
     monkeypatch.setenv("NEUROFED_CACHE", str(tmp_path / "cache"))
     prof = {"1": "unicorn8", "2": "cyton_daisy16", "3": "unicorn8", "4": "cyton_daisy16"}

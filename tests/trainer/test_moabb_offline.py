@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("moabb")
 
-from trainer.data import PreprocessConfig, load_eegmmidb_subject
-from trainer.data.moabb_source import eegmmidb_as_mne_data, load_moabb_subject, make_dataset
+from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
+from neurofed.trainer.data.moabb_source import eegmmidb_as_mne_data, load_moabb_subject, make_dataset
 
 SUBJECTS = [1, 2, 3]
 
@@ -43,8 +43,7 @@ def test_moabb_physionetmi_equals_neurofed_loader(mne_data, data_dir):
 def test_neurofed_model_in_a_moabb_evaluation(mne_data, tmp_path):
     from moabb.evaluations import CrossSubjectEvaluation
     from moabb.paradigms import LeftRightImagery
-
-    from trainer.sklearn_api import NeuroFedClassifier
+    from neurofed.trainer.sklearn_api import NeuroFedClassifier
 
     ds = make_dataset("PhysionetMI", 1)
     ds.subject_list = SUBJECTS
@@ -58,10 +57,9 @@ def test_neurofed_model_in_a_moabb_evaluation(mne_data, tmp_path):
 
 
 def test_federated_fit_with_groups_and_sklearn_clone(subjects4):
+    from neurofed.trainer.data import SENSORIMOTOR_21
+    from neurofed.trainer.sklearn_api import NeuroFedClassifier
     from sklearn.base import clone
-
-    from trainer.data import SENSORIMOTOR_21
-    from trainer.sklearn_api import NeuroFedClassifier
 
     X = np.concatenate([sd.X for sd in subjects4[:3]])  # already 80 Hz / 21 channels: no resampling
     y = np.array(["left", "right"])[np.concatenate([sd.y for sd in subjects4[:3]])]
@@ -75,13 +73,13 @@ def test_federated_fit_with_groups_and_sklearn_clone(subjects4):
 
 
 def test_checkpoint_classifier_predicts_like_the_model(subjects4, tmp_path):
-    from trainer.checkpoint import ModelMeta, save_checkpoint
-    from trainer.data import SENSORIMOTOR_21
-    from trainer.data.preprocess import euclidean_alignment, preprocess_epochs
-    from trainer.errors import DataError
-    from trainer.evaluate import predict
-    from trainer.models import build_model
-    from trainer.sklearn_api import NeuroFedCheckpointClassifier
+    from neurofed.trainer.checkpoint import ModelMeta, save_checkpoint
+    from neurofed.trainer.data import SENSORIMOTOR_21
+    from neurofed.trainer.data.preprocess import euclidean_alignment, preprocess_epochs
+    from neurofed.trainer.errors import DataError
+    from neurofed.trainer.evaluate import predict
+    from neurofed.trainer.models import build_model
+    from neurofed.trainer.sklearn_api import NeuroFedCheckpointClassifier
 
     sd = subjects4[0]
     pre = PreprocessConfig.from_preset("sensorimotor21", resample=None)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from trainer.data.dataset import SubjectData
-from trainer.experiments.partition import (
+from neurofed.trainer.data.dataset import SubjectData
+from neurofed.trainer.experiments.partition import (
     class_counts,
     dirichlet_assignment,
     parse_partition,

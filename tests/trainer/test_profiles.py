@@ -6,12 +6,10 @@ import json
 
 import numpy as np
 import pytest
-from scipy import signal
-
-from trainer.data import PreprocessConfig, load_eegmmidb_subject
-from trainer.data.eegmmidb import subject_files
-from trainer.data.io import read_raw
-from trainer.data.profiles import (
+from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
+from neurofed.trainer.data.eegmmidb import subject_files
+from neurofed.trainer.data.io import read_raw
+from neurofed.trainer.data.profiles import (
     DeviceProfile,
     ProfileError,
     assign_profiles,
@@ -26,6 +24,7 @@ from trainer.data.profiles import (
     to_device,
     to_microvolts,
 )
+from scipy import signal
 
 CFG = PreprocessConfig(resample=80.0)
 
@@ -173,7 +172,7 @@ def test_simulate_profile_options_refuse_bad_combinations(tmp_path, data_dir):
 
 # ---------------------------------------------------------------------------- channel interpolation
 def test_interpolation_matrix_hand_checkable_case():
-    from trainer.data.profiles import interpolation_matrix
+    from neurofed.trainer.data.profiles import interpolation_matrix
 
     w = interpolation_matrix(["C3", "c4"], ["C3", "Cz", "C4"])
     assert w.shape == (3, 2)
@@ -185,8 +184,8 @@ def test_interpolation_matrix_hand_checkable_case():
 def test_interpolation_matrix_rows_sum_to_one():
     """The spline's free constant term with sum(c) = 0 reproduces a constant potential exactly: every row
     sums to 1 (weights can be negative)."""
-    from trainer.data.config import SENSORIMOTOR_21
-    from trainer.data.profiles import interpolation_matrix
+    from neurofed.trainer.data.config import SENSORIMOTOR_21
+    from neurofed.trainer.data.profiles import interpolation_matrix
 
     for name in ("unicorn8", "cyton_daisy16", "cyton8", "lab64"):
         w = interpolation_matrix(get_profile(name).channels, SENSORIMOTOR_21)
@@ -202,8 +201,7 @@ def test_interpolation_matrix_rows_sum_to_one():
 def test_interpolation_matrix_matches_mnes_spline():
     """Cross-check against MNE's own (private) implementation, when this MNE still has it."""
     from mne.channels import interpolation as mi
-
-    from trainer.data.profiles import _template_geometry, interpolation_matrix
+    from neurofed.trainer.data.profiles import _template_geometry, interpolation_matrix
 
     if not hasattr(mi, "_make_interpolation_matrix"):
         pytest.skip("this MNE has no mne.channels.interpolation._make_interpolation_matrix")
@@ -215,7 +213,7 @@ def test_interpolation_matrix_matches_mnes_spline():
 
 
 def test_interpolation_matrix_errors():
-    from trainer.data.profiles import interpolation_matrix
+    from neurofed.trainer.data.profiles import interpolation_matrix
 
     with pytest.raises(ProfileError, match=r"\['XX9'\] have no position"):
         interpolation_matrix(["C3", "XX9"], ["Cz"])

@@ -6,10 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
+from neurofed.trainer.fl.strategies import ALGORITHMS, PARAMS, docs_tables, get_strategy
 from typer.testing import CliRunner
 
 from neurofed.cli import app
-from trainer.fl.strategies import ALGORITHMS, PARAMS, docs_tables, get_strategy
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
 
@@ -45,8 +45,8 @@ def test_overrides_compose_and_are_validated():
 
 
 def test_federation_config_and_wire_specs_come_from_the_strategy():
-    from broker.config import ConfigError, config_from_dict
-    from trainer.models import build_model
+    from neurofed.broker.config import ConfigError, config_from_dict
+    from neurofed.trainer.models import build_model
 
     cfg = config_from_dict({"federation": {"strategy": "scaffold", "aggregation": "streaming"}})
     m = build_model("eegnet", 21, 2, 320, 80.0, "standard")

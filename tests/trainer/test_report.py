@@ -16,7 +16,7 @@ from neurofed.cli import app
 def _run(tmp_path, name: str, per_seed: dict) -> str:
     d = tmp_path / name
     d.mkdir()
-    from trainer.experiments.simulate import aggregate_seeds
+    from neurofed.trainer.experiments.simulate import aggregate_seeds
 
     per_subject, summary = aggregate_seeds(per_seed)
     r = {"algorithm": name, "model": "eegnet", "config": {"seeds": [int(k) for k in per_seed], "preprocess": {}},
@@ -92,9 +92,9 @@ def _full_run(tmp_path, name: str, algorithm: str, local_epochs: int = 2) -> str
     """A results.json as ``neurofed simulate`` writes it (3 subjects, LOSO, one seed, 3 rounds)."""
     from dataclasses import asdict
 
-    from trainer.data import PreprocessConfig
-    from trainer.experiments.simulate import SimConfig, aggregate_seeds
-    from trainer.fl.local import LocalConfig
+    from neurofed.trainer.data import PreprocessConfig
+    from neurofed.trainer.experiments.simulate import SimConfig, aggregate_seeds
+    from neurofed.trainer.fl.local import LocalConfig
 
     cfg = SimConfig(algorithm=algorithm, subjects=[1, 2, 9], rounds=3, eval_every=1, attacks=[["pgd", 0.03]],
                     local=LocalConfig(0.05, 0.9, 1e-4, 8, local_epochs).to_dict(),
@@ -149,7 +149,7 @@ def test_report_warns_when_a_refs_name_matches_no_run(tmp_path):
     ("missing-class", "(partition missing-class: each training subject's trials split over several clients)"),
 ])
 def test_report_protocol_names_the_client_partition(partition, want):
-    from trainer.report import protocol_of
+    from neurofed.trainer.report import protocol_of
 
     run = {"algorithm": "fedavg", "config": {"rounds": 50, "fraction": 0.5, "partition": partition}}
     assert protocol_of(run)["rounds"] == f"50 rounds, 0.5 of the clients per round {want}"
@@ -157,7 +157,7 @@ def test_report_protocol_names_the_client_partition(partition, want):
 
 def test_learning_curve_per_seed_is_tabulated_and_follows_seeds(tmp_path):
     """summarise keeps each seed's curve; the report tabulates mean (per seed) and --seeds restricts it."""
-    from trainer.experiments.simulate import mean_curve
+    from neurofed.trainer.experiments.simulate import mean_curve
 
     jobs = [{"seed": s, "fold": k, "curve": [{"round": 1, "loss": 1.0}, {"round": 10, "bca": b}, {"round": 20, "bca": b + 0.1}]}
             for s, k, b in ((0, 0, 0.5), (0, 1, 0.6), (1, 0, 0.7), (1, 1, 0.8))]
@@ -179,7 +179,7 @@ def test_learning_curve_per_seed_is_tabulated_and_follows_seeds(tmp_path):
 
 
 def test_paired_comparison_hand_computed_case():
-    from trainer.report import paired_comparison
+    from neurofed.trainer.report import paired_comparison
 
     x = {"S001": 0.6, "S002": 0.7, "S003": 0.8, "S004": 0.9, "S009": 0.5}  # S009 only in x: not compared
     y = {"S001": 0.5, "S002": 0.5, "S003": 0.5, "S004": 0.9}
@@ -212,7 +212,7 @@ def test_report_tabulates_paired_comparisons_against_each_ref(tmp_path):
 
 def test_clip_counts_are_summed_per_seed_and_reported_over_the_seeds_shown(tmp_path):
     """summarise keeps each seed's count of server-clipped updates; the report sums the seeds it shows."""
-    from trainer.experiments.simulate import clip_summary
+    from neurofed.trainer.experiments.simulate import clip_summary
 
     def job(seed, clipped=None):
         cost = {"robust.stat_clipped": float(clipped)} if clipped is not None else {}

@@ -5,14 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from trainer.experiments.runner import run_federated
-from trainer.fl.algorithms.dp import dp_epsilon, noise_for_epsilon
-from trainer.fl.byzantine import Byzantine
-from trainer.fl.client import ClientUpdate
-from trainer.fl.local import LocalConfig
-from trainer.fl.server import CLIPPED_KEY, ServerState, server_update
-from trainer.fl.strategies import get_strategy
+from neurofed.trainer.experiments.runner import run_federated
+from neurofed.trainer.fl.algorithms.dp import dp_epsilon, noise_for_epsilon
+from neurofed.trainer.fl.byzantine import Byzantine
+from neurofed.trainer.fl.client import ClientUpdate
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.server import CLIPPED_KEY, ServerState, server_update
+from neurofed.trainer.fl.strategies import get_strategy
 
 G = {"w": torch.zeros(3), "n": torch.tensor(0)}
 

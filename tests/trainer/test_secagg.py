@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from trainer.fl.secagg import SecAggClient, SecAggError, decode, encode, secure_weighted_mean
+from neurofed.trainer.fl.secagg import SecAggClient, SecAggError, decode, encode, secure_weighted_mean
 
 
 def _updates(n=5, d=200, seed=0):
@@ -55,7 +54,7 @@ def test_fixed_point_round_trip_and_overflow():
 
 # ----------------------------------------------------------------------------- SecAgg+ (neighbour graph)
 def test_neighbour_graph_is_regular_symmetric_and_seeded():
-    from trainer.fl.secagg import graph_params, neighbour_graph
+    from neurofed.trainer.fl.secagg import graph_params, neighbour_graph
 
     g = neighbour_graph(100, 20, seed=3)
     assert sorted(g) == list(range(1, 101))
@@ -78,7 +77,7 @@ def test_secagg_plus_sum_is_exact_and_dropouts_recovered(k):
 
 
 def test_secagg_plus_refuses_when_a_client_has_too_few_surviving_neighbours():
-    from trainer.fl.secagg import neighbour_graph
+    from neurofed.trainer.fl.secagg import neighbour_graph
 
     up = _updates(n=10)
     g = neighbour_graph(10, 4, seed=0)
@@ -103,7 +102,7 @@ def test_sealed_shares_open_only_for_their_holder_and_detect_tampering():
 
 
 def test_encode_update_clamps_and_the_sum_decodes_to_the_weighted_mean():
-    from trainer.fl.secagg import MOD, decode_update_sum, encode_update
+    from neurofed.trainer.fl.secagg import MOD, decode_update_sum, encode_update
 
     rng = np.random.default_rng(0)
     deltas = [rng.normal(0, 0.1, 50) for _ in range(4)]
@@ -124,8 +123,7 @@ def test_encode_update_clamps_and_the_sum_decodes_to_the_weighted_mean():
 
 def test_cached_combine_equals_pycryptodome_combine():
     from Crypto.Protocol.SecretSharing import Shamir
-
-    from trainer.fl.secagg import combine16
+    from neurofed.trainer.fl.secagg import combine16
 
     rng = np.random.default_rng(0)
     for t, n in ((2, 3), (8, 14), (15, 28)):
@@ -140,8 +138,7 @@ def test_fast_field_and_split_match_pycryptodome():
     import random
 
     from Crypto.Protocol.SecretSharing import Shamir, _Element
-
-    from trainer.fl.secagg import _gf_mul, _gf_mul_small, combine16, split16
+    from neurofed.trainer.fl.secagg import _gf_mul, _gf_mul_small, combine16, split16
 
     rnd = random.Random(0)
     for _ in range(200):
@@ -175,7 +172,7 @@ def test_fast_field_and_split_match_pycryptodome():
 
 
 def test_one_clients_row_is_its_row_of_the_graph():
-    from trainer.fl.secagg import neighbour_graph, neighbours_of
+    from neurofed.trainer.fl.secagg import neighbour_graph, neighbours_of
 
     for n, k, seed in ((2, 1, 0), (5, 4, 3), (24, 14, 7), (100, 20, 12345), (101, 9, 2**62)):
         g = neighbour_graph(n, k, seed)

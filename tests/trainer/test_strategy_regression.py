@@ -29,11 +29,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from trainer.experiments.runner import run_centralised, run_federated
-from trainer.fl.local import LocalConfig
-from trainer.fl.server import CLIPPED_KEY
-from trainer.fl.strategies import get_strategy
+from neurofed.trainer.experiments.runner import run_centralised, run_federated
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.server import CLIPPED_KEY
+from neurofed.trainer.fl.strategies import get_strategy
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "strategy_hashes.json"
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +84,7 @@ def run_case(name: str, subjects) -> str:
 
 def all_hashes() -> dict[str, str]:
     """Every case's hash in this process (run it with :data:`PINNED_ENV` set before Python starts)."""
-    from trainer.data import PreprocessConfig, load_subjects, resolve_data_dir
+    from neurofed.trainer.data import PreprocessConfig, load_subjects, resolve_data_dir
 
     subs = load_subjects([1, 2, 3, 4], PreprocessConfig.from_preset("sensorimotor21", resample=80.0),
                          resolve_data_dir(os.environ.get("NEUROFED_DATA")))

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from neurofed.trainer.data import PreprocessConfig
+from neurofed.trainer.data.config import SENSORIMOTOR_21
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.experiments import sweep as sweep_mod
+from neurofed.trainer.experiments.simulate import SimConfig, run_simulation
+from neurofed.trainer.fl.local import LocalConfig
 from typer.testing import CliRunner
-
-from trainer.data import PreprocessConfig
-from trainer.data.config import SENSORIMOTOR_21
-from trainer.errors import NeuroFedError
-from trainer.experiments import sweep as sweep_mod
-from trainer.experiments.simulate import SimConfig, run_simulation
-from trainer.fl.local import LocalConfig
 
 
 def _cfg(data_dir, **kw) -> SimConfig:
@@ -49,7 +48,7 @@ def test_sweep_of_saved_models_equals_the_runs_inline_attack(saved_run, monkeypa
     def no_eval(*a, **k):
         raise AssertionError("a finished sweep was computed again")
 
-    monkeypatch.setattr("trainer.experiments.runner.evaluate_subjects", no_eval)
+    monkeypatch.setattr("neurofed.trainer.experiments.runner.evaluate_subjects", no_eval)
     again = sweep_mod.sweep_run(run, [("fgsm", 0.1)])  # a subset of what is kept: nothing to compute
     assert again["per_subject"] == {s: {k: r[k] for k in ("bca", "fgsm@0.1")} for s, r in out["per_subject"].items()}
     # the file still summarises every budget the jobs hold, not only the last command's
@@ -89,7 +88,7 @@ def test_save_models_does_not_change_the_run(data_dir):
     """--save-models is output only: a run may be resumed with it on, and trains the same."""
     from dataclasses import asdict
 
-    from trainer.experiments.simulate import run_differences
+    from neurofed.trainer.experiments.simulate import run_differences
 
     a, b = asdict(_cfg(data_dir)), asdict(_cfg(data_dir, save_models=True))
     assert run_differences(a, b) == [] and run_differences(b, a) == []

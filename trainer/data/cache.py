@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from trainer.atomic import atomic_write
+from neurofed.trainer.atomic import atomic_write
 
 CACHE_ENV = "NEUROFED_CACHE"
 
@@ -39,7 +38,7 @@ def load(key: str) -> dict[str, np.ndarray] | None:
 
 
 def save(key: str, arrays: dict[str, np.ndarray]) -> Path:
-    """Write atomically (:func:`trainer.atomic.atomic_write`)."""
+    """Write atomically (:func:`neurofed.trainer.atomic.atomic_write`)."""
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a path
             np.savez(f, **arrays)

@@ -9,13 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from trainer.data import cache
-from trainer.data.config import PreprocessConfig
-from trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, subject_files
-from trainer.data.io import check_consistent, epochs_from_raw, read_raw, sha256_file
-from trainer.data.preprocess import euclidean_alignment, preprocess_epochs
-from trainer.errors import DataError
+from neurofed.trainer.data import cache
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, subject_files
+from neurofed.trainer.data.io import check_consistent, epochs_from_raw, read_raw, sha256_file
+from neurofed.trainer.data.preprocess import euclidean_alignment, preprocess_epochs
+from neurofed.trainer.errors import DataError
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -102,7 +101,7 @@ def load_raws(
     hashes: Mapping[str, str] | None = None,
 ) -> SubjectData:
     """Like :func:`load_recordings`, from ``(source name, mne.io.Raw)`` pairs already in memory
-    (e.g. a recording presented through a device profile, :mod:`trainer.data.profiles`)."""
+    (e.g. a recording presented through a device profile, :mod:`neurofed.trainer.data.profiles`)."""
     if isinstance(label_maps, Mapping):
         label_maps = [label_maps] * len(raws)
     if len(label_maps) != len(raws):

@@ -18,7 +18,7 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
-from trainer.errors import DataError, DownloadUnavailable, NeuroFedError
+from neurofed.trainer.errors import DataError, DownloadUnavailable, NeuroFedError
 
 #: Left vs right fist imagery runs; T1/T2 meaning depends on the run.
 LR_IMAGERY_RUNS: tuple[int, ...] = (4, 8, 12)
@@ -153,7 +153,7 @@ def download(subjects: Iterable[int], runs: Iterable[int] = LR_IMAGERY_RUNS, pat
 def check_file(path: Path, run: int, window_s: float = 4.0) -> tuple[int, list[str]]:
     """Check one EEGMMIDB recording without loading its samples.
 
-    Header vs file size (:func:`trainer.data.io.check_edf_size`, the same check as loading), EDF
+    Header vs file size (:func:`neurofed.trainer.data.io.check_edf_size`, the same check as loading), EDF
     header and annotations readable by MNE, both cue classes of the run present, and every cue's
     ``window_s`` window inside the recording.
 
@@ -163,8 +163,7 @@ def check_file(path: Path, run: int, window_s: float = 4.0) -> tuple[int, list[s
         Usable cues of the run's two classes, and one line per problem (empty: the file is fine).
     """
     import mne
-
-    from trainer.data.io import check_edf_size
+    from neurofed.trainer.data.io import check_edf_size
 
     try:
         check_edf_size(path)

@@ -1,7 +1,7 @@
 """The input guard's definition, one place for both guards that apply it.
 
-``edge.guard.check_window`` (the Python edge path, numpy) and the standalone ONNX graph
-(``export.standalone``, torch ops exported into the graph) reject the same raw windows: the kinds
+``neurofed.edge.guard.check_window`` (the Python edge path, numpy) and the standalone ONNX graph
+(``neurofed.export.standalone``, torch ops exported into the graph) reject the same raw windows: the kinds
 of fault, their thresholds and the one-line reason naming the channels are defined here.
 """
 

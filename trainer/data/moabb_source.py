@@ -2,7 +2,7 @@
 
 MOABB retries failed downloads for tens of seconds. When none of the usual dataset hosts
 answers, the load runs in a child process with a 4 s budget (enough for files already on
-disk) and a :class:`~trainer.errors.DownloadUnavailable` names the problem otherwise.
+disk) and a :class:`~neurofed.trainer.errors.DownloadUnavailable` names the problem otherwise.
 
 Offline with local EEGMMIDB files: :func:`eegmmidb_as_mne_data` lays them out as MNE's download folder
 (symlinks), and with ``MNE_DATA`` pointing there and ``MOABB_DOWNLOAD_PROVIDER=upstream`` MOABB's own
@@ -18,12 +18,11 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
-from trainer.data.config import PreprocessConfig
-from trainer.data.dataset import SubjectData, _finish
-from trainer.data.eegmmidb import network_reachable
-from trainer.data.io import epochs_from_raw
-from trainer.errors import DataError, DownloadUnavailable
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.dataset import SubjectData, _finish
+from neurofed.trainer.data.eegmmidb import network_reachable
+from neurofed.trainer.data.io import epochs_from_raw
+from neurofed.trainer.errors import DataError, DownloadUnavailable
 
 _HOSTS = (("zenodo.org", 443), ("physionet.org", 443), ("lampx.tugraz.at", 443), ("bnci-horizon-2020.eu", 443))
 OFFLINE_BUDGET_S = 4.0
@@ -47,7 +46,7 @@ def eegmmidb_as_mne_data(data_dir: str | Path, target: str | Path, subjects: lis
     Path
         ``target`` (set ``MNE_DATA`` to it and ``MOABB_DOWNLOAD_PROVIDER=upstream`` before using MOABB).
     """
-    from trainer.data.eegmmidb import subjects_root
+    from neurofed.trainer.data.eegmmidb import subjects_root
 
     root = subjects_root(Path(data_dir))
     if root is None:
@@ -120,7 +119,7 @@ def load_moabb_subject(dataset: str, subject: int, cfg: PreprocessConfig | None 
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "epochs.npz"
             code = (
-                "import json,sys,numpy as np;from trainer.data.moabb_source import _load_raw_epochs as f;"
+                "import json,sys,numpy as np;from neurofed.trainer.data.moabb_source import _load_raw_epochs as f;"
                 f"x,l,s,c=f({dataset!r},{subject},{cfg.tmin},{cfg.tmax});"
                 f"np.savez({str(out)!r},x=x,l=np.array(l),s=s,c=np.array(c))"
             )

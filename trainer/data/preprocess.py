@@ -11,10 +11,9 @@ from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
-
-from trainer.data.config import PreprocessConfig
-from trainer.data.units import norm_label
-from trainer.errors import DataError
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.units import norm_label
+from neurofed.trainer.errors import DataError
 
 
 def bandpass(x: np.ndarray, sfreq: float, fmin: float, fmax: float, order: int = 4) -> np.ndarray:
@@ -75,7 +74,7 @@ def resample_fir(up: int, down: int) -> np.ndarray:
 
 
 def pick_channels(x: np.ndarray, ch_names: Sequence[str], wanted: Sequence[str]) -> np.ndarray:
-    """Reorder/select channels by label (:func:`trainer.data.units.norm_label`: case-insensitive, ``Fc5.`` ~
+    """Reorder/select channels by label (:func:`neurofed.trainer.data.units.norm_label`: case-insensitive, ``Fc5.`` ~
     ``FC5``); a clear error lists the missing ones."""
     index: dict[str, int] = {}
     for i, c in enumerate(ch_names):

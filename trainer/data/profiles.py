@@ -8,7 +8,7 @@ out of range: one :class:`ProfileError` line naming the problem). The shipped pr
 
 Presenting a recording (:func:`to_device`) works on the continuous signal, as a headset would
 stream it: channel selection, polyphase resampling to the device's rate
-(:func:`trainer.data.preprocess.resample`, ``scipy.signal.resample_poly``), optional seeded white
+(:func:`neurofed.trainer.data.preprocess.resample`, ``scipy.signal.resample_poly``), optional seeded white
 noise of ``noise_uv`` RMS, then the device's unit and gain. The client side undoes unit and gain
 with the profile's nominal values (:func:`to_microvolts`) and runs the normal pipeline (epochs,
 band-pass, resampling to the model's rate, per-subject EA): :func:`load_profile_subject`.
@@ -25,14 +25,13 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-
-from trainer.data import cache
-from trainer.data.config import PreprocessConfig
-from trainer.data.dataset import SubjectData, load_raws
-from trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, subject_files
-from trainer.data.io import read_raw, sha256_file
-from trainer.data.preprocess import resample
-from trainer.errors import DataError
+from neurofed.trainer.data import cache
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.dataset import SubjectData, load_raws
+from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, subject_files
+from neurofed.trainer.data.io import read_raw, sha256_file
+from neurofed.trainer.data.preprocess import resample
+from neurofed.trainer.errors import DataError
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -426,7 +425,7 @@ def parse_assignment(spec: str, subjects: Iterable[int], seed: int = 0) -> dict[
         for n in names:
             get_profile(n)
         return assign_profiles(subs, names, seed)
-    from trainer.data.eegmmidb import parse_subjects
+    from neurofed.trainer.data.eegmmidb import parse_subjects
 
     out: dict[int, str] = {}
     for part in spec.split(";"):

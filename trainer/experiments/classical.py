@@ -1,8 +1,8 @@
 """Classical references on NeuroFed's folds: EA + CSP + LDA (MNE, scikit-learn) and Riemannian tangent space.
 
 What a BCI practitioner would run instead of a deep federated model, evaluated on exactly the same subject
-folds (:func:`trainer.experiments.protocol.make_folds` with the same fold seed) and the same cached epochs
-(:func:`trainer.data.load_subjects`), written as a ``results.json`` in the schema ``neurofed simulate`` writes
+folds (:func:`neurofed.trainer.experiments.protocol.make_folds` with the same fold seed) and the same cached epochs
+(:func:`neurofed.trainer.data.load_subjects`), written as a ``results.json`` in the schema ``neurofed simulate`` writes
 so ``neurofed report`` shows the classical pipelines as rows next to the deep runs.
 
 Methods
@@ -36,12 +36,11 @@ from typing import Annotated
 
 import numpy as np
 import typer
-
-from trainer.atomic import atomic_write_bytes
-from trainer.data import PreprocessConfig, SubjectData, load_subjects
-from trainer.errors import NeuroFedError
-from trainer.evaluate import bca
-from trainer.experiments.protocol import make_folds
+from neurofed.trainer.atomic import atomic_write_bytes
+from neurofed.trainer.data import PreprocessConfig, SubjectData, load_subjects
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.evaluate import bca
+from neurofed.trainer.experiments.protocol import make_folds
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -169,7 +168,7 @@ def fit_predict_fold(cfg: ClassicalConfig, train: list[SubjectData], test: list[
         pipe.fit(np.concatenate(Xtr), np.concatenate([sd.y for sd in train]))
     out = {sd.subject: {"bca": bca(sd.y, pipe.predict(x))} for sd, x in zip(test, _features(cfg.method, test))}
     for attack, eps in cfg.attacks:
-        from trainer.art_attacks import blackbox_on_scores
+        from neurofed.trainer.art_attacks import blackbox_on_scores
 
         for sd in test:
             score = scorer(cfg.method, pipe, sd)
@@ -187,13 +186,12 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
 
     Re-running with the same configuration (seeds may be added) skips the (seed, fold) jobs already written.
 
-    Returns the results (the schema of :func:`trainer.experiments.simulate.summarise`).
+    Returns the results (the schema of :func:`neurofed.trainer.experiments.simulate.summarise`).
     """
     import mne
     import sklearn
-
-    from trainer.attacks import attack_budgets
-    from trainer.experiments.simulate import aggregate_seeds, open_run
+    from neurofed.trainer.attacks import attack_budgets
+    from neurofed.trainer.experiments.simulate import aggregate_seeds, open_run
 
     out = open_run(out_dir, cfg)
     pre = PreprocessConfig.from_dict(cfg.preprocess)
@@ -265,9 +263,7 @@ def classical(
     = Path("runs/classical"),
 ) -> None:
     """Classical reference (EA + CSP + LDA, or Riemannian tangent space) on NeuroFed's folds and epochs."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from trainer.cli import (
+    from neurofed.trainer.cli import (
         console,
         parse_attacks,
         parse_int_list,
@@ -275,6 +271,7 @@ def classical(
         preprocess_from_options,
         print_results,
     )
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     if method not in METHODS:
         raise typer.BadParameter(f"--method {method!r}: use one of {', '.join(METHODS)}")

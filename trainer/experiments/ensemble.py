@@ -23,9 +23,8 @@ from typing import Annotated
 
 import numpy as np
 import typer
-
-from trainer.errors import NeuroFedError
-from trainer.experiments.sweep import held_out_subjects, job_checkpoint, run_config, write_json
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.experiments.sweep import held_out_subjects, job_checkpoint, run_config, write_json
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -80,9 +79,9 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
         A run without saved models, runs whose folds hold out different subjects or were preprocessed or
         batched differently, no job of the chosen seeds.
     """
-    from trainer.checkpoint import load_checkpoint
-    from trainer.evaluate import bca, logits
-    from trainer.experiments.simulate import aggregate_seeds
+    from neurofed.trainer.checkpoint import load_checkpoint
+    from neurofed.trainer.evaluate import bca, logits
+    from neurofed.trainer.experiments.simulate import aggregate_seeds
 
     run_dirs = [Path(r) for r in runs]
     cfgs = [run_config(r) for r in run_dirs]
@@ -137,11 +136,10 @@ def ensemble(
                                                         "specific BN normalises over the batch")] = None,
 ) -> None:
     """Held-out BCA of the average of saved models (per fold: every run x seed), against its members alone."""
+    from neurofed.trainer.cli import parse_int_list
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
     from scipy import stats
-
-    from trainer.cli import parse_int_list
 
     console = Console(soft_wrap=True)
     chosen = parse_int_list(seeds, "--seeds") if seeds else None

@@ -32,9 +32,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-
-from trainer.errors import NeuroFedError
-from trainer.experiments.simulate import SimConfig, _job, job_paths, plan_jobs, run_differences, write_results
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.experiments.simulate import (
+    SimConfig,
+    _job,
+    job_paths,
+    plan_jobs,
+    run_differences,
+    write_results,
+)
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -72,8 +78,7 @@ def parse_spec(spec: Path, results: Path, group: str | None = None,
         Unknown option or bad value, naming the spec line.
     """
     import typer.main
-
-    from trainer.cli import build_sim_config, simulate, with_strategy_options
+    from neurofed.trainer.cli import build_sim_config, simulate, with_strategy_options
 
     if not spec.is_file():
         raise NeuroFedError(f"{spec}: grid spec not found")
@@ -183,7 +188,7 @@ def run_grid(
     on_event : callable
         Called after each job with (task, result or None, traceback or None, finished, total).
     job_fn : callable
-        The job (tests inject a stand-in); :func:`trainer.experiments.simulate._job` by default.
+        The job (tests inject a stand-in); :func:`neurofed.trainer.experiments.simulate._job` by default.
     planned : tuple or None
         ``plan(runs)`` when the caller has already made it (planned once, run as planned).
     seeds : sequence of int or None
@@ -380,6 +385,7 @@ def reproduce_grid(
 
 def _progress() -> Progress:
     """The grid's progress bar (description, bar, n/total, elapsed, remaining) on the CLI's console."""
+    from neurofed.trainer.cli import console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -388,8 +394,6 @@ def _progress() -> Progress:
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
-
-    from trainer.cli import console
 
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TimeRemainingColumn(), console=console)
@@ -417,7 +421,7 @@ def grid(
     = None,
 ) -> None:
     """Run a grid of simulate runs as one task per (run, seed, fold); re-running resumes it."""
-    from trainer.cli import console, parse_int_list, parse_name_list
+    from neurofed.trainer.cli import console, parse_int_list, parse_name_list
 
     runs = parse_spec(spec, results, group, parse_name_list(only) or None)
     if (scratch or match) and not reproduce:
@@ -451,7 +455,7 @@ def grid(
 def _reproduce_cli(spec: Path, runs: list[GridRun], scratch: Path | None, backend: str,
                    address: str | None, workers: int, match: list[str] | None = None,
                    seeds: list[int] | None = None) -> None:
-    from trainer.cli import console
+    from neurofed.trainer.cli import console
 
     scratch = scratch or Path(tempfile.mkdtemp(prefix="neurofed-reproduce-"))
     console.print(f"re-running in {scratch} (kept)")

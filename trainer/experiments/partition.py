@@ -25,8 +25,7 @@ import zlib
 from dataclasses import dataclass, replace
 
 import numpy as np
-
-from trainer.data.dataset import SubjectData
+from neurofed.trainer.data.dataset import SubjectData
 
 #: draws of a Dirichlet split before giving up on the minimum client size
 MAX_DRAWS = 1000

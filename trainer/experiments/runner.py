@@ -1,8 +1,8 @@
 """One training run (one fold, one seed): centralised (CT) or federated, in process.
 
 The federated loop calls exactly the functions the MQTT coordinator and edge clients call
-(:func:`trainer.fl.server.select_clients`, :func:`~trainer.fl.server.downlink`,
-:func:`trainer.fl.client.client_update`, :func:`~trainer.fl.server.server_update`), with the
+(:func:`neurofed.trainer.fl.server.select_clients`, :func:`~neurofed.trainer.fl.server.downlink`,
+:func:`neurofed.trainer.fl.client.client_update`, :func:`~neurofed.trainer.fl.server.server_update`), with the
 same per-(round, client) seeds, so both give the same weights.
 """
 
@@ -15,17 +15,22 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from neurofed.trainer.data.dataset import SubjectData
+from neurofed.trainer.evaluate import attacked_predict, bca, predict
+from neurofed.trainer.fl.api import group_key, is_grouped
+from neurofed.trainer.fl.byzantine import Byzantine
+from neurofed.trainer.fl.client import ClientState, client_update, init_client_state
+from neurofed.trainer.fl.local import LocalConfig, train_local
+from neurofed.trainer.fl.server import (
+    ServerState,
+    downlink,
+    select_clients,
+    server_extras_for_clients,
+    server_update,
+)
+from neurofed.trainer.fl.strategies import Strategy
+from neurofed.trainer.models import PER_DEVICE_MODELS, build_model
 from torch import Tensor, nn
-
-from trainer.data.dataset import SubjectData
-from trainer.evaluate import attacked_predict, bca, predict
-from trainer.fl.api import group_key, is_grouped
-from trainer.fl.byzantine import Byzantine
-from trainer.fl.client import ClientState, client_update, init_client_state
-from trainer.fl.local import LocalConfig, train_local
-from trainer.fl.server import ServerState, downlink, select_clients, server_extras_for_clients, server_update
-from trainer.fl.strategies import Strategy
-from trainer.models import PER_DEVICE_MODELS, build_model
 
 ProgressFn = Callable[[int, int, dict], None]
 
@@ -135,7 +140,7 @@ def run_federated(
 
     Returns the final global model (aggregated BN included) and ``{"curve": [...], "participation": {...}}``.
     ``server``/``client_states`` resume an interrupted run; ``byzantine`` makes a seeded fraction of the
-    clients attack (robustness experiments, :mod:`trainer.fl.byzantine`).
+    clients attack (robustness experiments, :mod:`neurofed.trainer.fl.byzantine`).
 
     ``groups`` (client id -> device profile, also every held-out subject's) is required by a
     hierarchical strategy (``strategy.group_prefixes``): each group gets its own architecture (its

@@ -14,27 +14,26 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from trainer.atomic import atomic_write_bytes
-from trainer.attacks import attack_budgets
-from trainer.checkpoint import ModelMeta, save_checkpoint
-from trainer.data import PreprocessConfig, load_subjects
-from trainer.data.config import SENSORIMOTOR_21
-from trainer.errors import NeuroFedError
-from trainer.experiments.partition import class_counts, partition_clients
-from trainer.experiments.protocol import make_folds
-from trainer.experiments.runner import (
+from neurofed.trainer.atomic import atomic_write_bytes
+from neurofed.trainer.attacks import attack_budgets
+from neurofed.trainer.checkpoint import ModelMeta, save_checkpoint
+from neurofed.trainer.data import PreprocessConfig, load_subjects
+from neurofed.trainer.data.config import SENSORIMOTOR_21
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.experiments.partition import class_counts, partition_clients
+from neurofed.trainer.experiments.protocol import make_folds
+from neurofed.trainer.experiments.runner import (
     EvalSpec,
     evaluate_subjects,
     global_state_of,
     run_centralised,
     run_federated,
 )
-from trainer.fl.byzantine import Byzantine
-from trainer.fl.local import LocalConfig
-from trainer.fl.server import CLIPPED_KEY
-from trainer.fl.strategies import get_strategy
-from trainer.models import PER_DEVICE_MODELS
+from neurofed.trainer.fl.byzantine import Byzantine
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.server import CLIPPED_KEY
+from neurofed.trainer.fl.strategies import get_strategy
+from neurofed.trainer.models import PER_DEVICE_MODELS
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -60,11 +59,11 @@ class SimConfig:
     test_batch: int = 8
     eval_every: int = 10
     attacks: list[list] = field(default_factory=list)  # [["pgd", 0.03], ...]
-    byzantine: str | None = None  # e.g. "0.2:scale:10" (trainer.fl.byzantine)
+    byzantine: str | None = None  # e.g. "0.2:scale:10" (neurofed.trainer.fl.byzantine)
     strategy_overrides: dict = field(default_factory=dict)
     data_dir: str | None = None
     fold_seed: int = 0
-    partition: str = "subject"  # subject, dirichlet:BETA[:K], missing-class (trainer.experiments.partition)
+    partition: str = "subject"  # subject, dirichlet:BETA[:K], missing-class (neurofed.trainer.experiments.partition)
     #: device profiles (issue 19): subject (as str) -> profile name; empty = every subject on the lab cap
     profiles: dict = field(default_factory=dict)
     #: "own" (each client its profile's channels), "intersection" (every client the channels all profiles share)
@@ -91,7 +90,7 @@ def load_fold_subjects(cfg: SimConfig, subjects: list[int], pre: PreprocessConfi
     """Subjects as loaded for ``cfg``: the plain loader, or each through its device profile."""
     if not cfg.profiles:
         return load_subjects(subjects, pre, cfg.data_dir)
-    from trainer.data.profiles import channel_intersection, get_profile, load_profile_subject
+    from neurofed.trainer.data.profiles import channel_intersection, get_profile, load_profile_subject
 
     chans = None
     if cfg.profile_channels == "intersection":
@@ -105,8 +104,8 @@ def load_fold_subjects(cfg: SimConfig, subjects: list[int], pre: PreprocessConfi
 
 def interpolate_subject(sd, channels: tuple[str, ...] = SENSORIMOTOR_21):
     """``sd`` with its (preprocessed, aligned) trials mapped onto ``channels`` by the fixed spherical-spline
-    matrix (:func:`trainer.data.profiles.interpolation_matrix`; channels it has are copied exactly)."""
-    from trainer.data.profiles import interpolation_matrix
+    matrix (:func:`neurofed.trainer.data.profiles.interpolation_matrix`; channels it has are copied exactly)."""
+    from neurofed.trainer.data.profiles import interpolation_matrix
 
     w = interpolation_matrix(sd.ch_names, channels).astype(np.float32)
     return replace(sd, X=np.einsum("kc,nct->nkt", w, sd.X).astype(np.float32), ch_names=list(channels))
@@ -280,8 +279,8 @@ def _data_root(data_dir: str | None) -> str | None:
     ``/work/shared/data``, ``../shared/data/eegmmidb`` and no ``--data-dir`` at all name the same files on one
     machine; a folder that cannot be resolved here is compared as written.
     """
-    from trainer.data.eegmmidb import resolve_data_dir, subjects_root
-    from trainer.errors import DataError
+    from neurofed.trainer.data.eegmmidb import resolve_data_dir, subjects_root
+    from neurofed.trainer.errors import DataError
 
     try:
         root = subjects_root(resolve_data_dir(data_dir))

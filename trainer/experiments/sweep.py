@@ -22,9 +22,8 @@ from typing import Annotated
 
 import numpy as np
 import typer
-
-from trainer.atomic import atomic_write_bytes
-from trainer.errors import NeuroFedError
+from neurofed.trainer.atomic import atomic_write_bytes
+from neurofed.trainer.errors import NeuroFedError
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -45,8 +44,8 @@ def write_json(path: Path, obj: dict) -> None:
 
 
 def run_config(run_dir: Path):
-    """The :class:`~trainer.experiments.simulate.SimConfig` a run directory was trained with."""
-    from trainer.experiments.simulate import SimConfig
+    """The :class:`~neurofed.trainer.experiments.simulate.SimConfig` a run directory was trained with."""
+    from neurofed.trainer.experiments.simulate import SimConfig
 
     cfg_path = run_dir / "config.json"
     if not cfg_path.exists():
@@ -72,8 +71,8 @@ def job_checkpoint(job_path: Path, job: dict) -> Path:
 
 def held_out_subjects(cfg, job: dict) -> list:
     """The job's held-out subjects, loaded with the run's own preprocessing."""
-    from trainer.data import PreprocessConfig
-    from trainer.experiments.simulate import load_fold_subjects
+    from neurofed.trainer.data import PreprocessConfig
+    from neurofed.trainer.experiments.simulate import load_fold_subjects
 
     return load_fold_subjects(cfg, [int(s[1:]) for s in job["test_subjects"]],
                               PreprocessConfig.from_dict(cfg.preprocess))
@@ -84,11 +83,11 @@ def sweep_job(run_dir: Path, job_path: Path, attacks: Sequence[tuple[str, float]
 
     Only the ``attack@eps`` keys not already in ``run_dir/sweep/<job>.json`` are computed, and the saved model is
     needed only then: kept results (committed to git, where models are not) are read on a machine without the
-    models. ``cfg``: the run's :class:`~trainer.experiments.simulate.SimConfig` (read from ``run_dir/config.json``
+    models. ``cfg``: the run's :class:`~neurofed.trainer.experiments.simulate.SimConfig` (read from ``run_dir/config.json``
     when not given).
     """
-    from trainer.checkpoint import load_checkpoint
-    from trainer.experiments.runner import EvalSpec, evaluate_subjects
+    from neurofed.trainer.checkpoint import load_checkpoint
+    from neurofed.trainer.experiments.runner import EvalSpec, evaluate_subjects
 
     job = json.loads(job_path.read_text())
     out_path = run_dir / "sweep" / job_path.name
@@ -193,8 +192,8 @@ def _summarise(run: Path, attacks: Sequence[tuple[str, float]], results: list[di
 
 def _summary(run: Path, keys: list[str], results: list[dict]) -> dict:
     """Per-subject means over seeds and the summary of the ``attack@eps`` ``keys`` (and benign BCA)."""
-    from trainer.attacks import attack_budgets
-    from trainer.experiments.simulate import aggregate_seeds
+    from neurofed.trainer.attacks import attack_budgets
+    from neurofed.trainer.experiments.simulate import aggregate_seeds
 
     per_seed: dict[int, dict[str, dict]] = {}
     for res in results:
@@ -286,10 +285,9 @@ def sweep(
     """Attack the saved models of runs at several budgets (no training); table and plot of BCA against eps.
 
     The first run is the reference of the paired t-tests. Results are kept per job (resumable)."""
+    from neurofed.trainer.cli import parse_attacks, parse_int_list
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
-
-    from trainer.cli import parse_attacks, parse_int_list
 
     console = Console()
     attacks = [(a, float(e)) for a, e in parse_attacks(attack)]

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from neurofed.trainer.fl.api import StateAggregator
 from torch import Tensor
-
-from trainer.fl.api import StateAggregator
 
 
 class WeightedSum(StateAggregator):

@@ -17,8 +17,8 @@ A :class:`Strategy` is the frozen composition: a name, the BN rule (``bn_mode``,
 ``bn_sync``) and a flat mapping of parameter settings from which its active components are built.
 Ablations stay one-flag overrides (``get_strategy("fedbs", sam_rho=0)``) and components compose
 (``get_strategy("fedavg", sam_rho=0.1, prox_mu=0.01)``). The registry of algorithms is
-:mod:`trainer.fl.strategies`; the pure per-round functions that use this interface are
-:mod:`trainer.fl.client` and :mod:`trainer.fl.server` (shared by the simulation and the MQTT
+:mod:`neurofed.trainer.fl.strategies`; the pure per-round functions that use this interface are
+:mod:`neurofed.trainer.fl.client` and :mod:`neurofed.trainer.fl.server` (shared by the simulation and the MQTT
 coordinator/edge clients).
 """
 
@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+from neurofed.trainer.models.bn import bn_state_keys
 from torch import Tensor, nn
-
-from trainer.models.bn import bn_state_keys
 
 BN_MODES = ("standard", "batch_specific")
 BN_SYNC = ("local", "stale_global")
@@ -162,7 +161,7 @@ class RoundInputs:
 class LocalHook:
     """One component's part in one client's round. Every hook is optional (the defaults do nothing).
 
-    The local-training step (:func:`trainer.fl.local.train_local`) calls, for each mini-batch:
+    The local-training step (:func:`neurofed.trainer.fl.local.train_local`) calls, for each mini-batch:
     :meth:`adversarial` (replace the inputs), the loss (cross-entropy + every :meth:`loss_term`),
     backward, then, if any :meth:`weight_delta` is not None, the gradient at the perturbed
     weights, then :meth:`correct` (edit gradients), then the optimiser step. After the round,
@@ -188,7 +187,7 @@ class LocalHook:
         return None
 
     def close(self) -> None:
-        """Undo what the hook installed on the model (FedFA's forward hooks); :func:`trainer.fl.local.train_local`
+        """Undo what the hook installed on the model (FedFA's forward hooks); :func:`neurofed.trainer.fl.local.train_local`
         calls it when its loop ends, also on error (so it runs in centralised training too)."""
 
     def finish(self, start: Mapping[str, Tensor], state: Mapping[str, Tensor],
@@ -226,7 +225,7 @@ class Reweighting:
 
 
 class StateAggregator:
-    """How the server combines the clients' state dicts (default: :class:`trainer.fl.aggregate.WeightedSum`).
+    """How the server combines the clients' state dicts (default: :class:`neurofed.trainer.fl.aggregate.WeightedSum`).
 
     ``add`` each accepted state once with its weight (trial count), then ``result``. A rule that needs
     every update at once (median, Krum, adaptive clipping) buffers them: memory O(clients x model).
@@ -271,7 +270,7 @@ class Component:
         """Shape a client's model from the downlinked extras before the global state is loaded into it
         (FedBM installs the frozen concept head a freshly built edge model lacks). Called every round,
         so it must be a no-op on a model it already shaped; extras that do not fit the model raise a
-        :class:`~trainer.errors.NeuroFedError` naming the mismatch (nothing is trained on them)."""
+        :class:`~neurofed.trainer.errors.NeuroFedError` naming the mismatch (nothing is trained on them)."""
 
     def local_round(self, model: nn.Module, kept: Mapping[str, Tensor] | None, inputs: RoundInputs) -> LocalHook | None:
         """The hook for one round; ``kept`` is what this component stored on the client last time."""
@@ -365,7 +364,7 @@ class Algorithm:
 class Strategy:
     """A federated algorithm as configured: the BN rule and its active components.
 
-    Build it with :func:`trainer.fl.strategies.get_strategy`.
+    Build it with :func:`neurofed.trainer.fl.strategies.get_strategy`.
 
     Attributes
     ----------
@@ -491,7 +490,7 @@ class Strategy:
     def state_aggregator(self, old_global: Mapping[str, Tensor], round_idx: int,
                          n_clients_total: int) -> StateAggregator:
         """The rule that combines this round's states: a component's, else the trial-weighted mean."""
-        from trainer.fl.aggregate import WeightedSum
+        from neurofed.trainer.fl.aggregate import WeightedSum
 
         for c in self.components:
             agg = c.state_aggregator(old_global, round_idx, n_clients_total)

@@ -1,4 +1,4 @@
-"""Local training: one SGD loop whose steps the strategy's components shape (see :mod:`trainer.fl.api`)."""
+"""Local training: one SGD loop whose steps the strategy's components shape (see :mod:`neurofed.trainer.fl.api`)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,16 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from neurofed.trainer.fl.api import LocalHook, RoundInputs, Strategy
+from neurofed.trainer.perturb import frozen_bn_stats, perturbed
 from torch import Tensor, nn
-
-from trainer.fl.api import LocalHook, RoundInputs, Strategy
-from trainer.perturb import frozen_bn_stats, perturbed
 
 
 @dataclass(frozen=True)
 class LocalConfig:
     """Client optimiser and schedule. The defaults ARE the published protocol (the one definition that
     ``neurofed simulate``, the demo, the coordinator and hence every edge client use; see
-    :mod:`trainer.presets`): SGD lr 0.05, momentum 0.9, wd 1e-4, client batch 8, 2 local epochs.
+    :mod:`neurofed.trainer.presets`): SGD lr 0.05, momentum 0.9, wd 1e-4, client batch 8, 2 local epochs.
 
     The papers use lr 0.005 and batch 32 (``--preset paper``); with 45 trials a client then takes ~3
     SGD steps per round and training stays at chance on this data (docs/BENCHMARKS.md).

@@ -52,8 +52,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
-from trainer.errors import NeuroFedError
+from neurofed.trainer.errors import NeuroFedError
 
 MOD = 1 << 32
 KEY_LEN = 32          # an X25519 public key

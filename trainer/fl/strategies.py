@@ -1,8 +1,8 @@
 """The registry of federated algorithms: the one place the CLIs, federation.toml, the wire validation
 and the docs' algorithm table come from.
 
-Adding an algorithm = one module in :mod:`trainer.fl.algorithms` (its components and its
-:class:`~trainer.fl.api.Algorithm` entry) + one line in ``ALGORITHMS`` below + its tests.
+Adding an algorithm = one module in :mod:`neurofed.trainer.fl.algorithms` (its components and its
+:class:`~neurofed.trainer.fl.api.Algorithm` entry) + one line in ``ALGORITHMS`` below + its tests.
 See docs/methods.md, "How to add an algorithm".
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.fl.algorithms import (
+from neurofed.trainer.fl.algorithms import (
     base,
     dp,
     fal,
@@ -26,7 +26,7 @@ from trainer.fl.algorithms import (
     safe,
     scaffold,
 )
-from trainer.fl.api import Algorithm, Component, Param, Strategy
+from neurofed.trainer.fl.api import Algorithm, Component, Param, Strategy
 
 #: every algorithm, in the order of the docs' table
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (

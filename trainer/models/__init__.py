@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from neurofed.trainer.models.bn import (
+    BN_MODES,
+    bn_mode_of,
+    bn_modules,
+    bn_state_keys,
+    float_state_keys,
+    make_bn,
+)
+from neurofed.trainer.models.deep import DeepConvNet
+from neurofed.trainer.models.eegnet import EEGNet
+from neurofed.trainer.models.fleeg import LOCAL_PREFIX, FleegEEGNet
+from neurofed.trainer.models.fleeg_proj import FleegFixedMapEEGNet, FleegProjEEGNet
+from neurofed.trainer.models.shallow import ShallowConvNet
 from torch import nn
-
-from trainer.models.bn import BN_MODES, bn_mode_of, bn_modules, bn_state_keys, float_state_keys, make_bn
-from trainer.models.deep import DeepConvNet
-from trainer.models.eegnet import EEGNet
-from trainer.models.fleeg import LOCAL_PREFIX, FleegEEGNet
-from trainer.models.fleeg_proj import FleegFixedMapEEGNet, FleegProjEEGNet
-from trainer.models.shallow import ShallowConvNet
 
 MODELS: dict[str, type[nn.Module]] = {"eegnet": EEGNet, "shallow": ShallowConvNet, "deep": DeepConvNet,
                                       "fleeg_eegnet": FleegEEGNet, "fleeg_proj_eegnet": FleegProjEEGNet,

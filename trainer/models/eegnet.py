@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from neurofed.trainer.errors import ModelConfigError
+from neurofed.trainer.models.bn import BNMode, make_bn
 from torch import Tensor, nn
-
-from trainer.errors import ModelConfigError
-from trainer.models.bn import BNMode, make_bn
 
 
 def _same_pad(kernel: int) -> nn.ZeroPad2d:
@@ -35,7 +34,7 @@ class EEGNet(nn.Module):
         Dropout probability (0.5).
     """
 
-    #: where FedFA's feature augmentation acts (:mod:`trainer.fl.algorithms.fedfa`): the end of each conv block,
+    #: where FedFA's feature augmentation acts (:mod:`neurofed.trainer.fl.algorithms.fedfa`): the end of each conv block,
     #: after ELU and average pooling, before dropout (a plain class attribute: the state dict is unchanged)
     FEATURE_BLOCKS: ClassVar[tuple[str, ...]] = ("pool_1.1", "pool_2.1")
 

@@ -2,7 +2,7 @@
 
 ``neurofed ensemble`` measured that averaging the softmax of several federated models (seeds, strategies) beats each
 of them on held-out subjects; :class:`SoftmaxEnsemble` is that rule as one ``nn.Module``, so an ensemble is saved as
-one checkpoint (:func:`trainer.checkpoint.combine_checkpoints`), exported as one ONNX graph and decoded live like any
+one checkpoint (:func:`neurofed.trainer.checkpoint.combine_checkpoints`), exported as one ONNX graph and decoded live like any
 model. Its output is the log of the mean probability, ``log(mean_i softmax(z_i))``: consumers that apply a softmax
 to the output get exactly the mean probabilities, and the arg-max is the ensemble's decision.
 

@@ -17,7 +17,7 @@ separate projection layer in front of a shared EEGNet would add parameters and p
 "virtual montage" in front of a spatial conv that then has to be shared across devices.
 
 The state-dict keys of the local module start with ``local.``; a hierarchical strategy
-(``group_keys="local."``, :mod:`trainer.fl.algorithms.hierarchical`) aggregates them per device
+(``group_keys="local."``, :mod:`neurofed.trainer.fl.algorithms.hierarchical`) aggregates them per device
 profile and everything else over all clients. BatchNorm: ``bn_mode`` for the global part and
 ``local_bn_mode`` (default: the same) for the local part.
 """
@@ -26,10 +26,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from neurofed.trainer.models.bn import BNMode, make_bn
+from neurofed.trainer.models.eegnet import EEGNet
 from torch import Tensor, nn
-
-from trainer.models.bn import BNMode, make_bn
-from trainer.models.eegnet import EEGNet
 
 #: state-dict prefix of the per-device module
 LOCAL_PREFIX = "local."

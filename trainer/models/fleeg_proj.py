@@ -1,20 +1,20 @@
 """Physics-initialised FLEEG variant: a per-device channel map onto a common montage, then the WHOLE
 EEGNet shared by every device (issue 19).
 
-:class:`~trainer.models.fleeg.FleegEEGNet` keeps EEGNet's spatial filters per device profile, so each
+:class:`~neurofed.trainer.models.fleeg.FleegEEGNet` keeps EEGNet's spatial filters per device profile, so each
 profile's filters are learned from its few training subjects and generalise badly to new subjects.
 The standard practice for cross-montage EEG is the reverse split:
 
 * ``local`` = a linear channel map without bias, ``(C_device) -> (C_common)``, initialised with the
   spherical-spline interpolation matrix from the device's electrodes to the common montage
-  (:func:`trainer.data.profiles.interpolation_matrix`: one-hot rows for channels the device has,
+  (:func:`neurofed.trainer.data.profiles.interpolation_matrix`: one-hot rows for channels the device has,
   spline weights for the others) and trainable. Its only state-dict key is ``local.weight``, so a
   hierarchical strategy (``--group-keys local.``) aggregates it per device profile.
 * everything else = a plain EEGNet over the common montage (default: the project's 21 sensorimotor
   channels, ``PreprocessConfig`` preset ``sensorimotor21``), shared by all devices: temporal conv,
   spatial conv, separable conv, BN and classifier are learned from every subject.
 
-The model IS an :class:`~trainer.models.eegnet.EEGNet` over the common channels (same module names,
+The model IS an :class:`~neurofed.trainer.models.eegnet.EEGNet` over the common channels (same module names,
 same state-dict keys, same random draws for a seed: the map is deterministic) with the map in front,
 so on a device that records all the common channels (map = channel selection) it computes exactly
 what EEGNet computes on those channels (a test pins it). For ONNX the map is one MatMul.
@@ -32,12 +32,11 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
+from neurofed.trainer.data.config import SENSORIMOTOR_21
+from neurofed.trainer.models.bn import BNMode
+from neurofed.trainer.models.eegnet import EEGNet
+from neurofed.trainer.models.fleeg import LOCAL_PREFIX
 from torch import Tensor, nn
-
-from trainer.data.config import SENSORIMOTOR_21
-from trainer.models.bn import BNMode
-from trainer.models.eegnet import EEGNet
-from trainer.models.fleeg import LOCAL_PREFIX
 
 
 class ChannelMap(nn.Module):
@@ -71,7 +70,7 @@ class FleegProjEEGNet(EEGNet):
     sfreq : float
     bn_mode : {"standard", "batch_specific"}
     ch_names : sequence of str
-        The device's channel labels in input order (10-05 names); :func:`trainer.models.build_model`
+        The device's channel labels in input order (10-05 names); :func:`neurofed.trainer.models.build_model`
         passes the subject's / checkpoint's ``ch_names``.
     common_channels : sequence of str
         The shared montage (default: the 21 sensorimotor channels).
@@ -89,7 +88,7 @@ class FleegProjEEGNet(EEGNet):
         bn_mode: BNMode = "batch_specific", *, ch_names: Sequence[str],
         common_channels: Sequence[str] = SENSORIMOTOR_21, **eegnet_kwargs,
     ) -> None:
-        from trainer.data.profiles import interpolation_matrix
+        from neurofed.trainer.data.profiles import interpolation_matrix
 
         ch_names, common = tuple(str(c) for c in ch_names), tuple(str(c) for c in common_channels)
         if len(ch_names) != n_channels:

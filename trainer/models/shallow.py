@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
+from neurofed.trainer.errors import ModelConfigError
+from neurofed.trainer.models.bn import BNMode, make_bn
 from torch import Tensor, nn
-
-from trainer.errors import ModelConfigError
-from trainer.models.bn import BNMode, make_bn
 
 
 class ShallowConvNet(nn.Module):

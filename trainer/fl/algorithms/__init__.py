@@ -1,2 +1,2 @@
-"""One module per federated algorithm: its components (:class:`trainer.fl.api.Component`) and its
-registry entry (:class:`trainer.fl.api.Algorithm`). The registry is :mod:`trainer.fl.strategies`."""
+"""One module per federated algorithm: its components (:class:`neurofed.trainer.fl.api.Component`) and its
+registry entry (:class:`neurofed.trainer.fl.api.Algorithm`). The registry is :mod:`neurofed.trainer.fl.strategies`."""

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from trainer.fl.api import BN_MODES, BN_SYNC, Algorithm, Param
+from neurofed.trainer.fl.api import BN_MODES, BN_SYNC, Algorithm, Param
 
-#: the BN rule's settings (every strategy has them; see :class:`trainer.fl.api.Strategy`)
+#: the BN rule's settings (every strategy has them; see :class:`neurofed.trainer.fl.api.Strategy`)
 BN_PARAMS = (
     Param("bn_mode", str, "standard", "BatchNorm statistics: standard (running) or batch_specific (FedBS/SAFE)",
           choices=BN_MODES, minimum=None),

@@ -26,9 +26,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from neurofed.trainer.fl.api import Algorithm, Component, Param, StateAggregator
 from torch import Tensor
-
-from trainer.fl.api import Algorithm, Component, Param, StateAggregator
 
 
 def dp_epsilon(noise: float, sample_rate: float, rounds: int, delta: float) -> float:
@@ -132,7 +131,7 @@ DPFEDAVG = Algorithm("dpfedavg", "FedAvg with client-level DP: clip C = 0.5, Gau
                      (ClientDP,), {"dp_clip": 0.5, "dp_noise": 1.0}, reference="McMahan et al., ICLR 2018")
 
 
-if __name__ == "__main__":  # python -m trainer.fl.algorithms.dp EPSILON SAMPLE_RATE ROUNDS [DELTA]
+if __name__ == "__main__":  # python -m neurofed.trainer.fl.algorithms.dp EPSILON SAMPLE_RATE ROUNDS [DELTA]
     import sys
 
     eps, q, t = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])

@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from neurofed.trainer.attacks import pgd
+from neurofed.trainer.fl.api import Algorithm, LocalHook, Param, RoundInputs, ScalarComponent
+from neurofed.trainer.perturb import frozen_bn_stats
 from torch import Tensor, nn
-
-from trainer.attacks import pgd
-from trainer.fl.api import Algorithm, LocalHook, Param, RoundInputs, ScalarComponent
-from trainer.perturb import frozen_bn_stats
 
 
 class _PgdHook(LocalHook):

@@ -3,7 +3,7 @@ Learning"): a frozen classifier built from a language model's concept distributi
 server-side conditional generator that calibrates the local feature extractors (CGDE).
 
 LKCC (:class:`ConceptClassifier`). Class ``c`` has a Gaussian concept distribution ``N(mu_c,
-diag(s2_c))`` in the encoder's 384-d space (:mod:`trainer.concepts`). A classifier whose weight
+diag(s2_c))`` in the encoder's 384-d space (:mod:`neurofed.trainer.concepts`). A classifier whose weight
 vectors are drawn from these distributions, ``w_c ~ N(mu_c, s2_c)``, with temperature ``T`` on the
 unit-norm projected feature ``f`` (a trainable projection layer maps the EEG features to 384-d) has
 the cross-entropy ``-T w_y.f + log sum_j exp(T w_j.f)``. Its expectation over infinitely many
@@ -48,13 +48,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from neurofed.trainer.concepts import ConceptError, ConceptStats, load_concepts
+from neurofed.trainer.fl.api import Algorithm, Component, LocalHook, Param, RoundInputs, ServerRound
+from neurofed.trainer.models.bn import bn_modules
+from neurofed.trainer.models.heads import ConceptHead
+from neurofed.trainer.perturb import frozen_bn_stats
 from torch import Tensor, nn
-
-from trainer.concepts import ConceptError, ConceptStats, load_concepts
-from trainer.fl.api import Algorithm, Component, LocalHook, Param, RoundInputs, ServerRound
-from trainer.models.bn import bn_modules
-from trainer.models.heads import ConceptHead
-from trainer.perturb import frozen_bn_stats
 
 CLS = "fedbm_cls"
 GEN = "fedbm_gen"

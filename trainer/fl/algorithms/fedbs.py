@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trainer.fl.api import Algorithm, LocalHook, Param, ScalarComponent
-from trainer.perturb import sam_perturbation
+from neurofed.trainer.fl.api import Algorithm, LocalHook, Param, ScalarComponent
+from neurofed.trainer.perturb import sam_perturbation
 
 
 class _SamHook(LocalHook):

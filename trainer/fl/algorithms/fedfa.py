@@ -31,11 +31,18 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from neurofed.trainer.fl.aggregate import WeightedSum
+from neurofed.trainer.fl.api import (
+    Algorithm,
+    Component,
+    LocalHook,
+    Param,
+    RoundInputs,
+    ServerRound,
+    TensorSpec,
+)
+from neurofed.trainer.models.bn import bn_modules
 from torch import Tensor, nn
-
-from trainer.fl.aggregate import WeightedSum
-from trainer.fl.api import Algorithm, Component, LocalHook, Param, RoundInputs, ServerRound, TensorSpec
-from trainer.models.bn import bn_modules
 
 EPS = 1e-6
 MOMENTUM = 0.99
@@ -44,7 +51,7 @@ STATS = ("mean", "std")
 
 def augmentation_points(model: nn.Module) -> list[str]:
     """The modules whose outputs FedFA augments: the model's ``FEATURE_BLOCKS`` (EEGNet: the end of each conv
-    block), else every BatchNorm layer (by type, :func:`trainer.models.bn.bn_modules`)."""
+    block), else every BatchNorm layer (by type, :func:`neurofed.trainer.models.bn.bn_modules`)."""
     names = getattr(model, "FEATURE_BLOCKS", None)
     if names is None:
         return sorted(bn_modules(model))

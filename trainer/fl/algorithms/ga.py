@@ -25,9 +25,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from neurofed.trainer.fl.api import (
+    Algorithm,
+    Component,
+    LocalHook,
+    Param,
+    Reweighting,
+    RoundInputs,
+    TensorSpec,
+)
 from torch import Tensor, nn
-
-from trainer.fl.api import Algorithm, Component, LocalHook, Param, Reweighting, RoundInputs, TensorSpec
 
 GAP = "ga.gap"
 WEIGHT = "ga_w"

@@ -4,7 +4,7 @@ The model is split by state-dict key prefix: entries under ``group_keys`` (``loc
 per-device input module of ``fleeg_eegnet``) are averaged only over the selected clients of the
 same group (device profile), with trial-count weights within the group, and sent only to that
 group's clients; everything else (the global module) is averaged over all selected clients. The
-server keeps a group's module as ``@<group>/<key>`` (see :func:`trainer.fl.api.group_view`).
+server keeps a group's module as ``@<group>/<key>`` (see :func:`neurofed.trainer.fl.api.group_view`).
 
 It composes with any BN rule (``--algorithm fedbs --group-keys local.`` is the FedBS rule on a
 mixed-device federation) and with local components (SAM, FAT, AWP, FedProx, MOON). Server rules
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trainer.fl.api import Algorithm, Component, Param
+from neurofed.trainer.fl.api import Algorithm, Component, Param
 
 
 def parse_prefixes(value: str) -> tuple[str, ...]:

@@ -32,10 +32,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from neurofed.trainer.fl.aggregate import WeightedSum
+from neurofed.trainer.fl.api import Algorithm, Component, Param, StateAggregator
 from torch import Tensor
-
-from trainer.fl.aggregate import WeightedSum
-from trainer.fl.api import Algorithm, Component, Param, StateAggregator
 
 logger = logging.getLogger("neurofed.trainer")
 RULES = ("mean", "median", "trimmed_mean", "krum", "multi_krum")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from neurofed.trainer.attacks import fgsm
+from neurofed.trainer.fl.api import Algorithm, LocalHook, Param, ScalarComponent
+from neurofed.trainer.perturb import awp_perturbation, frozen_bn_stats
 from torch import Tensor, nn
-
-from trainer.attacks import fgsm
-from trainer.fl.api import Algorithm, LocalHook, Param, ScalarComponent
-from trainer.perturb import awp_perturbation, frozen_bn_stats
 
 
 class _FatHook(LocalHook):
