@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The README's test command (and CI's: .ci/run calls this same script).
+#
+# Installs what the test tiers need and is missing, saying what it installs, then runs every tier:
+#   Debian packages  mosquitto (MQTT broker), chromium + chromium-driver (the web app's browser test),
+#                    nodejs + npm (the Node app)            -- apt-get, only when a command is missing
+#   a broker         Mosquitto on 127.0.0.1:1883, started when nothing listens there
+#   npm packages     apps/web and apps/node, pinned by their package-lock.json (npm ci, when the lock changed)
+#   Python packages  this checkout, editable, with the dev/moabb/attacks/grid extras (pip)
+# Arguments go to pytest: `bash scripts/test.sh -m unit` runs the unit tier alone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PYTHONUNBUFFERED=1
+say() { printf 'setup: %s\n' "$*"; }
+fail() { printf 'setup: %s\n' "$*" >&2; exit 2; }
+
+# 1. Debian packages the integration and e2e tiers use.
+need=()
+command -v mosquitto >/dev/null 2>&1 || need+=(mosquitto mosquitto-clients)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    fail "missing ${need[*]}: install them (Debian: sudo apt-get install ${need[*]}) and run this again"
+  fi
+  say "installing Debian packages: ${need[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# 2. An MQTT broker at 127.0.0.1:1883 (this machine kind starts one; a fresh machine may not).
+if ! (exec 3<>/dev/tcp/127.0.0.1/1883) 2>/dev/null; then
+  say "starting Mosquitto on 127.0.0.1:1883"
+  mosquitto -d -c /etc/mosquitto/mosquitto.conf 2>/dev/null || mosquitto -d -p 1883
+  for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/1883) 2>/dev/null && break; sleep 0.1; done
+  (exec 3<>/dev/tcp/127.0.0.1/1883) 2>/dev/null || fail "Mosquitto did not start on 127.0.0.1:1883"
+fi
+
+# 3. The apps' npm packages (onnxruntime-node's install script would fetch GPU binaries: skipped; the CPU
+#    ones ship in the package). Re-installed only when the package-lock changed.
+export ONNXRUNTIME_NODE_INSTALL=skip ONNXRUNTIME_NODE_INSTALL_CUDA=skip
+for d in apps/web apps/node; do
+  stamp="$d/node_modules/.neurofed-lock.sha256"
+  want="$(sha256sum "$d/package-lock.json" | cut -d' ' -f1)"
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "npm ci in $d (package-lock.json)"
+    (cd "$d" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    echo "$want" > "$stamp"
+  fi
+done
+
+# 4. Python: this checkout with the test extras (torch is pinned to the CPU build in pyproject.toml).
+say "pip install -e '.[dev,moabb,attacks,grid]'"
+pip install -q -e '.[dev,moabb,attacks,grid]'
+
+# 5. Every tier (unit, integration, e2e).
+exec python -m pytest "$@"
