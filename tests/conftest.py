@@ -10,6 +10,11 @@ import torch
 from neurofed.trainer.data import PreprocessConfig, load_subjects, resolve_data_dir
 
 torch.set_num_threads(1)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist's workers get COLUMNS=80 / LINES from their parent: a rich Console created at import would be
+    # fixed at 80 columns, where a plain run lets a test's CliRunner(env={"COLUMNS": ...}) decide
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +34,52 @@ def subjects4(data_dir, small_cfg, tmp_path_factory):
     """Four real subjects, preprocessed (cached in a session temp folder)."""
     os.environ.setdefault("NEUROFED_CACHE", str(tmp_path_factory.mktemp("cache")))
     return load_subjects([1, 2, 3, 4], small_cfg, data_dir)
+
+
+# ---------------------------------------------------------------------------------------------- test tiers
+# Every test is exactly one of unit / integration / e2e (tests/tiers.py says how a test gets its tier).
+
+from tests import tier_guard  # noqa: E402
+from tests.tiers import FILE_TIERS, TEST_TIERS, TIERS  # noqa: E402
+
+_TIER_STASH = pytest.StashKey[dict]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: every collected test is checked, whatever is selected
+def pytest_collection_modifyitems(config, items):
+    root = Path(__file__).resolve().parents[1]
+    bad, tiers = [], {}
+    for item in items:
+        own = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+        if not own:
+            rel = Path(item.fspath).resolve().relative_to(root).as_posix()
+            tier = TEST_TIERS.get(f"{rel}::{item.originalname}", FILE_TIERS.get(rel))
+            if tier is not None:
+                own = [tier]
+                item.add_marker(getattr(pytest.mark, own[0]))
+        if len(own) != 1:
+            bad.append(f"{item.nodeid}: {', '.join(own) or 'no tier'}")
+        tiers[item.nodeid] = own
+    config.stash[_TIER_STASH] = tiers
+    if bad:
+        raise pytest.UsageError("every test needs exactly one tier (unit, integration or e2e; tests/tiers.py):\n  "
+                                + "\n  ".join(bad))
+
+
+@pytest.fixture
+def collected_tiers(request) -> dict[str, list[str]]:
+    """nodeid -> tiers of every test this session collected (tests/test_tiers.py)."""
+    return request.config.stash[_TIER_STASH]
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_guard(request):
+    """A unit test that starts a process, opens an internet socket or uses LSL fails, naming what it did."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    with tier_guard.watch() as hits:
+        yield
+    if hits:
+        pytest.fail(f"{request.node.nodeid} is marked unit but " + "; ".join(dict.fromkeys(hits))
+                    + " (mark it integration: tests/tiers.py)", pytrace=False)

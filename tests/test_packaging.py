@@ -56,7 +56,7 @@ def test_every_package_folder_is_listed_and_mapped():
                        "headset-sim": "neurofed.firmware_sim.cli:main"}
 
 
-@pytest.mark.unit
+@pytest.mark.integration  # runs git
 def test_no_built_or_downloaded_binaries_are_tracked():
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     if not files:

@@ -133,3 +133,88 @@ def kill_all(procs: list[subprocess.Popen]) -> None:
         if p.poll() is None:
             p.kill()
             p.wait(10)
+
+
+@pytest.fixture
+def memory_broker(monkeypatch):
+    """An in-memory broker (tests/broker/memory_broker.py) that the coordinator and the edge client reach by its
+    ``url``: unit tests of the protocol code in one process. Never in integration tests (they run Mosquitto)."""
+    from neurofed.broker import coordinator
+    from neurofed.edge import federation
+
+    from tests.broker.memory_broker import MemoryBroker, MemoryTransport
+
+    broker = MemoryBroker()
+    for mod in (coordinator, federation):  # the names they construct their transport by
+        monkeypatch.setattr(mod, "MqttTransport", MemoryTransport)
+    yield broker
+    broker.close()
+
+
+def wait_until(cond, timeout: float, what: str, poll: float = 0.02) -> None:
+    """Poll ``cond()`` until it holds; fail naming ``what`` after ``timeout`` seconds (instead of a fixed sleep)."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll)
+
+
+def settle(t, via: str, timeout: float = 10.0, drop_earlier: bool = False) -> None:
+    """Return once the broker has processed every SUBSCRIBE ``t`` sent so far: ``t`` publishes a marker on
+    ``via`` (a topic it may write and read) and waits for it to come back (the broker handles one connection's
+    packets in order). Other messages that arrive meanwhile stay queued for the test (``drop_earlier``: are
+    dropped, e.g. another client's marker that this one also reads)."""
+    import uuid
+
+    from tests.broker.memory_broker import topic_matches
+
+    unsubscribe = not any(topic_matches(f, via) for f in t.subscriptions)  # else one copy comes back on that filter
+    if unsubscribe:
+        t.subscribe(via)
+    marker, others = f"settle-{uuid.uuid4().hex}".encode(), []
+    t.publish(via, marker, wait=timeout)
+    end = time.monotonic() + timeout
+    try:
+        while True:
+            if time.monotonic() > end:
+                raise AssertionError(f"{t.client_id}: its marker on {via} did not come back within {timeout:.0f} s")
+            item = t.get(0.05)
+            if item is None:
+                continue
+            if item.event == "message" and item.topic == via and item.payload == marker:
+                break
+            others.append(item)
+    finally:
+        for item in [] if drop_earlier else others:
+            t.queue.put(item)
+        if unsubscribe:
+            t.unsubscribe(via)
+
+
+def fence(t, topic: str, timeout: float = 10.0) -> None:
+    """Return once the broker has processed what ``t``'s paho client sent before (e.g. an UNSUBSCRIBE sent
+    behind the transport's back): a QoS-1 publish after it is acknowledged (one connection's packets in order)."""
+    info = t._client.publish(topic, b"", qos=1)
+    info.wait_for_publish(timeout)
+    assert info.is_published(), f"{t.client_id}: no PUBACK within {timeout:.0f} s"
+
+
+def wait_for_probe(t, timeout: float = 15.0, pump: bool = False) -> None:
+    """Wait until an idle transport's liveness probe went out and came back (``probe_s`` of silence, then the
+    probe: the only thing that arrives on an idle session moves its last-incoming time on by >= ``probe_s``).
+
+    ``pump``: call ``t.get()`` meanwhile (which runs the probe check), for a transport nobody else polls;
+    messages that arrive stay queued."""
+    start, others = t._last_in, []
+
+    def came_back() -> bool:
+        if pump and (item := t.get(0.05)) is not None:
+            others.append(item)
+        return t._last_in - start >= t.probe_s and t._probe is None
+
+    try:
+        wait_until(came_back, timeout, f"{t.client_id}'s probe to go out and come back")
+    finally:
+        for item in others:
+            t.queue.put(item)

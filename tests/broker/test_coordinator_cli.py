@@ -19,6 +19,7 @@ from neurofed.trainer.fl.server import ServerState
 NEUROFED = [sys.executable, "-c", "from neurofed.cli import main; main()"]
 
 
+@pytest.mark.unit
 def test_checkpoint_round_trip_is_atomic_and_exact(tmp_path):
     s = ServerState({"w": torch.randn(3, 4), "n": torch.tensor(5)}, 7, {"scaffold_c.w": torch.ones(3, 4)})
     save_server_checkpoint(tmp_path, s, {"fingerprint": "x", "metrics": [{"round": 7}]})
@@ -29,6 +30,7 @@ def test_checkpoint_round_trip_is_atomic_and_exact(tmp_path):
     assert load_server_checkpoint(tmp_path / "none") is None
 
 
+@pytest.mark.unit
 def test_resume_refuses_a_different_configuration(tmp_path):
     cfg = config_from_dict({"federation": {"name": "a", "rounds": 3}, "output": {"dir": str(tmp_path)}})
     c = Coordinator(cfg, "mqtt://127.0.0.1:1")

@@ -1,17 +1,36 @@
-"""A 3-round federation over a real broker with real processes equals the in-process simulation."""
+"""A 3-round federation over the real protocol equals the in-process simulation (max |diff| <= 1e-6), every case.
+
+Each strategy case runs the real coordinator and four real edge clients (real encode/decode, topics, validation,
+aggregation, client training and state) in one process over the in-memory broker (tests/broker/memory_broker.py):
+a unit test. One case also runs over a real Mosquitto with the coordinator and the edge clients as separate
+processes (`neurofed coordinator`, `edge-client join`): the integration test of this feature.
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
+from neurofed.broker.config import load_config
+from neurofed.broker.coordinator import Coordinator, initial_model
+from neurofed.edge.federation import EdgeClient
+from neurofed.edge.join_cli import make_loader
 from neurofed.trainer.experiments.runner import run_federated
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.strategies import get_strategy
 from safetensors.torch import load_file
 
-from tests.broker.conftest import child_env, kill_all, start_coordinator, start_edge, wait_all, write_toml
+from tests.broker.conftest import (
+    DATA_DIR,
+    child_env,
+    kill_all,
+    start_coordinator,
+    start_edge,
+    wait_all,
+    write_toml,
+)
 
 
 def reference_state(subjects, rounds: int, fraction: float, seed: int, strategy: str,
@@ -26,9 +45,10 @@ def reference_state(subjects, rounds: int, fraction: float, seed: int, strategy:
 #: FedBM: the frozen classifier from the coordinator's setup rides in every task, the generator (trained after
 #: round 2, used in round 3) too; composed with FedBS's rule (local batch-specific BN) + SAM and with SAFE's FAT
 GEN = {"fedbm_gen_every": 2, "fedbm_gen_iters": 3}
-CASES = [("fedbs", 0.5, {}), ("ga", 1.0, {}), ("fedfa", 0.5, {}), ("fedbm", 0.5, GEN),
-         ("fedbm", 0.5, {"fedbm_gen_every": 0}), ("fedbs", 0.5, {"fedbm_temperature": 17.5, **GEN}),
-         ("safe", 0.5, {"fedbm_temperature": 17.5, **GEN})]
+CASES = {"fedbs": ("fedbs", 0.5, {}), "ga": ("ga", 1.0, {}), "fedfa": ("fedfa", 0.5, {}),
+         "fedbm": ("fedbm", 0.5, GEN), "fedbm-nogen": ("fedbm", 0.5, {"fedbm_gen_every": 0}),
+         "fedbs+fedbm": ("fedbs", 0.5, {"fedbm_temperature": 17.5, **GEN}),
+         "safe+fedbm": ("safe", 0.5, {"fedbm_temperature": 17.5, **GEN})}
 
 
 def overrides_toml(overrides: dict) -> str:
@@ -37,14 +57,53 @@ def overrides_toml(overrides: dict) -> str:
     return "[federation.strategy_overrides]\n" + "".join(f"{k} = {v!r}\n" for k, v in overrides.items())
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "fraction", "overrides"), CASES,
-                         ids=["fedbs", "ga", "fedfa", "fedbm", "fedbm-nogen", "fedbs+fedbm", "safe+fedbm"])
-def test_mqtt_federation_matches_in_process(subjects4, mosquitto, fed_name, tmp_path, strategy, fraction, overrides):
+def federation_toml(tmp_path: Path, fed_name: str, case: str) -> Path:
+    strategy, fraction, overrides = CASES[case]
     # GA: per-client weights keyed by the sender's id and the run's rounds; FedFA: statistics up and down
-    cfg = write_toml(tmp_path / "federation.toml", fed_name, rounds=3, fraction=fraction, min_clients=4,
-                     strategy=strategy, extra=overrides_toml(overrides))
-    env = child_env(os.environ.get("NEUROFED_CACHE") and __import__("pathlib").Path(os.environ["NEUROFED_CACHE"]))
+    return write_toml(tmp_path / "federation.toml", fed_name, rounds=3, fraction=fraction, min_clients=4,
+                      strategy=strategy, extra=overrides_toml(overrides))
+
+
+def assert_equals_simulation(got: dict[str, torch.Tensor], subjects, cfg: Path, case: str) -> None:
+    strategy, fraction, overrides = CASES[case]
+    want = reference_state(subjects, 3, fraction, 7, strategy, overrides)
+    assert got.keys() == want.keys()
+    diff = max(float((got[k].double() - want[k].double()).abs().max()) for k in want)
+    assert diff <= 1e-6, f"max abs diff {diff}"
+    # and the weights really moved away from the initial model
+    init = initial_model(load_config(cfg)).state_dict()  # before a strategy's setup (FedBM: the plain head)
+    assert max(float((got[k] - init[k]).abs().max()) for k in init if k in got) > 1e-3
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_federation_over_the_protocol_matches_in_process(subjects4, memory_broker, fed_name, tmp_path, case):
+    """The coordinator and 4 edge clients (each loading its subject as `edge-client join --subject` does) on
+    threads of this process, over the in-memory broker."""
+    from tests.broker.test_hostile import Bg  # (test_hostile imports reference_state from here)
+    from tests.broker.test_profiles_mqtt import serialise_training
+
+    cfg = federation_toml(tmp_path, fed_name, case)
+    out = tmp_path / "out"
+    coord = Coordinator(load_config(cfg), memory_broker.url, out)
+    ct = Bg(coord.run)
+    edges = [EdgeClient(memory_broker.url, fed_name, f"S{s:03d}", make_loader(DATA_DIR, s, None), tmp_path / "state",
+                        join_timeout=60) for s in (1, 2, 3, 4)]
+    serialise_training(edges)  # threads share torch's RNG: one client trains at a time, as on separate devices
+    runs = [Bg(lambda e=e: e.run(max_seconds=240)) for e in edges]
+    ct.result(240)
+    assert sum(r.result(30) for r in runs) > 0
+    assert sorted(set(memory_broker.connects)) == sorted([f"{fed_name}-coordinator"]
+                                                         + [f"{fed_name}-S{s:03d}" for s in (1, 2, 3, 4)])
+    assert_equals_simulation(load_file(str(out / "global_model.safetensors")), subjects4, cfg, case)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["safe+fedbm"])  # the case with the most on the wire (extras, generator, FAT)
+def test_real_processes_over_mosquitto_match_in_process(subjects4, mosquitto, fed_name, tmp_path, case):
+    """`neurofed coordinator` and 4 `edge-client join` processes over a real Mosquitto."""
+    cfg = federation_toml(tmp_path, fed_name, case)
+    env = child_env(os.environ.get("NEUROFED_CACHE") and Path(os.environ["NEUROFED_CACHE"]))
     out = tmp_path / "out"
     coord = start_coordinator(mosquitto.url, cfg, out, tmp_path / "coord.log", env)
     edges = [start_edge(mosquitto.url, fed_name, s, tmp_path / "state", tmp_path / f"edge{s}.log", env)
@@ -55,14 +114,4 @@ def test_mqtt_federation_matches_in_process(subjects4, mosquitto, fed_name, tmp_
         assert wait_all(edges, 30) == [0, 0, 0, 0], [(tmp_path / f"edge{s}.log").read_text()[-1500:] for s in (1, 2, 3, 4)]
     finally:
         kill_all([coord, *edges])
-    got = load_file(str(out / "global_model.safetensors"))
-    want = reference_state(subjects4, 3, fraction, 7, strategy, overrides)
-    assert got.keys() == want.keys()
-    diff = max(float((got[k].double() - want[k].double()).abs().max()) for k in want)
-    assert diff <= 1e-6, f"max abs diff {diff}"
-    # and the weights really moved away from the initial model
-    from neurofed.broker.config import load_config
-    from neurofed.broker.coordinator import initial_model
-
-    init = initial_model(load_config(cfg)).state_dict()  # before a strategy's setup (FedBM: the plain head)
-    assert max(float((got[k] - init[k]).abs().max()) for k in init if k in got) > 1e-3
+    assert_equals_simulation(load_file(str(out / "global_model.safetensors")), subjects4, cfg, case)

@@ -32,7 +32,7 @@ from neurofed.broker.protocol import (
 )
 from neurofed.broker.transport import MqttTransport
 
-from tests.broker.conftest import child_env, kill_all, start_edge, wait_all
+from tests.broker.conftest import child_env, fence, kill_all, start_edge, wait_all, wait_for_probe
 from tests.broker.test_equivalence import reference_state
 
 N_FUZZ = 5000
@@ -206,11 +206,11 @@ def test_coordinator_recovers_a_session_that_stopped_delivering(mosquitto, fed_n
     end = time.monotonic() + 30
     while coord.connects < 1 and time.monotonic() < end:
         time.sleep(0.05)
-    time.sleep(4)  # idle: probes go out and come back
     t = coord.transport
+    wait_for_probe(t)  # idle: a probe goes out and comes back
     assert coord.connects == 1 and t.restarts == 0, t.describe()
     t._client.unsubscribe([topics.any_client(k) for k in ("join", "status", "update", "error")] + [t.probe_topic])
-    time.sleep(0.5)
+    fence(t, f"{topics.root}/fence")  # the broker has processed the UNSUBSCRIBE
     other = MqttTransport(mosquitto.url, "S001").connect()
     try:
         while coord.rejections["bad_message"] == 0 and time.monotonic() < end:

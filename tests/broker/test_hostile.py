@@ -266,6 +266,7 @@ def test_absurd_replayed_and_forged_updates_are_rejected_counted_and_not_answere
     assert state_norm(coord.server.global_state) < 2 * state_norm(g0)
 
 
+@pytest.mark.unit
 def test_error_replies_about_messages_a_client_never_sent_are_ignored(caplog, tmp_path):
     """The innocent client a forger impersonated logs nothing; a reply about its own message is reported."""
     from neurofed.broker.protocol import ErrorMsg

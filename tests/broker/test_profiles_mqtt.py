@@ -249,6 +249,7 @@ def test_mixed_profile_federation_of_real_processes(mosquitto, fed_name, tmp_pat
     assert diff <= 1e-6, f"max abs diff {diff}"
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_profile_federation_resumes_after_coordinator_kill9(mosquitto, fed_name, tmp_path):
     """`neurofed coordinator` of a mixed-profile federation killed (-9) while round 1 is in flight, then restarted
@@ -409,6 +410,7 @@ def test_another_profiles_update_and_an_unknown_profile_are_refused(mosquitto, f
     assert _diff(server.global_state, want) <= 1e-6  # nothing of X01's update reached the model
 
 
+@pytest.mark.unit
 def test_profile_config_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"name": "bad8", "channels": ["C3", "Cz", "C4", "XX9"], "sfreq": 250}')

@@ -57,7 +57,10 @@ class KilledAfterSharing(EdgeClient):
     def _secagg_send(self, out: list) -> None:
         super()._secagg_send(out)
         if any(m.kind == "sa_shares" for m, _ in out):
-            time.sleep(0.3)  # let paho flush the shares
+            # the broker acknowledged the shares (paho keeps a QoS-1 message until its PUBACK)
+            end = time.monotonic() + 10
+            while self.transport.describe()["out_queued"] and time.monotonic() < end:
+                time.sleep(0.01)
             c, self.transport._client = self.transport._client, None
             c.loop_stop()
             c.socket().close()
@@ -222,6 +225,7 @@ def test_malformed_secagg_messages_are_rejected_and_not_aggregated(subjects4, mo
     assert sec.metrics[0]["secagg"]["roster"] == 4
 
 
+@pytest.mark.unit
 def test_secagg_refuses_rules_that_need_single_updates(tmp_path):
     with pytest.raises(ConfigError, match="clip_mult = 0"):
         Coordinator(_cfg("x", tmp_path, True, overrides={}), "mqtt://127.0.0.1:1")

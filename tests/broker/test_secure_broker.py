@@ -15,7 +15,7 @@ from neurofed.broker.protocol import Topics
 from neurofed.broker.secure import BrokerConfigError, SecureBrokerSpec, write_broker_config
 from neurofed.broker.transport import AuthError, MqttTransport
 
-from tests.broker.conftest import Mosquitto
+from tests.broker.conftest import Mosquitto, settle
 
 pytestmark = pytest.mark.skipif(shutil.which("mosquitto_passwd") is None, reason="mosquitto not installed")
 
@@ -68,7 +68,8 @@ def test_client_cannot_publish_as_another_or_as_coordinator(secured):
     b = MqttTransport(_url(m, "B", creds["B"]), "B").connect()
     b.subscribe(t.task)
     b.subscribe(t.update("A"))
-    time.sleep(0.3)
+    settle(b, t.status("B"))
+    settle(coord, t.status("coordinator"), drop_earlier=True)  # (it reads B's marker too)
     for topic in (t.update("B"), t.status("B"), t.join("B"), t.task, t.model, t.extras):  # all forbidden for A
         a.publish(topic, b"forged", wait=5)
     a.publish(t.update("A"), b"mine", wait=5)
@@ -78,7 +79,7 @@ def test_client_cannot_publish_as_another_or_as_coordinator(secured):
     coord.publish(t.task, b"task", wait=5)
     assert _messages(b) == [t.task]
     b.subscribe(t.extras)  # a strategy's cached extras (FedBM's generator) are for every client
-    time.sleep(0.3)  # the SUBSCRIBE and the coordinator's PUBLISH travel on different connections
+    settle(b, t.status("B"))  # the SUBSCRIBE and the coordinator's PUBLISH travel on different connections
     coord.publish(t.extras, b"extras", wait=5)
     assert _messages(b) == [t.extras]
     b.subscribe(t.result)  # per-round participants and loss are for the coordinator only
@@ -98,7 +99,9 @@ def test_secagg_topics_under_the_acl(secured):
     a.subscribe(t.secagg_down("A"))
     b.subscribe(t.secagg_down("A"))  # B may not read what the coordinator routes to A
     b.subscribe(t.secagg("A"))       # nor A's shares and masked input
-    time.sleep(0.3)
+    settle(coord, t.secagg("coordinator"))
+    settle(a, t.status("A"))
+    settle(b, t.status("B"))
     a.publish(t.secagg("B"), b"forged", wait=5)
     a.publish(t.secagg_down("B"), b"forged", wait=5)
     a.publish(t.secagg("A"), b"mine", wait=5)
@@ -110,6 +113,7 @@ def test_secagg_topics_under_the_acl(secured):
         x.close()
 
 
+@pytest.mark.unit
 def test_bad_specs_are_refused(tmp_path):
     with pytest.raises(BrokerConfigError, match="reserved"):
         SecureBrokerSpec("f", ["coordinator"])

@@ -12,6 +12,8 @@ from neurofed.broker import logger
 from neurofed.broker.embedded import EmbeddedBroker
 from neurofed.broker.transport import BrokerURL, MqttTransport, TransportError
 
+from tests.broker.conftest import fence, settle, wait_for_probe, wait_until
+
 
 def _drain(t: MqttTransport, n: int, timeout: float = 5.0) -> list:
     got, end = [], time.monotonic() + timeout
@@ -82,14 +84,11 @@ def test_reconnects_after_broker_restart(mosquitto):
     t = MqttTransport(mosquitto.url, "phoenix", reconnect_max_s=1).connect()
     t.subscribe("neurofed/r/#")
     mosquitto.stop()
-    time.sleep(0.5)
-    assert not t.connected
+    wait_until(lambda: not t.connected, 10, "the transport to notice the broker is gone")
     mosquitto.start()
     assert t.wait_connected(15)
     with MqttTransport(mosquitto.url, "other") as o:
-        time.sleep(0.3)
-        o.publish("neurofed/r/x", b"again")
-    assert _drain(t, 1)[0].payload == b"again"  # subscription renewed
+        assert _exchange(o, t, "neurofed/r/x", b"again")  # subscription renewed
     t.close()
 
 
@@ -121,7 +120,8 @@ def test_sockets_send_small_packets_at_once(mosquitto, fed_name):
             assert t._client.socket().getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         a.subscribe(f"neurofed/{fed_name}/pong")
         b.subscribe(f"neurofed/{fed_name}/ping")
-        time.sleep(0.2)
+        settle(a, f"neurofed/{fed_name}/pong")
+        settle(b, f"neurofed/{fed_name}/ping")
         rtt = []
         for i in range(25):
             t0 = time.perf_counter()
@@ -192,10 +192,10 @@ def test_transport_reestablishes_a_session_that_stopped_delivering(mosquitto, fe
     try:
         t.subscribe(topic)
         assert _exchange(o, t, topic, b"before")
-        time.sleep(2.5)  # idle beyond probe_s: the probe goes out and comes back; nothing is restarted
+        wait_for_probe(t, pump=True)  # idle beyond probe_s: the probe goes out and comes back; nothing is restarted
         assert _drain(t, 1, timeout=1.0) == [] and t.restarts == 0
         t._client.unsubscribe([topic, probe])  # the broker stops delivering; paho and the transport don't know
-        time.sleep(0.5)
+        fence(t, f"neurofed/{fed_name}/fence")  # the broker has processed the UNSUBSCRIBE
         records: list[logging.LogRecord] = []
         handler = logging.Handler(logging.WARNING)
         handler.emit = records.append  # on the package logger itself: a CLI test may have stopped its propagation

@@ -33,6 +33,7 @@ def headset(data_dir):
     p.join(timeout=10)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_record_kill_restart_then_load(headset, tmp_path):
     cfg, path = headset

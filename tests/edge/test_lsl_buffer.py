@@ -18,6 +18,7 @@ def _fill(buf: RingBuffer, start: int, n: int, sfreq: float = 100.0) -> None:
     buf.append(np.repeat(idx[:, None], buf.n_channels, 1).astype(np.float32), 10.0 + idx / sfreq)
 
 
+@pytest.mark.unit
 def test_ring_buffer_wraps_and_addresses_absolute_samples():
     buf = RingBuffer(2, 50)
     for k in range(0, 130, 13):  # chunks cross the wrap point several times
@@ -32,6 +33,7 @@ def test_ring_buffer_wraps_and_addresses_absolute_samples():
     assert buf.first == 200 and np.array_equal(buf.get(200, 250)[0][:, 1], np.arange(200, 250))
 
 
+@pytest.mark.unit
 def test_ring_buffer_get_returns_copies_of_every_span():
     """``get`` (slice copies, two pieces across the wrap point) == the samples in absolute order, for every span the
     buffer holds; the copies do not alias the buffer."""
@@ -50,6 +52,7 @@ def test_ring_buffer_get_returns_copies_of_every_span():
         buf.get(buf.first, buf.total + 1)
 
 
+@pytest.mark.unit
 def test_ring_buffer_locate():
     buf = RingBuffer(1, 100)
     assert buf.locate(10.0, tol=0.005) is None  # empty: not arrived yet

@@ -89,6 +89,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_kill_9_during_appends_never_corrupts_committed_trials(tmp_path):
     path = tmp_path / "crash"
     counts = []

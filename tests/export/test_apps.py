@@ -59,6 +59,7 @@ def python_probs(bundle):
     return python_replay(bundle)
 
 
+@pytest.mark.unit
 def test_recording_roundtrip_and_bad_file(bundle, tmp_path):
     w, doc = read_recording(bundle)
     assert w.shape == (45, 21, 640) and len(doc["labels"]) == 45 and doc["rate"] == 160.0

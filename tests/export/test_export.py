@@ -115,6 +115,7 @@ def test_export_cli_with_int8(eegnet_bs, tmp_path, data_dir):
     assert "ConvInteger" in ops and "MatMulInteger" in ops
 
 
+@pytest.mark.integration
 def test_export_missing_checkpoint_is_one_clear_error(tmp_path):
     import subprocess
 

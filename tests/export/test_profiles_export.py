@@ -149,6 +149,7 @@ def test_infer_picks_the_model_of_the_streams_profile(fleeg_ckpt, data_dir, tmp_
         pick_model([folder, twin], list(uni.channels), uni.sfreq)
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_infer_cli_decodes_a_profile_stream_and_refuses_a_stranger(fleeg_ckpt, data_dir, tmp_path):
     """Over real LSL: a headset streaming a real recording through unicorn8 is decoded with unicorn8's model (chosen

@@ -38,6 +38,7 @@ def _start(rec: Recording, **kw) -> tuple[HeadsetPlayer, Inlet, Inlet | None]:
     return p, eeg, mrk
 
 
+@pytest.mark.unit
 def test_loader_units_markers(data_dir, r04):
     raw = read_raw(data_dir / "eegmmidb" / "S001" / "S001R04.edf")
     assert r04.data.dtype == np.float32 and r04.data.shape == (raw.n_times, 64)
@@ -49,6 +50,7 @@ def test_loader_units_markers(data_dir, r04):
     assert {lab for _, lab in with_rest.markers} == {"left_fist", "right_fist", "rest"}
 
 
+@pytest.mark.unit
 def test_eegmmidb_runs_concatenated_with_per_run_labels(data_dir):
     rec = load_eegmmidb(1, data_dir)
     lens = [read_raw(p).n_times for p in sorted((data_dir / "eegmmidb" / "S001").glob("S001R*.edf"))]
@@ -171,6 +173,7 @@ def test_go_file_holds_the_first_sample(tmp_path):
     assert len(ts) == 100 and ts[0] >= t_go - 0.05  # sample 0 was captured after the go
 
 
+@pytest.mark.unit
 def test_bad_config():
     with pytest.raises(NeuroFedError, match="lead_in"):
         PlayerConfig(name="x", lead_in=-1)

@@ -37,6 +37,7 @@ def test_recording_lacking_profile_channels_is_refused(data_dir):
         through_profile(rec, "unicorn8")
 
 
+@pytest.mark.integration
 def test_cli_streams_the_profile(data_dir):
     name = unique_name("prof")
     proc = subprocess.Popen(RUN + ["--subject", "1", "--data-dir", str(data_dir), "--name", name, "--speed", "10",
@@ -55,6 +56,7 @@ def test_cli_streams_the_profile(data_dir):
     assert "8 ch @ 250 Hz" in out
 
 
+@pytest.mark.integration
 def test_cli_unknown_profile_one_line():
     r = subprocess.run(RUN + ["--subject", "1", "--profile", "nosuch"], capture_output=True, text=True,
                        check=False, timeout=60)

@@ -39,6 +39,7 @@ def test_bench_e2e_measures_live_latency(tmp_path: Path, data_dir: Path) -> None
     assert "latency p50" in proc.stdout
 
 
+@pytest.mark.integration
 def test_bench_e2e_rejects_bad_options(tmp_path: Path) -> None:
     proc = subprocess.run([*NEUROFED, "bench", "e2e", "--model", str(tmp_path / "missing.onnx"), "--load", "0"],
                           check=False, capture_output=True, text=True, timeout=120)

@@ -124,8 +124,11 @@ def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
         end = time.monotonic() + 60
         while time.monotonic() < end and not list((out / "logs").glob("record-*.log")):
             time.sleep(0.2)
-        time.sleep(3.0)
         tag = _tag_of(out)
+        # headsets stream and both edge clients record (each says "recording <stream> ..." once it opened it)
+        logs = lambda: sorted((out / "logs").glob("record-*.log"))  # noqa: E731
+        while time.monotonic() < end and not (len(logs()) == 2 and all("recording " in f.read_text() for f in logs())):
+            time.sleep(0.1)
         assert _processes_of_run(tag), "the demo's children should be running before the interrupt"
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
@@ -134,7 +137,9 @@ def test_ctrl_c_stops_every_child(tmp_path: Path) -> None:
             proc.kill()
     assert proc.returncode == 2
     assert "interrupted" in stderr
-    time.sleep(0.5)
+    end = time.monotonic() + 10  # exited children are reaped a moment after the demo returns
+    while _processes_of_run(tag) and time.monotonic() < end:
+        time.sleep(0.05)
     assert not _processes_of_run(tag)
 
 

@@ -22,6 +22,7 @@ def trials(data_dir, small_cfg):
     return load_eegmmidb_subject(1, small_cfg, data_dir).X[:10]
 
 
+@pytest.mark.unit
 def test_fingerprint_finds_planted_eeg_but_not_weights(trials) -> None:
     fp = EegFingerprint([trials])
     rng = np.random.default_rng(1)
@@ -53,7 +54,9 @@ def test_supervisor_stops_whole_process_group(tmp_path) -> None:
     grandchild = int(c.log.read_text().splitlines()[1])
     sup.stop_all()
     assert c.rc is not None
-    time.sleep(0.3)
+    end = time.monotonic() + 10  # its re-parent reaps it a moment later
+    while not _gone(grandchild) and time.monotonic() < end:
+        time.sleep(0.02)
     assert _gone(grandchild), "the grandchild outlived stop_all()"
 
 

@@ -201,6 +201,7 @@ def test_download_offline_fails_fast_and_clearly():
     assert time.perf_counter() - t0 < 5.0
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(network_reachable(timeout=2.0), reason="online: the offline error cannot be observed")
 def test_moabb_offline_fails_fast_and_clearly():
     pytest.importorskip("moabb")

@@ -103,6 +103,7 @@ def test_resume_leaves_a_committed_config_as_it_was(spec, tmp_path):
     assert json.loads(cfg_path.read_text())["seeds"] == [0, 1, 2]
 
 
+@pytest.mark.integration
 def test_failed_job_reported_with_traceback_and_retried_on_rerun(spec, tmp_path, monkeypatch):
     runs = parse_spec(spec, tmp_path / "res")
     monkeypatch.setenv("GRID_TEST_FAIL", "fedbs:1:0")
@@ -135,6 +136,7 @@ def test_grid_seeds_runs_only_those_and_summarises_once_all_spec_seeds_are_done(
         grid(spec, results=tmp_path / "res", only="a", seeds="5")
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_grid_on_local_ray(spec, tmp_path):
     pytest.importorskip("ray")
@@ -157,6 +159,7 @@ def job_with_model(cfg: dict, fold: int, test_subjects: list[int], seed: int, pa
     return res
 
 
+@pytest.mark.integration
 def test_reproduce_checks_each_job_and_places_models_only_when_equal(spec, tmp_path, monkeypatch):
     runs = parse_spec(spec, tmp_path / "res")
     assert run_grid(runs, backend="pool", workers=1, job_fn=job_with_model)["failed"] == []

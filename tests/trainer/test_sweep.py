@@ -94,6 +94,7 @@ def test_save_models_does_not_change_the_run(data_dir):
     assert run_differences(a, b) == [] and run_differences(b, a) == []
 
 
+@pytest.mark.integration
 def test_workers_and_seeds_give_the_same_numbers(data_dir, tmp_path, monkeypatch):
     """Two seeds' jobs attacked by two processes equal the one-at-a-time sweep; --seeds keeps only its jobs."""
     monkeypatch.setenv("NEUROFED_CACHE", str(tmp_path / "cache"))

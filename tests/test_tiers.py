@@ -1,0 +1,46 @@
+"""Every collected test has exactly one tier, and the tier table names only test files that exist."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests import tier_guard
+from tests.tiers import FILE_TIERS, TEST_TIERS, TIERS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_collected_test_has_exactly_one_tier(collected_tiers):
+    assert collected_tiers, "nothing collected?"
+    bad = {n: t for n, t in collected_tiers.items() if len(t) != 1 or t[0] not in TIERS}
+    assert not bad, bad
+
+
+def test_the_tier_table_names_every_test_file_and_only_those():
+    files = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py")}
+    assert set(FILE_TIERS) - files == set(), "tests/tiers.py names files that do not exist"
+    assert set(FILE_TIERS.values()) | set(TEST_TIERS.values()) <= set(TIERS)
+    for node in TEST_TIERS:
+        path, name = node.split("::")
+        assert f"def {name}(" in (ROOT / path).read_text(), f"tests/tiers.py: no {node}"
+
+
+def test_the_unit_guard_sees_processes_and_sockets_but_not_unix_sockets():
+    import socket
+
+    with tier_guard.watch() as hits:
+        a, b = socket.socketpair()  # AF_UNIX: allowed
+        a.close(), b.close()
+    assert hits == []
+    with tier_guard.watch() as hits:
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", 0))
+        finally:
+            s.close()
+        with pytest.raises(FileNotFoundError):
+            subprocess.Popen(["/nonexistent/neurofed-tier-guard"])
+    assert any("internet socket" in h for h in hits) and any("started a process" in h for h in hits), hits

@@ -1,0 +1,122 @@
+"""Test tiers: every test is exactly one of ``unit``, ``integration`` or ``e2e`` (README "Tests").
+
+unit         no processes, no network sockets, no broker, no LSL; seconds. Real EEG files and in-memory doubles
+             (tests/broker/memory_broker.py) are fine. Enforced: tests/conftest.py fails a unit test that starts
+             a process, opens an internet socket or creates an LSL outlet, inlet or resolver.
+integration  a real Mosquitto (127.0.0.1:1883 or a test's own on a free port), LSL on loopback, subprocesses
+             where the behaviour needs them (a CLI's exit code, a process's signals), real EEG.
+e2e          the demo, the apps in a real browser / Node, kill -9 and resume, whole CLI runs of a pipeline.
+
+How a test gets its tier: an explicit ``@pytest.mark.unit`` / ``integration`` / ``e2e`` on the test (or
+``pytestmark`` in its module) wins; then :data:`TEST_TIERS` (for a file that does not import pytest); otherwise
+its file's tier from :data:`FILE_TIERS` below. A test with no
+tier, or with two, stops the run at collection (tests/conftest.py); tests/test_tiers.py checks the table.
+Select a tier with ``-m unit`` (``-m "not e2e"``, ...).
+
+Tiers are a table rather than folders (tests/unit/..., tests/integration/...): the files stay where they
+mirror the package tree, so ``tests/broker/test_transport.py`` is still next to the transport's other tests
+and no import line or docs reference changes; a file with tests of several tiers marks the exceptions on
+the tests themselves.
+"""
+
+from __future__ import annotations
+
+TIERS = ("unit", "integration", "e2e")
+
+#: file (relative to the repository) -> the tier of its tests that carry no explicit tier mark
+FILE_TIERS: dict[str, str] = {
+    # broker/
+    "tests/broker/test_coordinator_cli.py": "integration",   # 2 unit tests marked in the file
+    "tests/broker/test_equivalence.py": "unit",               # the real-process case is marked integration
+    "tests/broker/test_fedbm_wire.py": "integration",
+    "tests/broker/test_fuzz.py": "integration",
+    "tests/broker/test_hostile.py": "integration",            # 1 unit test marked in the file
+    "tests/broker/test_memory_broker.py": "unit",
+    "tests/broker/test_profiles_mqtt.py": "integration",      # 1 unit, 1 e2e (kill -9 and resume) marked
+    "tests/broker/test_protocol.py": "unit",
+    "tests/broker/test_reliability.py": "e2e",                # kill -9, resume, broker restart mid-training
+    "tests/broker/test_secagg_mqtt.py": "integration",        # 1 unit test marked in the file
+    "tests/broker/test_secagg_round.py": "unit",
+    "tests/broker/test_secagg_swarm.py": "integration",
+    "tests/broker/test_secure_broker.py": "integration",      # 1 unit test marked in the file
+    "tests/broker/test_transport.py": "integration",
+    "tests/broker/test_validation.py": "unit",
+    # edge/
+    "tests/edge/test_capture.py": "integration",              # LSL on loopback
+    "tests/edge/test_capture_cli.py": "integration",          # 1 e2e (kill -9 and restart) marked
+    "tests/edge/test_capture_mnelsl.py": "integration",
+    "tests/edge/test_federation_state.py": "unit",
+    "tests/edge/test_guard.py": "unit",
+    "tests/edge/test_infer.py": "unit",
+    "tests/edge/test_infer_lsl.py": "integration",
+    "tests/edge/test_join_cli.py": "integration",
+    "tests/edge/test_join_profiles.py": "unit",
+    "tests/edge/test_lsl_bench.py": "e2e",                    # a whole `neurofed bench lsl` run
+    "tests/edge/test_lsl_buffer.py": "integration",           # 3 unit tests (ring buffer) marked
+    "tests/edge/test_lsl_config.py": "integration",           # 1 unit test in TEST_TIERS
+    "tests/edge/test_record_profiles.py": "integration",
+    "tests/edge/test_secagg_client.py": "unit",
+    "tests/edge/test_store.py": "unit",                       # 1 e2e (kill -9 during appends) marked
+    "tests/edge/test_stream.py": "unit",
+    # export/
+    "tests/export/test_apps.py": "e2e",                       # Node and a real browser; 1 unit test marked
+    "tests/export/test_bench.py": "unit",
+    "tests/export/test_evaluate.py": "unit",
+    "tests/export/test_export.py": "unit",                    # 1 integration (CLI process) marked
+    "tests/export/test_import_rule.py": "unit",
+    "tests/export/test_profiles_export.py": "unit",           # 1 integration (LSL + CLI) marked
+    "tests/export/test_quantize.py": "unit",
+    "tests/export/test_standalone.py": "unit",
+    # firmware_sim/
+    "tests/firmware_sim/test_cli.py": "integration",
+    "tests/firmware_sim/test_player.py": "integration",       # LSL; 3 unit tests marked
+    "tests/firmware_sim/test_profile.py": "unit",             # 2 integration (CLI streaming) marked
+    # neurofed/
+    "tests/neurofed/test_bench_e2e.py": "e2e",                # 1 integration (bad options) marked
+    "tests/neurofed/test_bench_secagg.py": "unit",
+    "tests/neurofed/test_demo.py": "e2e",
+    "tests/neurofed/test_preflight.py": "unit",
+    "tests/neurofed/test_supervise.py": "integration",
+    "tests/neurofed/test_wiretap.py": "integration",          # 1 unit test marked
+    # repository-wide
+    "tests/test_import_contract.py": "unit",
+    "tests/test_lint.py": "integration",                      # runs ruff as a process
+    "tests/test_packaging.py": "integration",                 # pip, git, clean venvs (its tests carry their marks)
+    "tests/test_tiers.py": "unit",
+    # trainer/
+    "tests/trainer/test_art_attacks.py": "unit",
+    "tests/trainer/test_attacks.py": "unit",
+    "tests/trainer/test_bench.py": "unit",
+    "tests/trainer/test_checkpoint.py": "unit",
+    "tests/trainer/test_classical.py": "unit",
+    "tests/trainer/test_cli.py": "unit",                      # 1 integration, 1 e2e in TEST_TIERS
+    "tests/trainer/test_data.py": "unit",                     # 1 integration (a loader process) marked
+    "tests/trainer/test_ensemble.py": "unit",
+    "tests/trainer/test_fal.py": "unit",
+    "tests/trainer/test_fedavgm.py": "unit",
+    "tests/trainer/test_fedbm.py": "unit",
+    "tests/trainer/test_fedfa.py": "unit",
+    "tests/trainer/test_fl.py": "unit",
+    "tests/trainer/test_fleeg_proj.py": "unit",
+    "tests/trainer/test_ga.py": "unit",
+    "tests/trainer/test_grid.py": "unit",                     # 3 integration (Ray, process pools) marked
+    "tests/trainer/test_hierarchical.py": "unit",
+    "tests/trainer/test_moabb_offline.py": "unit",
+    "tests/trainer/test_models.py": "unit",
+    "tests/trainer/test_partition.py": "unit",
+    "tests/trainer/test_profiles.py": "unit",
+    "tests/trainer/test_registry.py": "unit",
+    "tests/trainer/test_report.py": "unit",
+    "tests/trainer/test_robust.py": "unit",
+    "tests/trainer/test_secagg.py": "unit",
+    "tests/trainer/test_strategy_regression.py": "e2e",       # a whole `neurofed simulate` at the reference commit
+    "tests/trainer/test_sweep.py": "unit",                    # 1 integration (process pool) marked
+}
+
+#: single tests of files that do not import pytest (file::test name -> tier; parametrised cases share it)
+TEST_TIERS: dict[str, str] = {
+    "tests/edge/test_lsl_config.py::test_session_config_text": "unit",
+    "tests/trainer/test_cli.py::test_bad_data_dir_is_one_clear_line": "integration",  # the CLI as a process
+    # a whole `neurofed simulate` in process, then resumed by a second run as a process
+    "tests/trainer/test_cli.py::test_simulate_ct_loso_writes_results_and_resumes": "e2e",
+}
