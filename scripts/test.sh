@@ -7,7 +7,7 @@
 #   a broker         Mosquitto on 127.0.0.1:1883, started when nothing listens there
 #   npm packages     apps/web and apps/node, pinned by their package-lock.json (npm ci, when the lock changed)
 #   Python packages  this checkout, editable, with the dev/moabb/attacks/grid extras (pip)
-# Arguments go to pytest: `bash scripts/test.sh -m unit` runs the unit tier alone.
+# Arguments go to pytest: `bash scripts/test.sh -m unit` runs the unit tier alone (tiers: tests/tiers.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PYTHONUNBUFFERED=1
@@ -54,5 +54,6 @@ done
 say "pip install -e '.[dev,moabb,attacks,grid]'"
 pip install -q -e '.[dev,moabb,attacks,grid]'
 
-# 5. Every tier (unit, integration, e2e).
-exec python -m pytest "$@"
+# 5. Every tier (unit, integration, e2e; tests/tiers.py), on every core (pytest-xdist; tests that stream over
+#    LSL share one worker: their xdist_group). `-m unit` etc. select a tier; `-n 0` runs in this process.
+exec python -m pytest -n auto --dist loadgroup "$@"

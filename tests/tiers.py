@@ -120,3 +120,16 @@ TEST_TIERS: dict[str, str] = {
     # a whole `neurofed simulate` in process, then resumed by a second run as a process
     "tests/trainer/test_cli.py::test_simulate_ct_loso_writes_results_and_resumes": "e2e",
 }
+
+#: files whose non-unit tests stream over LSL (or run the demo, which does): one xdist group ("lsl"), so under
+#: ``-n`` they run one at a time on one worker. Sessions are private per worker process (tests/lsl_support.py),
+#: but every session on the machine takes its service ports from the same 128-port range (edge/lsl_config.py),
+#: and two workers opening dozens of outlets and resolvers at once could push outlets out of it.
+LSL_FILES = frozenset({
+    "tests/edge/test_capture.py", "tests/edge/test_capture_cli.py", "tests/edge/test_capture_mnelsl.py",
+    "tests/edge/test_infer_lsl.py", "tests/edge/test_lsl_bench.py", "tests/edge/test_lsl_buffer.py",
+    "tests/edge/test_lsl_config.py", "tests/edge/test_record_profiles.py",
+    "tests/export/test_profiles_export.py",
+    "tests/firmware_sim/test_cli.py", "tests/firmware_sim/test_player.py", "tests/firmware_sim/test_profile.py",
+    "tests/neurofed/test_bench_e2e.py", "tests/neurofed/test_demo.py",
+})

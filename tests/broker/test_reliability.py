@@ -139,7 +139,9 @@ def test_broker_restart_mid_training_reconnects_without_double_aggregation(subje
     try:
         w.wait_for(lambda tp, m: m.kind == "task" and m.round == 1, 120)
         mosquitto.stop()  # SIGKILL: no persistence, retained messages and sessions are gone
-        time.sleep(2)
+        end = time.monotonic() + 30  # down until the coordinator has noticed (its transport logs it)
+        while "lost the broker" not in (tmp_path / "c.log").read_text() and time.monotonic() < end:
+            time.sleep(0.05)
         mosquitto.start()
         assert wait_all([coord], 180) == [0], (tmp_path / "c.log").read_text()[-2000:]
         assert wait_all(edges, 30) == [0, 0, 0]

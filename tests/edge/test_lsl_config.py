@@ -39,7 +39,13 @@ def test_streams_created_after_their_consumers_are_found():
     names = [unique_name(f"cfgtest-{i}") for i in range(8)]
     procs = [subprocess.Popen([sys.executable, "-c", _CONSUMER, n], stdout=subprocess.PIPE, text=True)
              for n in names]
-    time.sleep(1.5)  # the consumers are resolving before any outlet exists
+    # the consumers are resolving before any outlet exists: each has its resolver's sockets open
+    import psutil
+
+    end = time.monotonic() + 30
+    while not all(p.poll() is not None or psutil.Process(p.pid).net_connections("inet") for p in procs):
+        assert time.monotonic() < end, "the consumers never started resolving"
+        time.sleep(0.02)
     outlets = []
     for i, n in enumerate(names):
         outlets.append(pylsl.StreamOutlet(pylsl.StreamInfo(n, "EEG", 4, 100, pylsl.cf_float32, f"{n}-src")))

@@ -15,6 +15,7 @@ NEUROFED = command("neurofed")
 
 
 @pytest.mark.slow
+# headsets, recorder, export and live inference as processes: 16 s idle, several times that under load
 @pytest.mark.timeout(240)
 def test_bench_e2e_measures_live_latency(tmp_path: Path, data_dir: Path) -> None:
     """Replayed at 4x (stream timestamps run ahead of the LSL clock): both latencies stay real and positive."""

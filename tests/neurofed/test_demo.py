@@ -28,6 +28,7 @@ def _mosquitto_up() -> bool:
 
 
 @pytest.mark.slow
+# the whole shortened demo: 55 s on an idle machine, up to ~4x that while other jobs hold both cores
 @pytest.mark.timeout(330)
 @pytest.mark.skipif(not _mosquitto_up(), reason="no Mosquitto on 127.0.0.1:1883")
 def test_short_demo_end_to_end(tmp_path: Path) -> None:
