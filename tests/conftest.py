@@ -10,6 +10,15 @@ import torch
 from neurofed.trainer.data import PreprocessConfig, load_subjects, resolve_data_dir
 
 torch.set_num_threads(1)
+if not os.environ.get("NEUROFED_CACHE"):
+    # one fresh preprocessing cache per run, shared by pytest-xdist's workers (they inherit this environment
+    # from the controller, which imports this file first); CI sets its own (.ci/run)
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["NEUROFED_CACHE"] = tempfile.mkdtemp(prefix="neurofed-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["NEUROFED_CACHE"], True)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest-xdist's workers get COLUMNS=80 / LINES from their parent: a rich Console created at import would be
     # fixed at 80 columns, where a plain run lets a test's CliRunner(env={"COLUMNS": ...}) decide

@@ -3,7 +3,7 @@
 tests/conftest.py wraps every unit test in :func:`watch`; whatever the test (or a thread it started) did of the
 above is listed and the test fails, naming it, so a test that needs a process, the network or LSL is marked
 ``integration`` (tests/tiers.py) instead of slowing the unit tier down. Threads that were already running
-when the test started (a daemon left by an earlier integration test) are not counted against it.
+not started by the test (a daemon an earlier integration test left behind) are not counted against it.
 """
 
 from __future__ import annotations
@@ -21,19 +21,31 @@ _INET = (socket.AF_INET, socket.AF_INET6)
 class _Watch:
     def __init__(self) -> None:
         self.hits: list[str] = []
-        self.old_threads = {t.ident for t in threading.enumerate()} - {threading.main_thread().ident}
 
 
 _current: _Watch | None = None
 _patched: set[str] = set()
 
 
+def _ours(w: _Watch) -> bool:
+    """Whether the running thread is the test's: the main thread, or one it (or such a thread) started while
+    watched. A thread an earlier test left behind (a paho loop, a client on a daemon thread) is not."""
+    t = threading.current_thread()
+    return t is threading.main_thread() or getattr(t, "_tier_watch", None) is w
+
+
 def _hit(what: str) -> None:
     w = _current
-    if w is None or threading.get_ident() in w.old_threads:
+    if w is None or not _ours(w):
         return
     if len(w.hits) < 20:
         w.hits.append(what)
+
+
+def _thread_start(self, *a, **kw):
+    w = _current
+    self._tier_watch = w if w is not None and _ours(w) else None
+    return _thread_start.orig(self, *a, **kw)
 
 
 def _wrap(owner, name: str, describe) -> None:
@@ -66,6 +78,8 @@ def _install_base() -> None:
     if "base" in _patched:
         return
     _patched.add("base")
+    _thread_start.orig = threading.Thread.start
+    threading.Thread.start = _thread_start
     _wrap(subprocess.Popen, "__init__", _cmd)
     _wrap(multiprocessing.process.BaseProcess, "start", lambda self: f"started a process: {self.name}")
     for name in ("connect", "connect_ex", "bind"):
