@@ -10,6 +10,10 @@ import torch
 from neurofed.trainer.data import PreprocessConfig, load_subjects, resolve_data_dir
 
 torch.set_num_threads(1)
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    # the tests' own processes too (CLIs, the demo's children): with pytest-xdist on every core, a second
+    # OpenMP thread per process only oversubscribes the cores (spinning threads slowed tests 10-50x)
+    os.environ.setdefault(_var, "1")
 if not os.environ.get("NEUROFED_CACHE"):
     # one fresh preprocessing cache per run, shared by pytest-xdist's workers (they inherit this environment
     # from the controller, which imports this file first); CI sets its own (.ci/run)
@@ -83,6 +87,14 @@ def pytest_collection_modifyitems(config, items):
 def collected_tiers(request) -> dict[str, list[str]]:
     """nodeid -> tiers of every test this session collected (tests/test_tiers.py)."""
     return request.config.stash[_TIER_STASH]
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Each test starts on one intra-op thread: an in-process `neurofed simulate` sets its `--threads` (default:
+    every core) and would leave them to the tests after it, which then oversubscribe the cores under xdist."""
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

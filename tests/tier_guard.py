@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 import threading
+import traceback
+from pathlib import Path
 
 _INET = (socket.AF_INET, socket.AF_INET6)
 
@@ -38,8 +40,15 @@ def _hit(what: str) -> None:
     w = _current
     if w is None or not _ours(w):
         return
+    stack = traceback.extract_stack()[:-3]
+    if any(f.name == "__del__" for f in stack):
+        return  # a finalizer of an earlier test's object (selenium's Service sends chromedriver a shutdown)
     if len(w.hits) < 20:
-        w.hits.append(what)
+        # where: the innermost frames outside this module and the standard library's wrappers
+        frames = [f for f in stack if not f.filename.endswith(("tier_guard.py", "subprocess.py",
+                                                                                      "socket.py", "process.py"))]
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[-3:][::-1])
+        w.hits.append(f"{what} [{threading.current_thread().name}: {where}]")
 
 
 def _thread_start(self, *a, **kw):
