@@ -133,3 +133,9 @@ LSL_FILES = frozenset({
     "tests/firmware_sim/test_cli.py", "tests/firmware_sim/test_player.py", "tests/firmware_sim/test_profile.py",
     "tests/neurofed/test_bench_e2e.py", "tests/neurofed/test_demo.py",
 })
+
+#: files whose tests share an expensive module-scoped set-up: one xdist group each, so ``-n`` runs the set-up
+#: once (on one worker) rather than once per worker
+SHARED_SETUP_FILES = {
+    "tests/trainer/test_strategy_regression.py": "strategy_regression",  # the reference commit's runs (~15 s)
+}
