@@ -46,8 +46,8 @@ def bench_data(
     out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
 ) -> None:
     """EDF load + preprocess time per subject, cold (empty cache) vs cached."""
-    from neurofed.trainer.cli import parse_subjects
-    from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
+    from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject  # lazy: mne (keeps --help fast)
+    from neurofed.trainer.data.eegmmidb import parse_subjects  # lazy: mne (keeps --help fast)
 
     cfg = PreprocessConfig.from_preset(channels, resample=resample)
     subs = parse_subjects(subjects, data_dir)
@@ -142,6 +142,3 @@ def bench_train(
     typer.echo(f"-> {write_result('train', res, out_dir)}")
 
 
-def register(bench: typer.Typer) -> None:
-    bench.command("data")(bench_data)
-    bench.command("train")(bench_train)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.cli import grid
 from neurofed.trainer.experiments.grid import (
     compare_jobs,
-    grid,
     parse_spec,
     plan,
     reproduce_grid,
