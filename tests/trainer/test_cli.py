@@ -161,6 +161,7 @@ def test_a_run_resumes_from_another_spelling_of_its_data_folder_and_a_refusal_na
 def test_integer_lists_parse_and_a_bad_one_is_named():
     import pytest
     import typer
+
     from neurofed.options import parse_int_list
 
     assert parse_int_list("2", "--seeds") == [2]

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
-from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.cli import grid
+from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments.grid import (
     compare_jobs,
     parse_spec,
