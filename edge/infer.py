@@ -36,8 +36,7 @@ import numpy as np
 from neurofed.edge.guard import GuardConfig, GuardResult, check_window
 from neurofed.edge.stream import StreamLayout, match_stream
 from neurofed.edge.windowing import Window
-from neurofed.export.metadata import OnnxModelMeta
-from neurofed.export.runtime import OnnxModel
+from neurofed.export.runtime import OnnxModel, OnnxModelMeta
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.preprocess import apply_ea, ea_inv_sqrt, n_times_for, preprocess_epochs
 from neurofed.trainer.errors import DataError, NeuroFedError
@@ -156,7 +155,7 @@ class StandaloneStep:
 
     Parameters
     ----------
-    model : neurofed.export.standalone.StandaloneModel
+    model : neurofed.export.decoder.StandaloneModel
     stream_sfreq : float
         The stream's rate; the graph is exported for one device rate (``--rate``) and must match it.
 
@@ -174,7 +173,7 @@ class StandaloneStep:
         self.offsets = {e["name"]: int(e["offset"]) for e in info.state_layout}
 
     #: the graph runs the input guard itself (the default thresholds of neurofed.trainer.data.guard) and raises
-    #: ``neurofed.export.standalone.WindowRejected``: the engine need not run the same check in Python first
+    #: ``neurofed.export.decoder.WindowRejected``: the engine need not run the same check in Python first
     guards = True
 
     def init_state(self) -> np.ndarray:
@@ -281,7 +280,7 @@ class InferenceEngine:
             )
         raw = self.layout.select(window.T)
         if self.graph_guards:
-            from neurofed.export.standalone import WindowRejected
+            from neurofed.export.decoder import WindowRejected
 
             try:
                 p, self.state = self.decoder.step(raw, self.state)
@@ -332,7 +331,7 @@ def pick_model(models: Sequence[str | Path], ch_names: Sequence[str], sfreq: flo
     must to join a federation of profiles); a stream matching none, several models of one profile,
     or a mix of models with and without a profile are each refused with one line.
     """
-    from neurofed.export.metadata import read_onnx_meta
+    from neurofed.export.runtime import read_onnx_meta
     from neurofed.trainer.data.profiles import DeviceProfile, match_profile
 
     files: list[Path] = []

@@ -218,8 +218,8 @@ def infer(
     """Decode a live headset: predictions out as an LSL stream (and MQTT if asked)."""
     from neurofed.edge.infer import InferenceEngine, StandaloneStep, pick_model
     from neurofed.edge.lsl_io import Inlet, check_marker_stream, check_unique, find_stream
+    from neurofed.export.decoder import StandaloneModel
     from neurofed.export.runtime import OnnxModel, load_model
-    from neurofed.export.standalone import StandaloneModel
     from rich.console import Console
 
     console = Console()

@@ -16,7 +16,7 @@ console = Console()
 def _parse_subjects(spec: str | None, data_dir: str | None) -> list[int] | None:
     if spec is None:
         return None
-    from neurofed.trainer.cli import parse_subjects
+    from neurofed.options import parse_subjects
 
     return parse_subjects(spec, data_dir)
 
@@ -241,7 +241,7 @@ def evaluate_cmd(
         raise typer.BadParameter(f"attack {attack!r}: use one of {', '.join(ATTACKS)}")
     if not model.is_file():
         raise NeuroFedError(f"{model}: ONNX model file not found")
-    from neurofed.trainer.cli import parse_subjects
+    from neurofed.options import parse_subjects
 
     meta = read_onnx_meta(model)
     given = None if trained_on is None else [f"S{n:03d}" for n in parse_subjects(trained_on, None)]

@@ -175,7 +175,7 @@ def run_e2e(
 def model_targets(model: Path | None) -> dict[str, float]:
     """The latency targets of the path a model runs: the standalone graph's (issue 18: p50 <= 3 ms, p99 <= 5 ms)
     if every model given is a standalone export, else the Python engine's (p50 <= 10 ms, p99 <= 30 ms)."""
-    from neurofed.export.metadata import read_onnx_meta
+    from neurofed.export.runtime import read_onnx_meta
 
     files = ([] if model is None else sorted(model.glob("*.onnx")) if model.is_dir() else [model])
     if files and all(read_onnx_meta(f).standalone for f in files):

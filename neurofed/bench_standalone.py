@@ -52,8 +52,8 @@ def compare_subject(plain: Path, standalone: Path, subject: int, data_dir: str |
     from onnx.reference import ReferenceEvaluator
 
     from neurofed.edge.infer import InferenceEngine
+    from neurofed.export.decoder import StandaloneModel
     from neurofed.export.runtime import OnnxModel
-    from neurofed.export.standalone import StandaloneModel
     from neurofed.trainer.evaluate import bca
 
     om, sm = OnnxModel(plain), StandaloneModel(standalone)
@@ -157,9 +157,10 @@ def bench_standalone(
     from rich.console import Console
 
     from neurofed.edge.infer import InferenceEngine
+    from neurofed.export.decoder import StandaloneModel
     from neurofed.export.onnx_export import export_checkpoint
     from neurofed.export.runtime import OnnxModel
-    from neurofed.export.standalone import StandaloneModel, export_standalone
+    from neurofed.export.standalone import export_standalone
     from neurofed.trainer.checkpoint import device_of, read_meta
     from neurofed.trainer.cli import parse_subjects
     from neurofed.trainer.errors import NeuroFedError

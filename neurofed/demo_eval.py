@@ -93,7 +93,7 @@ class HeldOutCurve:
 
 def live(run: Run) -> dict:
     """Stream every held-out subject at once; one ``edge-client infer`` and one listener per headset."""
-    from neurofed.export.metadata import read_onnx_meta
+    from neurofed.export.runtime import read_onnx_meta
     from neurofed.livewatch import LiveWatch
 
     cfg, t = run.cfg, time.monotonic()
