@@ -6,10 +6,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
-import typer
 from neurofed.trainer.bench import BENCH_DIR, write_result
 
 
@@ -124,11 +122,7 @@ def ens_label(members: int) -> str:
     return f" x{members} ensemble" if members > 1 else ""
 
 
-def bench_onnx(
-    reps: Annotated[int, typer.Option(help="timed forward passes per case")] = 500,
-    warmup: Annotated[int, typer.Option()] = 50,
-    out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
-) -> None:
+def bench_onnx(reps: int = 500, warmup: int = 50, out_dir: Path = BENCH_DIR) -> None:
     """Forward latency (p50, 1 thread): onnxruntime fp32/int8 vs torch eager, batch 1 and 8."""
     from rich.console import Console
 

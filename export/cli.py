@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from neurofed.export import bench as export_bench
 from rich.console import Console
 from rich.table import Table
 
@@ -325,11 +326,18 @@ def app_serve_cmd(
         httpd.shutdown()
 
 
+def bench_onnx(
+    reps: Annotated[int, typer.Option(help="timed forward passes per case")] = 500,
+    warmup: Annotated[int, typer.Option()] = 50,
+    out_dir: Annotated[Path, typer.Option()] = export_bench.BENCH_DIR,
+) -> None:
+    """Forward latency (p50, 1 thread): onnxruntime fp32/int8 vs torch eager, batch 1 and 8."""
+    export_bench.bench_onnx(reps, warmup, out_dir)
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this package's commands (and benchmarks) to the CLI."""
     app.add_typer(app_cli, name="app")
     app.command("export")(export_cmd)
     app.command("evaluate")(evaluate_cmd)
-    from neurofed.export.bench import bench_onnx
-
     bench.command("onnx")(bench_onnx)

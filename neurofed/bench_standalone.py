@@ -18,10 +18,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
-import typer
 
 from neurofed.export.bench import time_calls
 from neurofed.trainer.bench import BENCH_DIR, write_result
@@ -143,16 +141,9 @@ def browsertime_calls(checkpoint: Path, subject: int, data_dir: str | None, web:
             httpd.shutdown()
 
 
-def bench_standalone(
-    checkpoint: Annotated[Path, typer.Option(help="trained .safetensors checkpoint")],
-    subjects: Annotated[str, typer.Option(help="held-out EEGMMIDB subjects, e.g. '13-19'")] = "13-16",
-    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None,
-    reps: Annotated[int, typer.Option(help="timed windows")] = 500,
-    warmup: Annotated[int, typer.Option()] = 50,
-    out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
-    browser: Annotated[bool, typer.Option(help="also time the page in headless Chromium")] = True,
-    name: Annotated[str, typer.Option(help="result name: OUT_DIR/NAME.json")] = "standalone",
-) -> None:
+def bench_standalone(checkpoint: Path, subs: list[int], data_dir: str | None = None, reps: int = 500,
+                     warmup: int = 50, out_dir: Path = BENCH_DIR, browser: bool = True,
+                     name: str = "standalone") -> None:
     """Standalone graph == Python pipeline on real held-out sessions (ORT, tract, onnx.reference); p50 per window."""
     from rich.console import Console
 
@@ -162,7 +153,6 @@ def bench_standalone(
     from neurofed.export.runtime import OnnxModel
     from neurofed.export.standalone import export_standalone
     from neurofed.trainer.checkpoint import device_of, read_meta
-    from neurofed.trainer.cli import parse_subjects
     from neurofed.trainer.errors import NeuroFedError
 
     console = Console()
@@ -172,7 +162,6 @@ def bench_standalone(
         raise NeuroFedError(f"{checkpoint} is for device profile {dev.name}: the browser page replays 160 Hz "
                             "recordings; use --no-browser")
     trained = {n[:4] for n in cmeta.data_hashes}
-    subs = parse_subjects(subjects, data_dir)
     overlap = [s for s in subs if f"S{s:03d}" in trained]
     if overlap:
         raise NeuroFedError(f"subjects {overlap} were used to train {checkpoint}; pick held-out subjects")
@@ -241,8 +230,3 @@ def bench_standalone(
         + (f", browser {lat_browser['p50_ms']:.2f} ms" if lat_browser else "")
         + f" (load {os.getloadavg()[0]:.1f})\nwrote {p}"
     )
-
-
-def register(bench: typer.Typer) -> None:
-    """Add ``bench standalone``."""
-    bench.command("standalone")(bench_standalone)
