@@ -2,13 +2,23 @@
 
 Broker -> simulated headsets -> on-device capture -> federated training over MQTT -> ONNX export ->
 live decoding of several held-out subjects -> offline/attack evaluation -> run directory with a report.
-The phases are in :mod:`neurofed.demo_run`; this module holds the configuration (the command: :mod:`neurofed.cli`).
+The phases are in :mod:`neurofed.demo_run` and :mod:`neurofed.demo_eval`; this module holds the configuration and
+the state of a run (:class:`Run`) they share (the command: :mod:`neurofed.cli`).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+import uuid
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
+from rich.console import Console
+
+from neurofed.edge.lsl_config import PORT_RANGE, session_config
+from neurofed.supervise import DemoError, Supervisor
 from neurofed.trainer.data.eegmmidb import parse_subjects
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.fl.local import LocalConfig
@@ -93,3 +103,74 @@ DEFAULT_HELDOUT = "47-50"
 HELDOUT_RULE = ("the last 4 subjects of the shared 46-subject EEGMMIDB set (S001-S019, S024-S050), i.e. "
                 "S047-S050, fixed before any demo result was seen; the training headsets are the first subjects "
                 "of the same set")
+
+
+console = Console(highlight=False, width=None if Console().is_terminal else 120)
+
+
+class Run:
+    """State shared by the phases of one demo run."""
+
+    def __init__(self, cfg: DemoConfig) -> None:
+        from neurofed.trainer.data.eegmmidb import resolve_data_dir
+
+        self.cfg = cfg
+        self.dir = Path(cfg.out).resolve()
+        if self.dir.exists() and any(self.dir.iterdir()):
+            raise DemoError(f"run directory {self.dir} exists and is not empty; choose another --out")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir = resolve_data_dir(cfg.data_dir)
+        self.t0 = time.monotonic()
+        self.tag = f"{time.strftime('%H%M%S')}{uuid.uuid4().hex[:6]}"
+        self.federation = f"demo-{self.tag}"
+        self.stream = f"nfdemo-{self.tag}"
+        self.clients = {s: f"hs-S{s:03d}" for s in cfg.subjects}
+        self.timings: dict[str, float] = {}
+        self.results: dict = {"config": cfg.to_dict(), "run_dir": str(self.dir), "federation_name": self.federation,
+                              "run_tag": self.tag}
+        lsl_cfg = self.dir / "lsl_api.cfg"
+        # every headset has 2 outlets and every recorder/decoder/listener takes ports too; liblsl only probes
+        # [BasePort, BasePort + PortRange) on this host, so the range grows with the demo (edge/lsl_config.py)
+        ports = max(PORT_RANGE, 8 * (len(cfg.subjects) + len(cfg.heldout)) + 128)
+        lsl_cfg.write_text(session_config(f"neurofed-demo-{self.tag}", port_range=ports))
+        if "pylsl" in sys.modules and os.environ.get("LSLAPICFG") != str(lsl_cfg):
+            raise DemoError("pylsl was loaded before the demo could give this process its private LSL session; "
+                            "run the demo in a fresh process (`neurofed demo`)")
+        os.environ["LSLAPICFG"] = str(lsl_cfg)  # this process too (before pylsl is loaded)
+        env = dict(os.environ, LSLAPICFG=str(lsl_cfg), NEUROFED_DATA=str(self.data_dir), PYTHONUNBUFFERED="1",
+                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", NEUROFED_DEMO_RUN=self.tag)
+        self.sup = Supervisor(self.dir / "logs", env)
+        self.url = cfg.broker or ""
+
+    def left(self) -> float:
+        return self.cfg.time_budget_s - (time.monotonic() - self.t0)
+
+    def budget(self, want: float) -> float:
+        """A wait bound: ``want`` seconds, never past the run's time budget."""
+        left = self.left()
+        if left <= 0:
+            raise DemoError(f"time budget of {self.cfg.time_budget_s:.0f} s used up")
+        return min(want, left)
+
+    def phase(self, name: str, t: float) -> None:
+        self.timings[name] = round(time.monotonic() - t, 2)
+
+    def store(self, s: int) -> Path:
+        return self.dir / "clients" / self.clients[s] / "store"
+
+
+def recording_seconds(run: Run, subjects: list[int]) -> float:
+    """Longest per-subject playback length (s) of the chosen runs (EDF headers only)."""
+    import mne
+
+    from neurofed.trainer.data.eegmmidb import subject_files
+
+    longest = 0.0
+    for s in subjects:
+        files = subject_files(run.data_dir, s, [int(r) for r in run.cfg.runs.split(",")])
+        total = 0.0
+        for f in files:
+            raw = mne.io.read_raw_edf(f, preload=False, verbose="error")
+            total += raw.n_times / raw.info["sfreq"]
+        longest = max(longest, total)
+    return longest

@@ -7,11 +7,11 @@ import time
 
 import numpy as np
 
-from neurofed.demo_run import Run, console, recording_seconds
+from neurofed.demo import Run, console, recording_seconds
 from neurofed.supervise import DemoError, command
 
 
-def _progress(tap, curve, rounds: int) -> None:
+def print_progress(tap, curve, rounds: int) -> None:
     """Print one line per finished round (coordinator's result message + held-out BCA of its model)."""
     from neurofed.broker.protocol import decode
 
