@@ -13,7 +13,9 @@ import time
 import uuid
 
 import numpy as np
+from neurofed.edge.buffer import RingBuffer
 from neurofed.edge.lsl_config import use_private_session
+from neurofed.firmware_sim.recording import Recording
 
 CONFIGS = ((64, 160.0, 4), (256, 1000.0, 10))  # channels, Hz, samples per push
 
@@ -27,8 +29,10 @@ def _private_lsl() -> None:
 
 def _serve(specs: list[tuple[str, int, float, int]], seconds: float, counts) -> None:
     """Child process: one headset per spec (name, channels, rate, chunk); reports samples pushed."""
-    from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
-    from neurofed.firmware_sim.recording import Recording
+    from neurofed.firmware_sim.player import (  # lazy: pylsl (loaded after this process's LSL session config is set)
+        HeadsetPlayer,
+        PlayerConfig,
+    )
 
     players = []
     for name, n_ch, sfreq, chunk in specs:
@@ -47,8 +51,11 @@ def _serve(specs: list[tuple[str, int, float, int]], seconds: float, counts) -> 
 
 def _ingest(names: list[str], seconds: float, poll: float = 0.005, warmup: float = 1.0) -> dict:
     """Pull every stream into a ring buffer until each is quiet; latency, CPU and counter checks."""
-    from neurofed.edge.buffer import RingBuffer
-    from neurofed.edge.lsl_io import Inlet, find_stream, local_clock
+    from neurofed.edge.lsl_io import (  # lazy: pylsl (loaded after this process's LSL session config is set)
+        Inlet,
+        find_stream,
+        local_clock,
+    )
 
     inlets = [Inlet(find_stream(name=n, timeout=20)) for n in names]
     bufs = [RingBuffer(i.meta.n_channels, int(i.meta.sfreq * 30)) for i in inlets]

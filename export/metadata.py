@@ -25,7 +25,7 @@ from neurofed.export.runtime import (  # the model card's reader is the runtime'
     meta_from_model,
     read_onnx_meta,
 )
-from neurofed.trainer.checkpoint import ModelMeta
+from neurofed.trainer.checkpoint import ModelMeta, device_of
 
 
 def model_hash(state: Mapping[str, torch.Tensor]) -> str:
@@ -50,7 +50,6 @@ def package_version() -> str:
 
 def build_meta(ckpt_meta: ModelMeta, state: Mapping[str, torch.Tensor]) -> OnnxModelMeta:
     """ONNX metadata: the checkpoint's :class:`~neurofed.trainer.checkpoint.ModelMeta` plus what export adds."""
-    from neurofed.trainer.checkpoint import device_of
 
     device = device_of(ckpt_meta)
     pre = dict(ckpt_meta.preprocess or {})

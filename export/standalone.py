@@ -43,12 +43,18 @@ from neurofed.export.decoder import (  # the run-time decoder (onnxruntime + num
     OUTPUTS,
     StandaloneInfo,
 )
+from neurofed.export.metadata import build_meta, embed_meta
+from neurofed.export.onnx_export import profile_output, quiet_exporter
 from neurofed.trainer.atomic import atomic_write_bytes
+from neurofed.trainer.checkpoint import device_of, load_checkpoint, load_profile_models
 from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, subject_files
 from neurofed.trainer.data.guard import GUARD_KINDS, GuardConfig
-from neurofed.trainer.data.preprocess import n_times_for, preprocess_epochs
+from neurofed.trainer.data.io import epochs_from_raw, read_raw
+from neurofed.trainer.data.preprocess import n_times_for, pick_channels, preprocess_epochs
 from neurofed.trainer.errors import DataError, NeuroFedError
 from neurofed.trainer.models.eegnet import EEGNet
+from neurofed.trainer.models.fleeg import FleegEEGNet
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -328,7 +334,6 @@ class EEGNetContext(nn.Module):
 def _eegnet_parts(net: nn.Module) -> tuple[nn.Module, ...] | None:
     """``(temporal, bn_t, conv_spatial, bn_s, body, classifier)`` of an EEGNet or FLEEG EEGNet (after
     :func:`_plain_bn`), ``body`` the layers from the first ELU to the flattened features; None for other models."""
-    from neurofed.trainer.models.fleeg import FleegEEGNet
 
     if type(net) is EEGNet:
         body = nn.Sequential(_fast_elu(net.pool_1), net.conv_separable, net.bnorm_2, _fast_elu(net.pool_2),
@@ -586,7 +591,6 @@ def to_standalone_onnx(dec: StandaloneDecoder) -> onnx.ModelProto:
     """Export with the dynamo exporter at opset 18 (static shapes: one window, one state)."""
     window = torch.randn(dec.n_ch, dec.n_in, generator=torch.Generator().manual_seed(0)) * 20.0
     state = torch.from_numpy(dec.initial_state())
-    from neurofed.export.onnx_export import quiet_exporter
 
     with quiet_exporter():
         try:
@@ -663,7 +667,6 @@ def profile_device(meta: Any) -> tuple[float, str, float] | None:
     The profile (:func:`neurofed.trainer.checkpoint.device_of`) knows what its headset streams: the graph then takes
     that rate and unit (counts at the profile's gain included) and no ``--rate``/``--unit`` is needed.
     """
-    from neurofed.trainer.checkpoint import device_of
 
     dev = device_of(meta)
     return None if dev is None else (dev.sfreq, dev.unit, 1.0 / dev.scale)
@@ -689,7 +692,6 @@ def device_settings(meta: Any, rate: float | None, unit: str | None) -> tuple[fl
 def write_standalone(model: nn.Module, cmeta: Any, out: str | os.PathLike, rate: float | None = None,
                      unit: str | None = None, step_s: float = 0.5) -> tuple[Any, StandaloneDecoder]:
     """One model -> standalone ONNX with metadata (device: :func:`device_settings`); returns (meta, decoder)."""
-    from neurofed.export.metadata import build_meta, embed_meta
 
     rate, unit, to_uv = device_settings(cmeta, rate, unit)
     meta = build_meta(cmeta, model.state_dict())
@@ -715,7 +717,6 @@ def export_standalone(
 
     ``rate``/``unit`` default to the model's device profile, else 160 Hz and microvolts.
     """
-    from neurofed.trainer.checkpoint import load_checkpoint
 
     if not Path(ckpt).is_file():
         raise NeuroFedError(f"{ckpt}: checkpoint file not found")
@@ -728,8 +729,6 @@ def export_standalone_profiles(
 ) -> dict[str, tuple[Path, Any, StandaloneDecoder]]:
     """A hierarchical (``fleeg``) checkpoint -> one standalone graph per device profile, each at its profile's
     rate and unit, written to :func:`neurofed.export.onnx_export.profile_output` (``model.onnx`` -> ``model.<profile>.onnx``)."""
-    from neurofed.export.onnx_export import profile_output
-    from neurofed.trainer.checkpoint import load_profile_models
 
     if not Path(ckpt).is_file():
         raise NeuroFedError(f"{ckpt}: checkpoint file not found")
@@ -749,8 +748,6 @@ def recording_windows(
     Returns ``(windows (n, channels, samples) in microvolts, labels, sampling rate)``; this is what
     a device streams, before any preprocessing.
     """
-    from neurofed.trainer.data.io import epochs_from_raw, read_raw
-    from neurofed.trainer.data.preprocess import pick_channels
 
     raw = read_raw(path)
     x, labels = epochs_from_raw(raw, label_map, tmin, tmax, source=str(path))
@@ -762,7 +759,6 @@ def eegmmidb_session_windows(
 ) -> list[tuple[str, np.ndarray, np.ndarray, float]]:
     """Every imagery run (session) of an EEGMMIDB subject whose classes are ``classes``:
     ``[(run file name, windows, class indices, rate), ...]`` in run order."""
-    from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, subject_files
 
     task = next((t for t, (_, cls) in TASKS.items() if list(cls) == list(classes)), None)
     if task is None:

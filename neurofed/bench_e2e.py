@@ -34,7 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
+from neurofed.edge.bench_lsl import _private_lsl
+from neurofed.livewatch import LiveWatch
+from neurofed.supervise import Supervisor, command
 from neurofed.trainer.bench import write_result
+from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
 from neurofed.trainer.errors import NeuroFedError
 
 
@@ -42,10 +46,9 @@ def build_latency_model(out: Path, subject: int, data_dir: Path | None) -> Path:
     """Export a random-init EEGNet with the demo's preprocessing and the subject's real channel layout."""
     import torch
 
-    from neurofed.export.onnx_export import export_model
-    from neurofed.trainer.checkpoint import ModelMeta
-    from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
-    from neurofed.trainer.models import build_model
+    from neurofed.export.onnx_export import export_model  # lazy: onnx, torch (loaded only when used)
+    from neurofed.trainer.checkpoint import ModelMeta  # lazy: torch (loaded only when used)
+    from neurofed.trainer.models import build_model  # lazy: torch (loaded only when used)
 
     cfg = PreprocessConfig.from_preset("sensorimotor21", resample=80.0)
     sd = load_eegmmidb_subject(subject, cfg, data_dir)
@@ -89,9 +92,6 @@ def run_e2e(
     ``edge-client infer --stats-out``). The machine's load averages before and after the run are recorded.
     ``profile``: the decoded headset streams as that device profile (``headset-sim --profile``).
     """
-    from neurofed.edge.bench_lsl import _private_lsl
-    from neurofed.livewatch import LiveWatch
-    from neurofed.supervise import Supervisor, command
 
     if mode not in ("sliding", "cue"):
         raise NeuroFedError(f"mode {mode!r}: use sliding or cue")
@@ -174,7 +174,7 @@ def run_e2e(
 def model_targets(model: Path | None) -> dict[str, float]:
     """The latency targets of the path a model runs: the standalone graph's (issue 18: p50 <= 3 ms, p99 <= 5 ms)
     if every model given is a standalone export, else the Python engine's (p50 <= 10 ms, p99 <= 30 ms)."""
-    from neurofed.export.runtime import read_onnx_meta
+    from neurofed.export.runtime import read_onnx_meta  # lazy: onnx, onnxruntime (loaded only when used)
 
     files = ([] if model is None else sorted(model.glob("*.onnx")) if model.is_dir() else [model])
     if files and all(read_onnx_meta(f).standalone for f in files):

@@ -23,14 +23,15 @@ import numpy as np
 
 from neurofed.export.bench import time_calls
 from neurofed.trainer.bench import BENCH_DIR, write_result
+from neurofed.trainer.data.profiles import noise_rng, to_device
+from neurofed.trainer.errors import NeuroFedError
 
 
 def device_sessions(subject: int, meta, data_dir: str | None, profile=None) -> tuple[list, float, list[str] | None]:
     """The subject's imagery sessions as cue-locked raw windows (``eegmmidb_session_windows``), the rate and the
     channel units a stream of them has; with a device profile, each window as that headset streams it
     (:func:`neurofed.trainer.data.profiles.to_device`: its rate, unit and gain, seeded noise)."""
-    from neurofed.export.standalone import eegmmidb_session_windows
-    from neurofed.trainer.data.profiles import noise_rng, to_device
+    from neurofed.export.standalone import eegmmidb_session_windows  # lazy: onnx, torch
 
     sessions = eegmmidb_session_windows(subject, list(meta.ch_names), list(meta.classes), *meta.window, data_dir)
     if profile is None:
@@ -49,10 +50,10 @@ def compare_subject(plain: Path, standalone: Path, subject: int, data_dir: str |
     import tract
     from onnx.reference import ReferenceEvaluator
 
-    from neurofed.edge.infer import InferenceEngine
-    from neurofed.export.decoder import StandaloneModel
-    from neurofed.export.runtime import OnnxModel
-    from neurofed.trainer.evaluate import bca
+    from neurofed.edge.infer import InferenceEngine  # lazy: onnx, onnxruntime (loaded only when used)
+    from neurofed.export.decoder import StandaloneModel  # lazy: onnx, onnxruntime (loaded only when used)
+    from neurofed.export.runtime import OnnxModel  # lazy: onnx, onnxruntime (loaded only when used)
+    from neurofed.trainer.evaluate import bca  # lazy: torch (loaded only when used)
 
     om, sm = OnnxModel(plain), StandaloneModel(standalone)
     m = sm.meta
@@ -101,7 +102,10 @@ def browsertime_calls(checkpoint: Path, subject: int, data_dir: str | None, web:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    from neurofed.export.apps import make_bundle, serve
+    from neurofed.export.apps import (  # lazy: onnx, onnxruntime, torch (loaded only when used)
+        make_bundle,
+        serve,
+    )
 
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver):
@@ -147,13 +151,12 @@ def bench_standalone(checkpoint: Path, subs: list[int], data_dir: str | None = N
     """Standalone graph == Python pipeline on real held-out sessions (ORT, tract, onnx.reference); p50 per window."""
     from rich.console import Console
 
-    from neurofed.edge.infer import InferenceEngine
-    from neurofed.export.decoder import StandaloneModel
-    from neurofed.export.onnx_export import export_checkpoint
-    from neurofed.export.runtime import OnnxModel
-    from neurofed.export.standalone import export_standalone
-    from neurofed.trainer.checkpoint import device_of, read_meta
-    from neurofed.trainer.errors import NeuroFedError
+    from neurofed.edge.infer import InferenceEngine  # lazy: onnx, onnxruntime (loaded only when used)
+    from neurofed.export.decoder import StandaloneModel  # lazy: onnx, onnxruntime (loaded only when used)
+    from neurofed.export.onnx_export import export_checkpoint  # lazy: onnx, torch (loaded only when used)
+    from neurofed.export.runtime import OnnxModel  # lazy: onnx, onnxruntime (loaded only when used)
+    from neurofed.export.standalone import export_standalone  # lazy: onnx, torch (loaded only when used)
+    from neurofed.trainer.checkpoint import device_of, read_meta  # lazy: torch (loaded only when used)
 
     console = Console()
     cmeta = read_meta(checkpoint)

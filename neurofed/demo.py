@@ -19,7 +19,7 @@ from rich.console import Console
 
 from neurofed.edge.lsl_config import PORT_RANGE, session_config
 from neurofed.supervise import DemoError, Supervisor
-from neurofed.trainer.data.eegmmidb import parse_subjects
+from neurofed.trainer.data.eegmmidb import parse_subjects, resolve_data_dir, subject_files
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.fl.local import LocalConfig
 
@@ -112,8 +112,6 @@ class Run:
     """State shared by the phases of one demo run."""
 
     def __init__(self, cfg: DemoConfig) -> None:
-        from neurofed.trainer.data.eegmmidb import resolve_data_dir
-
         self.cfg = cfg
         self.dir = Path(cfg.out).resolve()
         if self.dir.exists() and any(self.dir.iterdir()):
@@ -163,7 +161,6 @@ def recording_seconds(run: Run, subjects: list[int]) -> float:
     """Longest per-subject playback length (s) of the chosen runs (EDF headers only)."""
     import mne
 
-    from neurofed.trainer.data.eegmmidb import subject_files
 
     longest = 0.0
     for s in subjects:

@@ -8,9 +8,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from neurofed.broker.config import load_config
 from neurofed.demo import DemoConfig, Run, console, recording_seconds
 from neurofed.demo_eval import HeldOutCurve, check_wire, eeg_fingerprint, live, offline, print_progress
+from neurofed.edge.store import LocalStore
+from neurofed.run_report import summarise, write_report
 from neurofed.supervise import DemoError, command
+from neurofed.wiretap import Wiretap
 
 # ----------------------------------------------------------------------------- phases
 #: What the demo needs from the other packages: (piece named in the error, module, CLI, command).
@@ -51,10 +55,10 @@ def preflight() -> None:
 
 
 def start_broker(run: Run) -> None:
-    from neurofed.broker.embedded import free_port, port_open
+    from neurofed.broker.embedded import free_port, port_open  # lazy: paho-mqtt (loaded only when used)
 
     if run.cfg.broker:
-        from neurofed.broker.transport import BrokerURL
+        from neurofed.broker.transport import BrokerURL  # lazy: paho-mqtt (loaded only when used)
 
         u = BrokerURL.parse(run.cfg.broker)
         if not port_open(u.host, u.port, 2.0):
@@ -104,7 +108,6 @@ def capture(run: Run) -> dict:
     run.sup.wait(["headsets-train"], run.budget(wall + 240 + 60), "simulated headsets (capture)")
     run.sup.wait(names, run.budget(60), "edge-client record")
     counts = {}
-    from neurofed.edge.store import LocalStore
 
     sent = cues_sent(run.dir / "logs" / "headsets-train.log")
     for s in cfg.subjects:
@@ -127,7 +130,7 @@ def capture(run: Run) -> dict:
 
 def cues_sent(headset_log: Path) -> dict[str, int]:
     """Stream name -> cue markers a simulated headset sent (its closing line in the headset-sim log)."""
-    from neurofed.firmware_sim.player import markers_sent
+    from neurofed.firmware_sim.player import markers_sent  # lazy: pylsl
 
     return markers_sent(headset_log.read_text(errors="replace")) if headset_log.is_file() else {}
 
@@ -223,8 +226,6 @@ def export(run: Run) -> dict:
 
 def run_demo(cfg: DemoConfig) -> dict:
     """Run every phase; children are stopped on any exit path (Ctrl-C and SIGTERM included)."""
-    from neurofed.run_report import summarise, write_report
-    from neurofed.wiretap import Wiretap
 
     run = Run(cfg)
     preflight()
@@ -239,7 +240,6 @@ def run_demo(cfg: DemoConfig) -> dict:
         run.results["federation"] = federate(run, tap, curve)
         run.results["curve"] = [curve.points[k] for k in sorted(curve.points)]
         run.results["heldout_subjects"] = {"subjects": [f"S{h:03d}" for h in cfg.heldout], "rule": cfg.heldout_rule}
-        from neurofed.broker.config import load_config
 
         spec = load_config(run.dir / "federation.toml").model_spec()
         with ThreadPoolExecutor(1) as pool:  # the audit's fingerprints are built while the export runs

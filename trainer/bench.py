@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
+from neurofed.trainer.data.eegmmidb import parse_subjects
 
 BENCH_DIR = Path("docs/bench")
 
@@ -39,8 +41,6 @@ def peak_rss_mb() -> float:
 def bench_data(subjects: str = "1-5", channels: str = "sensorimotor21", resample: float | None = 80.0,
                data_dir: str | None = None, out_dir: Path = BENCH_DIR) -> None:
     """EDF load + preprocess time per subject, cold (empty cache) vs cached."""
-    from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject  # lazy: mne (keeps --help fast)
-    from neurofed.trainer.data.eegmmidb import parse_subjects  # lazy: mne (keeps --help fast)
 
     cfg = PreprocessConfig.from_preset(channels, resample=resample)
     subs = parse_subjects(subjects, data_dir)
@@ -71,9 +71,9 @@ def bench_train(threads: int = 1, batch_size: int = 32, steps: int = 30, models:
     thread all the work runs there), so the ratios can be read on a machine other jobs share.
     """
     import torch
-    from neurofed.trainer.fl.local import LocalConfig, train_local
-    from neurofed.trainer.fl.strategies import get_strategy
-    from neurofed.trainer.models import build_model, count_parameters
+    from neurofed.trainer.fl.local import LocalConfig, train_local  # lazy: torch (loaded only when used)
+    from neurofed.trainer.fl.strategies import get_strategy  # lazy: torch (loaded only when used)
+    from neurofed.trainer.models import build_model, count_parameters  # lazy: torch (loaded only when used)
 
     torch.set_num_threads(threads)
     shapes = {"21ch x 80Hz x 4s": (21, 320, 80.0), "64ch x 160Hz x 4s": (64, 640, 160.0)}

@@ -15,13 +15,17 @@ from pathlib import Path
 
 import torch
 from neurofed.trainer.atomic import save_safetensors
+from neurofed.trainer.data.profiles import DeviceProfile, get_profile
 from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.fl.api import GROUP_MARK, group_view, groups_of
 from neurofed.trainer.model_meta import (  # re-exported (torch-free)
     FORMAT_VERSION,
     MODEL_FIELDS,
     ModelMeta,
     meta_fields,
 )
+from neurofed.trainer.models.ensemble import ENSEMBLE, SoftmaxEnsemble
+from neurofed.trainer.models.heads import install_concept_head_for
 from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
@@ -47,8 +51,6 @@ def read_meta(path: str | os.PathLike) -> ModelMeta:
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[nn.Module, ModelMeta]:
     """Rebuild the model of a checkpoint and load its weights (strict)."""
-    from neurofed.trainer.models.ensemble import SoftmaxEnsemble
-    from neurofed.trainer.models.heads import install_concept_head_for
 
     meta = read_meta(path)
     try:
@@ -90,7 +92,6 @@ def combine_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
         Fewer than two checkpoints, an unreadable one, a member that is itself an ensemble or a per-device-profile
         (fleeg) server state, or members that differ in what :data:`ENSEMBLE_SHARED` names or in their device.
     """
-    from neurofed.trainer.models.ensemble import ENSEMBLE
 
     if len(paths) < 2:
         raise NeuroFedError(f"an ensemble needs at least two checkpoints, got {len(paths)}")
@@ -139,7 +140,6 @@ def device_of(meta: ModelMeta):
     From ``extra["device"]`` (the profile's definition, written by the coordinator and by a split
     hierarchical checkpoint), else ``extra["profile"]`` as a shipped profile's name.
     """
-    from neurofed.trainer.data.profiles import DeviceProfile, get_profile
 
     dev, name = meta.extra.get("device"), meta.extra.get("profile")
     if dev:
@@ -149,7 +149,6 @@ def device_of(meta: ModelMeta):
 
 def is_hierarchical(keys) -> bool:
     """Whether state-dict keys include per-profile modules (``@<profile>/<key>``, :func:`neurofed.trainer.fl.api.group_key`)."""
-    from neurofed.trainer.fl.api import GROUP_MARK
 
     return any(k.startswith(GROUP_MARK) for k in keys)
 
@@ -165,8 +164,6 @@ def load_profile_models(path: str | os.PathLike) -> dict[str, tuple[nn.Module, M
     """
     from dataclasses import replace
 
-    from neurofed.trainer.data.profiles import DeviceProfile
-    from neurofed.trainer.fl.api import group_view, groups_of
 
     meta = read_meta(path)
     state = load_file(str(path))

@@ -10,7 +10,10 @@ import numpy as np
 import typer
 from neurofed.trainer import bench as trainer_bench
 from neurofed.trainer import report as trainer_report
-from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.checkpoint import combine_checkpoints
+from neurofed.trainer.data import resolve_data_dir
+from neurofed.trainer.data.eegmmidb import check_files, download
+from neurofed.trainer.errors import DataError, NeuroFedError, run_cli
 from neurofed.trainer.experiments.classical import METHOD_EA, METHODS, ClassicalConfig, run_classical
 from neurofed.trainer.experiments.ensemble import ensemble_runs
 from neurofed.trainer.experiments.grid import (
@@ -22,7 +25,9 @@ from neurofed.trainer.experiments.grid import (
     run_grid,
     select_seeds,
 )
+from neurofed.trainer.experiments.simulate import run_simulation
 from neurofed.trainer.experiments.sweep import run_jobs, sweep_plot, sweep_runs, sweep_table, write_json
+from neurofed.trainer.fl.strategies import ALGORITHMS, PARAMS, docs_tables
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -114,7 +119,6 @@ def simulate(
     the preset. Strategy parameters (generated from the algorithm registry) override the algorithm's
     own settings for ablations and compositions, e.g. --algorithm fedbs --sam-rho 0.
     """
-    from neurofed.trainer.experiments.simulate import run_simulation
 
     opts = {k: v for k, v in locals().items() if k != "strategy_params"}
     cfg = build_sim_config({**opts, **strategy_params})
@@ -139,12 +143,10 @@ def simulate(
 
 def algorithms(markdown: Annotated[bool, typer.Option(help="print the docs' markdown tables")] = False) -> None:
     """The registered federated algorithms and their parameters (from trainer/fl/strategies.py)."""
-    from neurofed.trainer.fl.strategies import docs_tables
 
     if markdown:
         print(docs_tables())
         return
-    from neurofed.trainer.fl.strategies import ALGORITHMS, PARAMS
 
     t = Table(title="algorithms (neurofed simulate --algorithm NAME; federation.toml [federation] strategy)")
     for c in ("name", "settings", "what it does"):
@@ -170,7 +172,6 @@ def combine(
 
     It exports (`neurofed export`, `--standalone`), evaluates and decodes live like any checkpoint.
     """
-    from neurofed.trainer.checkpoint import combine_checkpoints
 
     meta = combine_checkpoints(checkpoints, output)
     console.print(f"wrote {output}: {len(checkpoints)} members ({meta.strategy}), {meta.n_channels} ch x "
@@ -185,9 +186,6 @@ def data_info(data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA
     """Where the data is, and every file checked: header vs size, annotations, left/right cues.
 
     Exits 2 naming each file with a problem (truncated, unreadable, missing, cues absent)."""
-    from neurofed.trainer.data import resolve_data_dir
-    from neurofed.trainer.data.eegmmidb import check_files
-    from neurofed.trainer.errors import DataError
 
     d = resolve_data_dir(data_dir)
     with Progress(TextColumn("[bold]checking EDF files"), BarColumn(), TextColumn("{task.completed} files"),
@@ -215,7 +213,6 @@ def data_download(
     path: Annotated[str | None, typer.Option(help="MNE data folder (default ~/mne_data)")] = None,
 ) -> None:
     """Download EEGMMIDB runs 4/8/12 with MNE (needs the network; fails in seconds when offline)."""
-    from neurofed.trainer.data.eegmmidb import download
 
     files = download(parse_subjects(subjects, None) if subjects != "all" else range(1, 110), path=path)
     console.print(f"{len(files)} files ready")
@@ -497,7 +494,6 @@ def _standalone() -> None:
     bench = typer.Typer(no_args_is_help=True)
     app.add_typer(bench, name="bench")
     register(app, bench)
-    from neurofed.trainer.errors import run_cli
 
     run_cli(app)
 

@@ -31,7 +31,10 @@ def load_runs(run_dirs: list[Path], seeds: list[int] | None = None) -> list[dict
 
 def only_seeds(run: dict, seeds: list[int]) -> dict:
     """The run restricted to ``seeds`` (those it has); an error naming the run if it has none of them."""
-    from neurofed.trainer.experiments.simulate import aggregate_seeds, mean_curve
+    from neurofed.trainer.experiments.simulate import (  # lazy: torch (loaded only when used)
+        aggregate_seeds,
+        mean_curve,
+    )
 
     kept = {k: v for k, v in (run.get("per_seed") or {}).items() if int(k) in seeds}
     if not kept:

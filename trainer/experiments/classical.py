@@ -33,11 +33,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from neurofed.trainer.art_attacks import blackbox_on_scores
 from neurofed.trainer.atomic import atomic_write_bytes
+from neurofed.trainer.attacks import attack_budgets
 from neurofed.trainer.data import PreprocessConfig, SubjectData, load_subjects
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.evaluate import bca
 from neurofed.trainer.experiments.protocol import make_folds
+from neurofed.trainer.experiments.simulate import aggregate_seeds, open_run
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -165,8 +168,6 @@ def fit_predict_fold(cfg: ClassicalConfig, train: list[SubjectData], test: list[
         pipe.fit(np.concatenate(Xtr), np.concatenate([sd.y for sd in train]))
     out = {sd.subject: {"bca": bca(sd.y, pipe.predict(x))} for sd, x in zip(test, _features(cfg.method, test))}
     for attack, eps in cfg.attacks:
-        from neurofed.trainer.art_attacks import blackbox_on_scores
-
         for sd in test:
             score = scorer(cfg.method, pipe, sd)
             pred = []
@@ -187,8 +188,6 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
     """
     import mne
     import sklearn
-    from neurofed.trainer.attacks import attack_budgets
-    from neurofed.trainer.experiments.simulate import aggregate_seeds, open_run
 
     out = open_run(out_dir, cfg)
     pre = PreprocessConfig.from_dict(cfg.preprocess)

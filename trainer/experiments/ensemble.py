@@ -77,9 +77,9 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
         A run without saved models, runs whose folds hold out different subjects or were preprocessed or
         batched differently, no job of the chosen seeds.
     """
-    from neurofed.trainer.checkpoint import load_checkpoint
-    from neurofed.trainer.evaluate import bca, logits
-    from neurofed.trainer.experiments.simulate import aggregate_seeds
+    from neurofed.trainer.checkpoint import load_checkpoint  # lazy: torch (loaded only when used)
+    from neurofed.trainer.evaluate import bca, logits  # lazy: torch (loaded only when used)
+    from neurofed.trainer.experiments.simulate import aggregate_seeds  # lazy: torch (loaded only when used)
 
     run_dirs = [Path(r) for r in runs]
     cfgs = [run_config(r) for r in run_dirs]

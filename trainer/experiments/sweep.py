@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 from neurofed.trainer.atomic import atomic_write_bytes
+from neurofed.trainer.data import PreprocessConfig
 from neurofed.trainer.errors import NeuroFedError
 
 logger = logging.getLogger("neurofed.trainer")
@@ -43,7 +44,7 @@ def write_json(path: Path, obj: dict) -> None:
 
 def run_config(run_dir: Path):
     """The :class:`~neurofed.trainer.experiments.simulate.SimConfig` a run directory was trained with."""
-    from neurofed.trainer.experiments.simulate import SimConfig
+    from neurofed.trainer.experiments.simulate import SimConfig  # lazy: torch (loaded only when used)
 
     cfg_path = run_dir / "config.json"
     if not cfg_path.exists():
@@ -69,8 +70,7 @@ def job_checkpoint(job_path: Path, job: dict) -> Path:
 
 def held_out_subjects(cfg, job: dict) -> list:
     """The job's held-out subjects, loaded with the run's own preprocessing."""
-    from neurofed.trainer.data import PreprocessConfig
-    from neurofed.trainer.experiments.simulate import load_fold_subjects
+    from neurofed.trainer.experiments.simulate import load_fold_subjects  # lazy: torch
 
     return load_fold_subjects(cfg, [int(s[1:]) for s in job["test_subjects"]],
                               PreprocessConfig.from_dict(cfg.preprocess))
@@ -84,8 +84,11 @@ def sweep_job(run_dir: Path, job_path: Path, attacks: Sequence[tuple[str, float]
     models. ``cfg``: the run's :class:`~neurofed.trainer.experiments.simulate.SimConfig` (read from ``run_dir/config.json``
     when not given).
     """
-    from neurofed.trainer.checkpoint import load_checkpoint
-    from neurofed.trainer.experiments.runner import EvalSpec, evaluate_subjects
+    from neurofed.trainer.checkpoint import load_checkpoint  # lazy: torch (loaded only when used)
+    from neurofed.trainer.experiments.runner import (  # lazy: torch (loaded only when used)
+        EvalSpec,
+        evaluate_subjects,
+    )
 
     job = json.loads(job_path.read_text())
     out_path = run_dir / "sweep" / job_path.name
@@ -190,8 +193,8 @@ def _summarise(run: Path, attacks: Sequence[tuple[str, float]], results: list[di
 
 def _summary(run: Path, keys: list[str], results: list[dict]) -> dict:
     """Per-subject means over seeds and the summary of the ``attack@eps`` ``keys`` (and benign BCA)."""
-    from neurofed.trainer.attacks import attack_budgets
-    from neurofed.trainer.experiments.simulate import aggregate_seeds
+    from neurofed.trainer.attacks import attack_budgets  # lazy: torch (loaded only when used)
+    from neurofed.trainer.experiments.simulate import aggregate_seeds  # lazy: torch (loaded only when used)
 
     per_seed: dict[int, dict[str, dict]] = {}
     for res in results:
