@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from neurofed.export import bench as export_bench
+from neurofed.trainer.data.eegmmidb import parse_subjects
 from neurofed.trainer.errors import NeuroFedError
 from rich.console import Console
 from rich.table import Table
@@ -18,8 +19,6 @@ console = Console()
 def _parse_subjects(spec: str | None, data_dir: str | None) -> list[int] | None:
     if spec is None:
         return None
-    from neurofed.options import parse_subjects  # lazy: torch (keeps --help fast)
-
     return parse_subjects(spec, data_dir)
 
 
@@ -254,8 +253,6 @@ def evaluate_cmd(
         raise typer.BadParameter(f"attack {attack!r}: use one of {', '.join(ATTACKS)}")
     if not model.is_file():
         raise NeuroFedError(f"{model}: ONNX model file not found")
-    from neurofed.options import parse_subjects  # lazy: torch (keeps --help fast)
-
     meta = read_onnx_meta(model)
     given = None if trained_on is None else [f"S{n:03d}" for n in parse_subjects(trained_on, None)]
     if recording:
