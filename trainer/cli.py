@@ -231,7 +231,10 @@ def report(
     wanted = None
     if seeds is not None:
         wanted = parse_int_list(seeds, "--seeds")
-    runs = trainer_report.load_runs(run_dirs, wanted)
+    try:
+        runs = trainer_report.load_runs(run_dirs, wanted)
+    except trainer_report.ReportError as exc:
+        raise typer.BadParameter(str(exc)) from None
     known = {m for r in runs for m in r["summary"]}
     pms = tuple(parse_name_list(p_metrics))
     if unknown := [m for m in pms if m not in known]:

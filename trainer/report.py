@@ -7,9 +7,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-import typer
+from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments.partition import parse_partition
 from scipy import stats
+
+
+class ReportError(NeuroFedError):
+    """A run directory that cannot be reported as asked (no results.json, none of the seeds asked for)."""
 
 
 def load_runs(run_dirs: list[Path], seeds: list[int] | None = None) -> list[dict]:
@@ -20,7 +24,7 @@ def load_runs(run_dirs: list[Path], seeds: list[int] | None = None) -> list[dict
     for d in run_dirs:
         p = d / "results.json" if d.is_dir() else d
         if not p.is_file():
-            raise typer.BadParameter(f"{p}: no results.json (run `neurofed simulate --out {d}` first)")
+            raise ReportError(f"{p}: no results.json (run `neurofed simulate --out {d}` first)")
         r = json.loads(p.read_text())
         r["_dir"] = str(d)
         if seeds is not None:
@@ -39,7 +43,7 @@ def only_seeds(run: dict, seeds: list[int]) -> dict:
     kept = {k: v for k, v in (run.get("per_seed") or {}).items() if int(k) in seeds}
     if not kept:
         have = sorted(int(k) for k in run.get("per_seed") or {})
-        raise typer.BadParameter(f"{run['_dir']}: has seeds {have}, none of {sorted(seeds)}")
+        raise ReportError(f"{run['_dir']}: has seeds {have}, none of {sorted(seeds)}")
     per_subject, summary = aggregate_seeds(kept)
     out = {**run, "per_seed": kept, "per_subject": per_subject, "summary": summary}
     if run.get("curve_per_seed"):
