@@ -28,7 +28,8 @@ __all__ = ["algorithm_help", "build_sim_config", "console", "parse_attacks", "pa
 
 
 def _bad(exc: SpecError) -> typer.BadParameter:
-    return typer.BadParameter(super(SpecError, exc).__str__(), param_hint=exc.param_hint)
+    """The schema's error as typer's usage error (which adds "Invalid value for OPTION" itself)."""
+    return typer.BadParameter(exc.message, param_hint=exc.param_hint)
 
 
 def parse_int_list(value: str, option: str) -> list[int]:

@@ -35,11 +35,11 @@ class SpecError(ValueError):
 
     def __init__(self, message: str, param_hint: str | None = None) -> None:
         super().__init__(message)
+        self.message = message
         self.param_hint = param_hint
 
     def __str__(self) -> str:
-        msg = super().__str__()
-        return f"Invalid value for {self.param_hint}: {msg}" if self.param_hint else msg
+        return f"Invalid value for {self.param_hint}: {self.message}" if self.param_hint else self.message
 
 
 def int_list(value: str, option: str) -> list[int]:
