@@ -161,7 +161,6 @@ def recording_seconds(run: Run, subjects: list[int]) -> float:
     """Longest per-subject playback length (s) of the chosen runs (EDF headers only)."""
     import mne
 
-
     longest = 0.0
     for s in subjects:
         files = subject_files(run.data_dir, s, [int(r) for r in run.cfg.runs.split(",")])

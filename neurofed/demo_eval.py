@@ -76,7 +76,6 @@ class HeldOutCurve:
     def poll(self) -> None:
         import torch
 
-
         while not self.tap.models.empty():
             _, payload = self.tap.models.get()
             msg, tensors = decode(payload)

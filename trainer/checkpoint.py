@@ -164,7 +164,6 @@ def load_profile_models(path: str | os.PathLike) -> dict[str, tuple[nn.Module, M
     """
     from dataclasses import replace
 
-
     meta = read_meta(path)
     state = load_file(str(path))
     if not is_hierarchical(state):
