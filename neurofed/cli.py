@@ -1,4 +1,6 @@
-"""The ``neurofed`` command: each package contributes its commands through ``register(app, bench)``.
+"""The ``neurofed`` command: each package's CLI contributes its commands through ``register(app, bench)``, and the
+typer adapters of the lab in ``neurofed/`` (``demo``, ``bench e2e/lsl/secagg/standalone``) are here: the lab
+modules hold plain Python functions and import no CLI.
 
 Errors NeuroFed raises on purpose (:class:`neurofed.trainer.errors.NeuroFedError`) print one clear line
 and exit 2, never a bare traceback.

@@ -1,4 +1,9 @@
-"""Commands that trainer/ adds to ``neurofed``: simulate, report, data, and data/training benchmarks."""
+"""Commands that trainer/ adds to ``neurofed``: simulate, algorithms, combine, data, report, classical, grid, sweep,
+ensemble, and the data/training benchmarks.
+
+Typer adapters only: options are parsed here (with :mod:`neurofed.options`) and the work is done by the lab's plain
+functions (:mod:`neurofed.trainer.experiments`, :mod:`neurofed.trainer.report`, :mod:`neurofed.trainer.bench`).
+"""
 
 from __future__ import annotations
 
