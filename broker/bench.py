@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from neurofed.broker.config import config_from_dict
 from neurofed.broker.coordinator import Coordinator
+from neurofed.broker.embedded import EmbeddedBroker
 from neurofed.broker.protocol import (
     JoinMsg,
     StatusMsg,
@@ -33,6 +34,8 @@ from neurofed.broker.protocol import (
     state_sha256,
 )
 from neurofed.broker.transport import MqttTransport
+from neurofed.edge.federation import EdgeClient
+from neurofed.trainer.data import PreprocessConfig, list_subjects, load_subjects
 from neurofed.trainer.fl.client import ClientUpdate
 from neurofed.trainer.fl.server import ServerState, downlink, select_clients, server_update
 from neurofed.trainer.fl.strategies import get_strategy
@@ -193,8 +196,6 @@ def bytes_per_round(url: str, n_clients: int = 24, fraction: float = 0.5, rounds
     it (each subscriber's payload): ``payload_bytes``. ``wire_bytes`` adds the MQTT framing of each
     PUBLISH (:func:`mqtt_publish_overhead`) and its 4-byte PUBACK on both legs.
     """
-    from neurofed.edge.federation import EdgeClient
-    from neurofed.trainer.data import PreprocessConfig, list_subjects, load_subjects
 
     fed = f"bytes{uuid.uuid4().hex[:6]}"
     local = local or {"batch_size": 8, "local_epochs": 2}
@@ -273,7 +274,6 @@ def in_process_round_seconds(n: int, model_name: str, reps: int = 5) -> float:
 
 def run_bytes_bench(out: Path, data_dir: Path | None, broker: str) -> dict[str, Any]:
     """``neurofed bench mqtt --only-bytes``: :func:`bytes_per_round` in Flower's setting, written to ``out``."""
-    from neurofed.broker.embedded import EmbeddedBroker
 
     torch.set_num_threads(1)
     emb = EmbeddedBroker().start() if broker == "embedded" else None
@@ -292,8 +292,6 @@ def run_bytes_bench(out: Path, data_dir: Path | None, broker: str) -> dict[str, 
 
 
 def run_bench(out: Path, data_dir: Path | None, many: int, broker: str) -> dict[str, Any]:
-    from neurofed.broker.embedded import EmbeddedBroker
-
     torch.set_num_threads(1)
     emb = EmbeddedBroker().start() if broker == "embedded" else None
     url = emb.url if emb else "mqtt://127.0.0.1:1883"

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from neurofed.broker import logger
 
 
 def broker_cmd(
@@ -13,9 +14,8 @@ def broker_cmd(
     host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
 ) -> None:
     """Run the embedded pure-Python MQTT 3.1.1 broker (amqtt) until Ctrl-C."""
-    from neurofed.broker import logger
-    from neurofed.broker.embedded import EmbeddedBroker
-    from neurofed.broker.secure import cleartext_warning
+    from neurofed.broker.embedded import EmbeddedBroker  # lazy: paho-mqtt (keeps --help fast)
+    from neurofed.broker.secure import cleartext_warning  # lazy: torch (keeps --help fast)
 
     if (warn := cleartext_warning(host, tls=False, auth=False)) is not None:
         logger.warning(warn)
@@ -34,8 +34,8 @@ def coordinator_cmd(
 ) -> None:
     """Coordinate a federation: rounds, deadlines, validation, aggregation, checkpoints, final model."""
     import torch
-    from neurofed.broker.config import load_config
-    from neurofed.broker.coordinator import Coordinator
+    from neurofed.broker.config import load_config  # lazy: torch (keeps --help fast)
+    from neurofed.broker.coordinator import Coordinator  # lazy: paho-mqtt, torch (keeps --help fast)
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cfg = load_config(config)
@@ -60,8 +60,11 @@ def broker_config_cmd(
     """Write a locked-down mosquitto.conf, password file and per-client ACL for a federation."""
     import os
 
-    from neurofed.broker import logger
-    from neurofed.broker.secure import SecureBrokerSpec, cleartext_warning, write_broker_config
+    from neurofed.broker.secure import (  # lazy: torch (keeps --help fast)
+        SecureBrokerSpec,
+        cleartext_warning,
+        write_broker_config,
+    )
 
     entries = [c.strip().split(":", 1) for c in clients.split(",") if c.strip()]
     ids = [e[0].strip() for e in entries]
@@ -86,7 +89,10 @@ def bench_mqtt_cmd(
         help="Only bytes per round (FedAvg, EEGNet, 24 real edge clients, half per round) vs Flower's gRPC figure.")] = False,
 ) -> None:
     """Wire bytes vs raw tensor bytes, bytes per round, MQTT vs in-process round overhead, N-client round, latency."""
-    from neurofed.broker.bench import run_bench, run_bytes_bench
+    from neurofed.broker.bench import (  # lazy: pycryptodome, cryptography, paho-mqtt, torch (keeps --help fast)
+        run_bench,
+        run_bytes_bench,
+    )
 
     if only_bytes:
         res = run_bytes_bench(out, data_dir, broker)

@@ -48,7 +48,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from neurofed.broker.protocol import NAME_PATTERN, ModelSpec
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.profiles import ProfileError, get_profile
 from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.fl.strategies import get_strategy
 from neurofed.trainer.models import MODEL_NAMES, PER_DEVICE_MODELS
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -90,8 +94,6 @@ class FederationSection(_Frozen):
 
     @model_validator(mode="after")
     def _strategy_exists(self) -> FederationSection:
-        from neurofed.trainer.fl.strategies import get_strategy
-
         try:
             get_strategy(self.strategy, **self.strategy_overrides).check_participation(self.fraction)
         except (ValueError, TypeError) as exc:
@@ -181,8 +183,6 @@ class FederationConfig(_Frozen):
     @field_validator("local")
     @classmethod
     def _local(cls, v: dict[str, float | int]) -> dict[str, float | int]:
-        from neurofed.trainer.fl.local import LocalConfig
-
         try:
             LocalConfig(**v)
         except TypeError as exc:
@@ -194,18 +194,13 @@ class FederationConfig(_Frozen):
         return _preprocess_config(self.preprocess)
 
     def strategy(self):
-        from neurofed.trainer.fl.strategies import get_strategy
-
         return get_strategy(self.federation.strategy, **self.federation.strategy_overrides)
 
     def local_config(self):
-        from neurofed.trainer.fl.local import LocalConfig
-
         return LocalConfig(**self.local)
 
     def device_profiles(self) -> list:
         """The federation's device profiles (:class:`neurofed.trainer.data.profiles.DeviceProfile`), sorted by name."""
-        from neurofed.trainer.data.profiles import ProfileError, get_profile
 
         try:
             return sorted((get_profile(p) for p in self.federation.profiles), key=lambda p: p.name)
@@ -244,8 +239,6 @@ class FederationConfig(_Frozen):
 
 
 def _preprocess_config(d: dict[str, Any]):
-    from neurofed.trainer.data.config import PreprocessConfig
-
     d = dict(d)
     try:
         ch = d.pop("channels", None)

@@ -47,8 +47,8 @@ from neurofed.broker.transport import Incoming, MqttTransport, TransportError
 from neurofed.broker.validation import Rejected, UpdateRules, check_envelope, check_join, tensor_specs
 from neurofed.trainer.atomic import atomic_write_bytes
 from neurofed.trainer.errors import NeuroFedError
-from neurofed.trainer.experiments.runner import init_server_state
 from neurofed.trainer.fl.api import GROUP_MARK
+from neurofed.trainer.fl.init import init_server_state
 from neurofed.trainer.fl.server import (
     RoundAggregator,
     ServerState,
@@ -70,14 +70,14 @@ NO_REPLY_CODES = frozenset({"bad_message", "wrong_kind", "wrong_federation", "sp
 
 
 def initial_model(cfg: FederationConfig) -> torch.nn.Module:
-    """The initial global model, drawn exactly as :func:`neurofed.trainer.experiments.runner.init_model` draws it."""
+    """The initial global model, drawn exactly as :func:`neurofed.trainer.fl.init.init_model` draws it."""
     models = initial_models(cfg)
     return models[min(models)]
 
 
 def initial_models(cfg: FederationConfig) -> dict[str, torch.nn.Module]:
     """One initial model per device profile (``{"": model}`` without profiles), each drawn from the seed as
-    :func:`neurofed.trainer.experiments.runner.init_group_models` draws it (architecture: that profile's channels)."""
+    :func:`neurofed.trainer.fl.init.init_group_models` draws it (architecture: that profile's channels)."""
     names = [p.name for p in cfg.device_profiles()] if cfg.federation.profiles else [""]
     kwargs = cfg.strategy().model_kwargs(cfg.model.name)
     out = {}

@@ -6,18 +6,16 @@ channel); the ingestion loop (pull -> ring buffer, as :class:`neurofed.edge.capt
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import platform
 import time
 import uuid
-from pathlib import Path
-from typing import Annotated
 
 import numpy as np
-import typer
+from neurofed.edge.buffer import RingBuffer
 from neurofed.edge.lsl_config import use_private_session
+from neurofed.firmware_sim.recording import Recording
 
 CONFIGS = ((64, 160.0, 4), (256, 1000.0, 10))  # channels, Hz, samples per push
 
@@ -31,8 +29,10 @@ def _private_lsl() -> None:
 
 def _serve(specs: list[tuple[str, int, float, int]], seconds: float, counts) -> None:
     """Child process: one headset per spec (name, channels, rate, chunk); reports samples pushed."""
-    from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
-    from neurofed.firmware_sim.recording import Recording
+    from neurofed.firmware_sim.player import (  # lazy: pylsl (loaded after this process's LSL session config is set)
+        HeadsetPlayer,
+        PlayerConfig,
+    )
 
     players = []
     for name, n_ch, sfreq, chunk in specs:
@@ -51,8 +51,11 @@ def _serve(specs: list[tuple[str, int, float, int]], seconds: float, counts) -> 
 
 def _ingest(names: list[str], seconds: float, poll: float = 0.005, warmup: float = 1.0) -> dict:
     """Pull every stream into a ring buffer until each is quiet; latency, CPU and counter checks."""
-    from neurofed.edge.buffer import RingBuffer
-    from neurofed.edge.lsl_io import Inlet, find_stream, local_clock
+    from neurofed.edge.lsl_io import (  # lazy: pylsl (loaded after this process's LSL session config is set)
+        Inlet,
+        find_stream,
+        local_clock,
+    )
 
     inlets = [Inlet(find_stream(name=n, timeout=20)) for n in names]
     bufs = [RingBuffer(i.meta.n_channels, int(i.meta.sfreq * 30)) for i in inlets]
@@ -124,26 +127,3 @@ def run_bench(seconds: float = 10.0, headsets: int = 8) -> dict:
     out["multi"] = {"headsets": headsets, "channels": 64, "sfreq": 160.0, "pushed": pushed,
                     "samples_lost_total": int(sum(lost)), "samples_lost": lost, **res}
     return out
-
-
-def register_bench(bench: typer.Typer) -> None:
-    """Add ``neurofed bench lsl``."""
-
-    @bench.command("lsl")
-    def bench_lsl(
-        seconds: Annotated[float, typer.Option(help="Streaming time per run (real time).")] = 10.0,
-        headsets: Annotated[int, typer.Option(help="Simultaneous headsets in the loss test.")] = 8,
-        out: Annotated[Path, typer.Option(help="Where to write the JSON results.")] = Path("docs/bench/lsl.json"),
-    ) -> None:
-        """LSL ingestion: sample-to-buffer latency, ingestion CPU, samples lost with N headsets."""
-        res = run_bench(seconds, headsets)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(res, indent=1))
-        for r in res["single"]:
-            print(f"{r['channels']} ch x {r['sfreq']:g} Hz: latency p50 {r['latency_ms_newest_sample']['p50']:.2f} ms "
-                  f"p99 {r['latency_ms_newest_sample']['p99']:.2f} ms (newest sample of each pull); "
-                  f"all samples p50 {r['latency_ms_all_samples']['p50']:.2f} / p99 {r['latency_ms_all_samples']['p99']:.2f} ms; "
-                  f"CPU {r['cpu_percent_one_core']:.1f} % of one core; lost {r['pushed'] - r['received'][0]}")
-        m = res["multi"]
-        print(f"{m['headsets']} headsets x 64 ch x 160 Hz: {m['samples_lost_total']} samples lost, "
-              f"gaps {sum(m['gaps'])}, CPU {m['cpu_percent_one_core']:.1f} % of one core -> {out}")

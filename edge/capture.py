@@ -309,7 +309,11 @@ class LiveCapture:
 
     def _reconnect(self, now: float) -> None:
         """Open fresh inlets if the same source is visible again (fallback to liblsl's recovery)."""
-        from neurofed.edge.lsl_io import Inlet, StreamError, find_stream
+        from neurofed.edge.lsl_io import (  # lazy: pylsl (loaded only when used)
+            Inlet,
+            StreamError,
+            find_stream,
+        )
 
         self._next_reconnect = now + 1.0
         old_e, old_m = self.eeg.meta, self.markers.meta

@@ -23,10 +23,10 @@ def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 from neurofed.edge.record_cli import register as _register_record; _register_record(app)
 from neurofed.edge.join_cli import register as _register_join; _register_join(app)
 from neurofed.edge.infer_cli import register as _register_infer; _register_infer(app)
+from neurofed.trainer.errors import run_cli
 
 
 def main() -> None:
     """Entry point: NeuroFed's own errors print one clear line and exit 2."""
-    from neurofed.trainer.errors import run_cli
 
     run_cli(app)

@@ -51,9 +51,9 @@ from neurofed.trainer.atomic import save_safetensors
 from neurofed.trainer.data.dataset import SubjectData
 from neurofed.trainer.data.profiles import DeviceProfile, ProfileError, match_profile
 from neurofed.trainer.errors import NeuroFedError
-from neurofed.trainer.experiments.runner import client_seed
 from neurofed.trainer.fl.api import Strategy
 from neurofed.trainer.fl.client import ClientState, ClientUpdate, client_update, init_client_state
+from neurofed.trainer.fl.init import client_seed
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.secagg import SecAggError
 from neurofed.trainer.fl.server import downlink

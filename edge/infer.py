@@ -36,10 +36,11 @@ import numpy as np
 from neurofed.edge.guard import GuardConfig, GuardResult, check_window
 from neurofed.edge.stream import StreamLayout, match_stream
 from neurofed.edge.windowing import Window
-from neurofed.export.metadata import OnnxModelMeta
-from neurofed.export.runtime import OnnxModel
+from neurofed.export.decoder import WindowRejected
+from neurofed.export.runtime import OnnxModel, OnnxModelMeta, read_onnx_meta
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.preprocess import apply_ea, ea_inv_sqrt, n_times_for, preprocess_epochs
+from neurofed.trainer.data.profiles import DeviceProfile, match_profile
 from neurofed.trainer.errors import DataError, NeuroFedError
 
 logger = logging.getLogger("neurofed.edge")
@@ -156,7 +157,7 @@ class StandaloneStep:
 
     Parameters
     ----------
-    model : neurofed.export.standalone.StandaloneModel
+    model : neurofed.export.decoder.StandaloneModel
     stream_sfreq : float
         The stream's rate; the graph is exported for one device rate (``--rate``) and must match it.
 
@@ -174,7 +175,7 @@ class StandaloneStep:
         self.offsets = {e["name"]: int(e["offset"]) for e in info.state_layout}
 
     #: the graph runs the input guard itself (the default thresholds of neurofed.trainer.data.guard) and raises
-    #: ``neurofed.export.standalone.WindowRejected``: the engine need not run the same check in Python first
+    #: ``neurofed.export.decoder.WindowRejected``: the engine need not run the same check in Python first
     guards = True
 
     def init_state(self) -> np.ndarray:
@@ -281,8 +282,6 @@ class InferenceEngine:
             )
         raw = self.layout.select(window.T)
         if self.graph_guards:
-            from neurofed.export.standalone import WindowRejected
-
             try:
                 p, self.state = self.decoder.step(raw, self.state)
             except WindowRejected as exc:
@@ -311,7 +310,6 @@ def check_stream(meta: OnnxModelMeta, ch_names: Sequence[str], sfreq: float,
     rules as recording); a model without resampling also needs the stream at its own rate. A model for a
     device profile that streams ``counts`` (ADS1299 counts) reads a ``counts`` channel with the profile's gain.
     """
-    from neurofed.trainer.data.profiles import DeviceProfile
 
     dev = DeviceProfile.from_dict(meta.profile, "model metadata") if meta.profile else None
     layout = match_stream(sfreq, ch_names, units, list(meta.ch_names), fmax=float(meta.preprocess.get("fmax", 0.0)),
@@ -332,8 +330,6 @@ def pick_model(models: Sequence[str | Path], ch_names: Sequence[str], sfreq: flo
     must to join a federation of profiles); a stream matching none, several models of one profile,
     or a mix of models with and without a profile are each refused with one line.
     """
-    from neurofed.export.metadata import read_onnx_meta
-    from neurofed.trainer.data.profiles import DeviceProfile, match_profile
 
     files: list[Path] = []
     for m in map(Path, models):

@@ -46,7 +46,7 @@ POLL_SECONDS = 0.001
 
 def prediction_outlet(name: str, source_id: str, classes: Sequence[str], model_hash: str):
     """The LSL outlet predictions are published on (one sample per decoded window, stamped at emission)."""
-    from neurofed.edge.lsl_io import irregular_outlet
+    from neurofed.edge.lsl_io import irregular_outlet  # lazy: pylsl (keeps --help fast)
 
     labels = ["class_index", *[f"p_{c}" for c in classes], "t_window_end"]
     return irregular_outlet(name, "Predictions", labels, source_id, "double64",
@@ -79,10 +79,10 @@ def run_loop(
     (local LSL time just before the sinks publish it). Returns counts and the latency ``t_emit - t_arrival``
     of the predictions (ms); Ctrl-C ends the loop and still returns them.
     """
-    from neurofed.edge.infer import Prediction
+    from neurofed.edge.infer import Prediction  # lazy: onnx, onnxruntime (keeps --help fast)
 
     if clock is None:
-        from neurofed.edge.lsl_io import local_clock as clock
+        from neurofed.edge.lsl_io import local_clock as clock  # lazy: pylsl (keeps --help fast)
 
     stop = stop or threading.Event()
     buf = make_buffer(engine)
@@ -129,7 +129,7 @@ def run_loop(
 
 
 def lsl_sink(outlet) -> Callable[[object], None]:
-    from neurofed.edge.infer import Prediction
+    from neurofed.edge.infer import Prediction  # lazy: onnx, onnxruntime (keeps --help fast)
 
     def push(res: object) -> None:
         if isinstance(res, Prediction):
@@ -139,7 +139,7 @@ def lsl_sink(outlet) -> Callable[[object], None]:
 
 
 def mqtt_sink(transport, topic: str) -> Callable[[object], None]:
-    from neurofed.edge.infer import Prediction, Rejection
+    from neurofed.edge.infer import Prediction, Rejection  # lazy: onnx, onnxruntime (keeps --help fast)
 
     def push(res: object) -> None:
         if isinstance(res, Prediction):
@@ -161,7 +161,7 @@ def mqtt_sink(transport, topic: str) -> Callable[[object], None]:
 
 
 def log_sink(console) -> Callable[[object], None]:
-    from neurofed.edge.infer import Prediction
+    from neurofed.edge.infer import Prediction  # lazy: onnx, onnxruntime (keeps --help fast)
 
     def show(res: object) -> None:
         if isinstance(res, Prediction):
@@ -216,10 +216,19 @@ def infer(
     ] = None,
 ) -> None:
     """Decode a live headset: predictions out as an LSL stream (and MQTT if asked)."""
-    from neurofed.edge.infer import InferenceEngine, StandaloneStep, pick_model
-    from neurofed.edge.lsl_io import Inlet, check_marker_stream, check_unique, find_stream
-    from neurofed.export.runtime import OnnxModel, load_model
-    from neurofed.export.standalone import StandaloneModel
+    from neurofed.edge.infer import (  # lazy: onnx, onnxruntime (keeps --help fast)
+        InferenceEngine,
+        StandaloneStep,
+        pick_model,
+    )
+    from neurofed.edge.lsl_io import (  # lazy: pylsl (keeps --help fast)
+        Inlet,
+        check_marker_stream,
+        check_unique,
+        find_stream,
+    )
+    from neurofed.export.decoder import StandaloneModel  # lazy: onnx, onnxruntime (keeps --help fast)
+    from neurofed.export.runtime import OnnxModel, load_model  # lazy: onnx, onnxruntime (keeps --help fast)
     from rich.console import Console
 
     console = Console()
@@ -258,7 +267,7 @@ def infer(
         outlet = prediction_outlet(name, f"{eeg.meta.source_id}-predictions", om.meta.classes, om.meta.model_hash)
         sinks = [lsl_sink(outlet)] + ([] if quiet else [log_sink(console)])
         if mqtt:
-            from neurofed.broker.transport import MqttTransport
+            from neurofed.broker.transport import MqttTransport  # lazy: paho-mqtt (keeps --help fast)
 
             transport = MqttTransport(mqtt, f"neurofed-infer-{eeg.meta.source_id}").connect()
             sinks.append(mqtt_sink(transport, mqtt_topic or f"neurofed/predictions/{stream}"))

@@ -6,6 +6,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from neurofed.edge.store import LocalStore
+from neurofed.trainer.data import load_eegmmidb_subject
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.profiles import get_profile, load_profile_subject
 from neurofed.trainer.errors import DataError, NeuroFedError
 
 if TYPE_CHECKING:  # the heavy imports (torch via safetensors, mne) wait until the broker has answered
@@ -27,12 +31,8 @@ def make_loader(data_dir: Path | None, subject: int | None, store: Path | None, 
         raise DataError("--profile presents an EEGMMIDB subject through a device; a --store is already a device's")
 
     def load(spec: ModelSpec) -> SubjectData:
-        from neurofed.trainer.data.config import PreprocessConfig
-
         cfg = PreprocessConfig.from_dict(spec.preprocess)
         if spec.profile and store is None:
-            from neurofed.trainer.data.profiles import load_profile_subject
-
             return load_profile_subject(int(subject), profile or "lab64", cfg, data_dir, noise_seed)  # type: ignore[arg-type]
         if store is not None:
             try:
@@ -40,7 +40,6 @@ def make_loader(data_dir: Path | None, subject: int | None, store: Path | None, 
             except ImportError:
                 raise DataError("--store needs edge/store.py (LocalStore), which this build does not have") from None
             return LocalStore(store).load_subject_data(cfg, classes=list(spec.classes))
-        from neurofed.trainer.data import load_eegmmidb_subject
 
         return load_eegmmidb_subject(int(subject), cfg, data_dir)  # type: ignore[arg-type]
 
@@ -53,13 +52,10 @@ def make_montage(store: Path | None, profile: str | None):
 
     def montage() -> tuple[list[str], float]:
         if store is not None:
-            from neurofed.edge.store import LocalStore
-
             st = LocalStore(store)
             if not st.meta:
                 raise DataError(f"{store}: the store holds no trials yet, so its device is unknown")
             return list(st.meta["ch_names"]), float(st.meta["sfreq"])
-        from neurofed.trainer.data.profiles import get_profile
 
         p = get_profile(profile or "lab64")
         return list(p.channels), p.sfreq
@@ -89,14 +85,18 @@ def join(
 ) -> None:
     """Join a federation: train on local trials when selected, upload weights only (never EEG)."""
     if wait_for_broker <= 0:  # fail in about a second on a dead broker, before importing torch
-        from neurofed.broker.transport import NO_BROKER_HINT, BrokerURL, TransportError
+        from neurofed.broker.transport import (  # lazy: paho-mqtt (keeps --help fast)
+            NO_BROKER_HINT,
+            BrokerURL,
+            TransportError,
+        )
 
         try:
             BrokerURL.parse(broker).probe()
         except TransportError as exc:
             raise TransportError(f"{exc}{NO_BROKER_HINT}") from None
     import torch
-    from neurofed.edge.federation import EdgeClient
+    from neurofed.edge.federation import EdgeClient  # lazy: paho-mqtt, torch (keeps --help fast)
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     loader = make_loader(data_dir, subject, store, profile, noise_seed)

@@ -6,6 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from neurofed.edge.capture import CaptureConfig, LiveCapture
+from neurofed.edge.store import LocalStore
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.errors import NeuroFedError
 
 
 def register(app: typer.Typer) -> None:
@@ -34,10 +38,6 @@ def register(app: typer.Typer) -> None:
         A stream in raw ``counts`` (e.g. headset-sim --profile cyton_daisy16) is converted with the gain of the
         device profile its channels and rate match; one matching none is refused.
         """
-        from neurofed.edge.capture import CaptureConfig, LiveCapture
-        from neurofed.edge.store import LocalStore
-        from neurofed.trainer.data.config import PreprocessConfig
-        from neurofed.trainer.errors import NeuroFedError
         from rich.console import Console
 
         if stream is None and source_id is None:

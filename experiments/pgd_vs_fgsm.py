@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from neurofed.trainer.attacks import channel_budget, fgsm, pgd
 from neurofed.trainer.checkpoint import load_checkpoint
-from neurofed.trainer.cli import parse_subjects
 from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
+from neurofed.trainer.data.eegmmidb import parse_subjects
 
 torch.set_num_threads(1)
 ckpt, subjects, eps, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from neurofed.export.runtime import OnnxModel
 from neurofed.trainer.checkpoint import load_checkpoint
-from neurofed.trainer.cli import parse_subjects
 from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
+from neurofed.trainer.data.eegmmidb import parse_subjects
 from neurofed.trainer.evaluate import bca, predict
 
 torch.set_num_threads(1)

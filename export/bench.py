@@ -6,11 +6,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
-import typer
 from neurofed.trainer.bench import BENCH_DIR, write_result
+from neurofed.trainer.data import PreprocessConfig
 
 
 def time_calls(fn: Callable[[], object], reps: int, warmup: int) -> dict:
@@ -48,17 +47,22 @@ def bench_shape(
     ``members`` > 1: a :class:`~neurofed.trainer.models.ensemble.SoftmaxEnsemble` of that many such models in one graph
     (what ``neurofed combine`` + ``neurofed export`` deploy)."""
     import torch
-    from neurofed.export.metadata import build_meta, embed_meta
-    from neurofed.export.onnx_export import to_onnx
-    from neurofed.export.quantize import quantize
-    from neurofed.export.runtime import OnnxModel
-    from neurofed.trainer.checkpoint import ModelMeta
-    from neurofed.trainer.data import PreprocessConfig
-    from neurofed.trainer.models import build_model
+    from neurofed.export.metadata import (  # lazy: onnx, onnxruntime, torch (loaded only when used)
+        build_meta,
+        embed_meta,
+    )
+    from neurofed.export.onnx_export import to_onnx  # lazy: onnx, onnxruntime, torch (loaded only when used)
+    from neurofed.export.quantize import quantize  # lazy: onnx, onnxruntime, torch (loaded only when used)
+    from neurofed.export.runtime import OnnxModel  # lazy: onnx, onnxruntime (loaded only when used)
+    from neurofed.trainer.checkpoint import ModelMeta  # lazy: torch (loaded only when used)
+    from neurofed.trainer.models import build_model  # lazy: torch (loaded only when used)
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    from neurofed.trainer.models.ensemble import ENSEMBLE, SoftmaxEnsemble
+    from neurofed.trainer.models.ensemble import (  # lazy: torch (loaded only when used)
+        ENSEMBLE,
+        SoftmaxEnsemble,
+    )
 
     nets = [build_model(model_name, n_channels, 2, n_times, sfreq, bn_mode) for _ in range(members)]
     net = (nets[0] if members == 1 else SoftmaxEnsemble(nets)).eval()
@@ -124,11 +128,7 @@ def ens_label(members: int) -> str:
     return f" x{members} ensemble" if members > 1 else ""
 
 
-def bench_onnx(
-    reps: Annotated[int, typer.Option(help="timed forward passes per case")] = 500,
-    warmup: Annotated[int, typer.Option()] = 50,
-    out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
-) -> None:
+def bench_onnx(reps: int = 500, warmup: int = 50, out_dir: Path = BENCH_DIR) -> None:
     """Forward latency (p50, 1 thread): onnxruntime fp32/int8 vs torch eager, batch 1 and 8."""
     from rich.console import Console
 

@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from neurofed.export import bench as export_bench
+from neurofed.trainer.data.eegmmidb import parse_subjects
+from neurofed.trainer.errors import NeuroFedError
 from rich.console import Console
 from rich.table import Table
 
@@ -16,8 +19,6 @@ console = Console()
 def _parse_subjects(spec: str | None, data_dir: str | None) -> list[int] | None:
     if spec is None:
         return None
-    from neurofed.trainer.cli import parse_subjects
-
     return parse_subjects(spec, data_dir)
 
 
@@ -70,17 +71,20 @@ def export_cmd(
     With ``--int8``: also ``model.int8.onnx`` (``model.<profile>.int8.onnx`` for each profile of a hierarchical
     checkpoint), dynamically quantised, with its accuracy change on the held-out trials the export is verified on.
     """
-    from neurofed.export.onnx_export import export_model, held_out_data, report_dict
-    from neurofed.trainer.checkpoint import load_checkpoint
-    from neurofed.trainer.errors import NeuroFedError
+    from neurofed.export.onnx_export import (  # lazy: onnx, onnxruntime, torch (keeps --help fast)
+        export_model,
+        held_out_data,
+        report_dict,
+    )
+    from neurofed.trainer.checkpoint import load_checkpoint  # lazy: torch (keeps --help fast)
 
     if standalone:
-        from neurofed.export.standalone import export_standalone
+        from neurofed.export.standalone import export_standalone  # lazy: onnx, torch (keeps --help fast)
 
         if int8:
             raise NeuroFedError("--int8 applies to the plain export, not to --standalone")
         if checkpoint.is_file() and _hierarchical(checkpoint):  # one graph per device profile, at its rate and unit
-            from neurofed.export.standalone import export_standalone_profiles
+            from neurofed.export.standalone import export_standalone_profiles  # lazy: onnx, torch
 
             if rate is not None or unit is not None:
                 raise NeuroFedError("--rate/--unit: each device profile's graph takes its profile's rate and unit")
@@ -126,7 +130,10 @@ def export_cmd(
 def _int8(fp32: Path, ops: str, X, y) -> dict:
     """Quantise an exported model next to it (``model.onnx`` -> ``model.int8.onnx``) and report its accuracy change
     on ``(X, y)``."""
-    from neurofed.export.quantize import accuracy_delta, quantize
+    from neurofed.export.quantize import (  # lazy: onnx, onnxruntime, torch (keeps --help fast)
+        accuracy_delta,
+        quantize,
+    )
 
     q = quantize(fp32, fp32.with_suffix(".int8.onnx"), ops)
     d = {"path": str(q), "ops": ops, **accuracy_delta(fp32, q, X, y)}
@@ -149,8 +156,7 @@ def _print_standalone(path: Path, meta) -> None:
 
 
 def _hierarchical(checkpoint: Path) -> bool:
-    from neurofed.trainer.checkpoint import is_hierarchical
-    from neurofed.trainer.errors import NeuroFedError
+    from neurofed.trainer.checkpoint import is_hierarchical  # lazy: torch (keeps --help fast)
     from safetensors import safe_open
 
     try:
@@ -166,13 +172,16 @@ def _export_profiles(checkpoint: Path, output: Path, data_dir: str | None, verif
                      report: Path | None, int8_ops: str | None = None) -> None:
     """Export one verified ONNX model per device profile of a hierarchical checkpoint (and, with ``int8_ops``, its
     int8 copy, scored on the held-out trials recorded through that profile's device)."""
-    from neurofed.export.onnx_export import export_profiles, held_out_data, report_dict
-    from neurofed.trainer.checkpoint import load_profile_models
+    from neurofed.export.onnx_export import (  # lazy: onnx, onnxruntime, torch (keeps --help fast)
+        export_profiles,
+        held_out_data,
+        report_dict,
+    )
+    from neurofed.trainer.checkpoint import load_profile_models  # lazy: torch (keeps --help fast)
 
     subjects = _parse_subjects(verify_subjects, data_dir)
     if int8_ops is not None:
-        from neurofed.export.quantize import QUANT_OPS
-        from neurofed.trainer.errors import NeuroFedError
+        from neurofed.export.quantize import QUANT_OPS  # lazy: onnx, onnxruntime, torch (keeps --help fast)
 
         if int8_ops not in QUANT_OPS:  # before exporting anything
             raise NeuroFedError(f"quantisation ops {int8_ops!r}: choose from {sorted(QUANT_OPS)}")
@@ -232,17 +241,18 @@ def evaluate_cmd(
     Subjects the model trained on are scored on trials they trained on: they are marked
     "training set" and summarised apart from held-out subjects (sample std, ddof=1).
     """
-    from neurofed.export.evaluate import evaluate, load_eegmmidb_for, load_files_for
-    from neurofed.export.metadata import read_onnx_meta
-    from neurofed.trainer.attacks import ATTACKS
-    from neurofed.trainer.errors import NeuroFedError
+    from neurofed.export.evaluate import (  # lazy: onnx, onnxruntime, torch (keeps --help fast)
+        evaluate,
+        load_eegmmidb_for,
+        load_files_for,
+    )
+    from neurofed.export.metadata import read_onnx_meta  # lazy: onnx, onnxruntime, torch (keeps --help fast)
+    from neurofed.trainer.attacks import ATTACKS  # lazy: torch (keeps --help fast)
 
     if attack is not None and attack not in ATTACKS:
         raise typer.BadParameter(f"attack {attack!r}: use one of {', '.join(ATTACKS)}")
     if not model.is_file():
         raise NeuroFedError(f"{model}: ONNX model file not found")
-    from neurofed.trainer.cli import parse_subjects
-
     meta = read_onnx_meta(model)
     given = None if trained_on is None else [f"S{n:03d}" for n in parse_subjects(trained_on, None)]
     if recording:
@@ -299,7 +309,7 @@ def app_bundle_cmd(
     rate: Annotated[float, typer.Option(help="device rate the model is exported for")] = 160.0,
 ) -> None:
     """Write model.onnx/.json (standalone) and recording.bin/.json (raw windows + cue labels) for apps."""
-    from neurofed.export.apps import make_bundle
+    from neurofed.export.apps import make_bundle  # lazy: onnx, onnxruntime, torch (keeps --help fast)
 
     with console.status("exporting the standalone model and the recording..."):
         model, rec = make_bundle(checkpoint, subject, out, data_dir, rate)
@@ -315,7 +325,7 @@ def app_serve_cmd(
     """Serve the browser app on http://127.0.0.1:PORT/ until Ctrl-C."""
     import threading
 
-    from neurofed.export.apps import serve
+    from neurofed.export.apps import serve  # lazy: onnx, onnxruntime, torch (keeps --help fast)
 
     httpd = serve(web, bundle, port=port)
     console.print(f"serving {web} on http://127.0.0.1:{port}/index.html (Ctrl-C stops)")
@@ -325,11 +335,18 @@ def app_serve_cmd(
         httpd.shutdown()
 
 
+def bench_onnx(
+    reps: Annotated[int, typer.Option(help="timed forward passes per case")] = 500,
+    warmup: Annotated[int, typer.Option()] = 50,
+    out_dir: Annotated[Path, typer.Option()] = export_bench.BENCH_DIR,
+) -> None:
+    """Forward latency (p50, 1 thread): onnxruntime fp32/int8 vs torch eager, batch 1 and 8."""
+    export_bench.bench_onnx(reps, warmup, out_dir)
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this package's commands (and benchmarks) to the CLI."""
     app.add_typer(app_cli, name="app")
     app.command("export")(export_cmd)
     app.command("evaluate")(evaluate_cmd)
-    from neurofed.export.bench import bench_onnx
-
     bench.command("onnx")(bench_onnx)

@@ -19,7 +19,13 @@ import onnx
 import torch
 from neurofed.export.metadata import OnnxModelMeta, model_hash
 from neurofed.export.runtime import OnnxModel
+from neurofed.trainer.attacks import ATTACKS, art_attacks_module, attack_budgets
+from neurofed.trainer.checkpoint import load_checkpoint
+from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
+from neurofed.trainer.data.dataset import load_recordings
+from neurofed.trainer.data.eegmmidb import TASKS
 from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.evaluate import adversarial_batches, bca
 from onnx import numpy_helper
 from torch import nn
 
@@ -34,8 +40,6 @@ def torch_twin(
     the convolutions, so they need the checkpoint).
     """
     if checkpoint is not None:
-        from neurofed.trainer.checkpoint import load_checkpoint
-
         model, _ = load_checkpoint(checkpoint)
         source = str(checkpoint)
     else:
@@ -62,8 +66,6 @@ def attack_batches(
     twin: nn.Module, X: np.ndarray, y: np.ndarray, attack: str, eps: float, batch_size: int, seed: int = 0
 ) -> np.ndarray:
     """Adversarial trials built on the torch twin, batch by batch (same batches as the forward pass)."""
-    from neurofed.trainer.attacks import ATTACKS
-    from neurofed.trainer.evaluate import adversarial_batches
 
     if attack not in ATTACKS:
         raise NeuroFedError(f"unknown attack {attack!r}; choose from {sorted(ATTACKS)}")
@@ -85,7 +87,6 @@ def query_attack_batches(
     """
     if attack not in BLACK_BOX_ATTACKS:
         raise NeuroFedError(f"attack {attack!r} is not a black-box attack ({', '.join(BLACK_BOX_ATTACKS)})")
-    from neurofed.trainer.attacks import art_attacks_module
 
     blackbox_on_scores = art_attacks_module(attack).blackbox_on_scores
     out = [blackbox_on_scores(attack, om.forward, X[i : i + batch_size], y[i : i + batch_size], eps, seed + b)
@@ -97,8 +98,6 @@ def load_eegmmidb_for(
     meta: OnnxModelMeta, subjects: Sequence[int], data_dir
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """EEGMMIDB subjects preprocessed as the model's metadata says (channels, band, rate, window, EA)."""
-    from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
-    from neurofed.trainer.data.eegmmidb import TASKS
 
     task = next((t for t, (_, cls) in TASKS.items() if list(cls) == list(meta.classes)), None)
     if task is None:
@@ -115,8 +114,6 @@ def load_files_for(
     meta: OnnxModelMeta, paths: Sequence[str | os.PathLike], event_map: Mapping[str, str]
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Generic MNE-readable recordings, one subject per file, preprocessed as the metadata says."""
-    from neurofed.trainer.data import PreprocessConfig
-    from neurofed.trainer.data.dataset import load_recordings
 
     cfg = PreprocessConfig.from_dict(meta.preprocess)
     if cfg.channels is None:  # select/reorder to the model's channels explicitly
@@ -166,8 +163,6 @@ def subject_id(s: str | int) -> str:
 
 
 def _budget(attack: str) -> dict:
-    from neurofed.trainer.attacks import attack_budgets
-
     return attack_budgets([attack])[attack]
 
 
@@ -202,7 +197,6 @@ def evaluate(
     the model does not say what it was trained on: ``training_subjects`` is then null).
     Standard deviations are sample ones (ddof=1) over subjects.
     """
-    from neurofed.trainer.evaluate import bca
 
     om = OnnxModel(model_path)
     bs = batch_size or om.meta.test_batch_size

@@ -11,61 +11,21 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import json
-import os
 from collections.abc import Mapping
-from dataclasses import asdict, fields
-from typing import Any
+from dataclasses import asdict
 
 import onnx
 import torch
-from neurofed.trainer.checkpoint import ModelMeta, meta_fields
-from neurofed.trainer.errors import NeuroFedError
-from pydantic import ConfigDict, ValidationError, create_model, field_validator
-
-META_KEY = "neurofed"
-INPUT_NAME = "x"
-OUTPUT_NAME = "logits"
-
-
-#: The model card: exactly the checkpoint's fields, validated (one description, not a copy).
-ModelCard = create_model(  # type: ignore[call-overload]
-    "ModelCard", __config__=ConfigDict(extra="allow", protected_namespaces=()), **meta_fields()
+from neurofed.export.runtime import (  # the model card's reader is the runtime's (no torch); re-exported here
+    INPUT_NAME,
+    META_KEY,
+    OUTPUT_NAME,
+    ModelCard,
+    OnnxModelMeta,
+    meta_from_model,
+    read_onnx_meta,
 )
-
-
-class OnnxModelMeta(ModelCard):  # type: ignore[misc, valid-type]
-    """Validated NeuroFed metadata of an exported model: the checkpoint's model card plus what
-    the export adds (derived band-pass/window, EA policy, weights hash, graph I/O names)."""
-
-    bandpass: tuple[float, float]
-    window: tuple[float, float]
-    ea_policy: dict[str, Any]
-    model_hash: str
-    neurofed_version: str
-    input_name: str = INPUT_NAME
-    output_name: str = OUTPUT_NAME
-    quantized: str | None = None
-    standalone: dict[str, Any] | None = None
-    #: the device profile the model is for (:meth:`neurofed.trainer.data.profiles.DeviceProfile.to_dict`: name,
-    #: channels and rate of the stream it decodes); None: a model for no particular device
-    profile: dict[str, Any] | None = None
-
-    @field_validator("test_batch_size")
-    @classmethod
-    def _positive(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError("test_batch_size must be >= 1")
-        return v
-
-    @property
-    def ea(self) -> bool:
-        """Whether the model expects Euclidean-aligned input."""
-        return bool(self.preprocess.get("ea", False))
-
-    def model_meta(self) -> ModelMeta:
-        """The checkpoint description this export was made from."""
-        return ModelMeta(**{f.name: getattr(self, f.name) for f in fields(ModelMeta)})
+from neurofed.trainer.checkpoint import ModelMeta, device_of
 
 
 def model_hash(state: Mapping[str, torch.Tensor]) -> str:
@@ -90,7 +50,6 @@ def package_version() -> str:
 
 def build_meta(ckpt_meta: ModelMeta, state: Mapping[str, torch.Tensor]) -> OnnxModelMeta:
     """ONNX metadata: the checkpoint's :class:`~neurofed.trainer.checkpoint.ModelMeta` plus what export adds."""
-    from neurofed.trainer.checkpoint import device_of
 
     device = device_of(ckpt_meta)
     pre = dict(ckpt_meta.preprocess or {})
@@ -123,23 +82,5 @@ def embed_meta(model: onnx.ModelProto, meta: OnnxModelMeta) -> None:
     onnx.helper.set_model_props(model, {**{p.key: p.value for p in keep}, META_KEY: meta.model_dump_json()})
 
 
-def meta_from_model(model: onnx.ModelProto, source: str = "model") -> OnnxModelMeta:
-    """Parse and validate the NeuroFed metadata of an in-memory ONNX model."""
-    props = {p.key: p.value for p in model.metadata_props}
-    if META_KEY not in props:
-        raise NeuroFedError(
-            f"{source}: ONNX model has no '{META_KEY}' metadata; export it with `neurofed export`"
-        )
-    try:
-        return OnnxModelMeta.model_validate(json.loads(props[META_KEY]))
-    except (ValidationError, json.JSONDecodeError) as exc:
-        raise NeuroFedError(f"{source}: invalid NeuroFed metadata ({exc})") from None
-
-
-def read_onnx_meta(path: str | os.PathLike) -> OnnxModelMeta:
-    """Metadata of an exported ``.onnx`` file (weights are not loaded into a session)."""
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        raise NeuroFedError(f"{path}: not a readable ONNX model ({exc})") from None
-    return meta_from_model(model, str(path))
+__all__ = ["INPUT_NAME", "META_KEY", "OUTPUT_NAME", "ModelCard", "OnnxModelMeta", "build_meta", "embed_meta",
+           "meta_from_model", "model_hash", "package_version", "read_onnx_meta"]

@@ -23,7 +23,16 @@ import torch
 from neurofed.export.metadata import INPUT_NAME, OUTPUT_NAME, OnnxModelMeta, build_meta, embed_meta
 from neurofed.export.runtime import make_session
 from neurofed.trainer.atomic import atomic_write_bytes
-from neurofed.trainer.checkpoint import ModelMeta
+from neurofed.trainer.checkpoint import (
+    ModelMeta,
+    device_of,
+    is_hierarchical,
+    load_checkpoint,
+    load_profile_models,
+)
+from neurofed.trainer.data import PreprocessConfig, list_subjects, load_eegmmidb_subject
+from neurofed.trainer.data.eegmmidb import TASKS
+from neurofed.trainer.data.profiles import load_profile_subject
 from neurofed.trainer.errors import NeuroFedError
 from torch import nn
 
@@ -171,8 +180,6 @@ def held_out_data(
     Returns ``(X, y, subject_ids, held_out)``; ``held_out`` is False only when every subject of
     the data folder is among the training files (then the last subjects are used, and said so).
     """
-    from neurofed.trainer.data import PreprocessConfig, list_subjects, load_eegmmidb_subject
-    from neurofed.trainer.data.eegmmidb import TASKS
 
     task = next((t for t, (_, cls) in TASKS.items() if list(cls) == list(meta.classes)), None)
     if task is None:
@@ -192,13 +199,11 @@ def held_out_data(
                 "every subject in the data folder was used for training; verifying on trained subjects"
             )
         subjects = free[:n_subjects]
-    from neurofed.trainer.checkpoint import device_of
 
     device = device_of(meta) if isinstance(meta, ModelMeta) else None
     xs, ys, ids = [], [], []
     for s in subjects:
         if device is not None:  # a device profile's model: the subject recorded through that device
-            from neurofed.trainer.data.profiles import load_profile_subject
 
             sd = load_profile_subject(s, device, cfg, data_dir, task=task)
         else:
@@ -261,7 +266,6 @@ def export_checkpoint(
     subjects: Sequence[int] | None = None,
 ) -> tuple[OnnxModelMeta, VerifyReport]:
     """``neurofed export``: checkpoint -> verified ONNX file with metadata (one model; see :func:`export_profiles`)."""
-    from neurofed.trainer.checkpoint import load_checkpoint
 
     if not Path(ckpt).is_file():
         raise NeuroFedError(f"{ckpt}: checkpoint file not found")
@@ -292,7 +296,6 @@ def export_profiles(
     profile's own, its profile in the metadata), written to :func:`profile_output`, each verified against
     torch on real held-out trials recorded through its device; any other checkpoint gives ``out``.
     """
-    from neurofed.trainer.checkpoint import is_hierarchical, load_profile_models
     from safetensors import safe_open
 
     if not Path(ckpt).is_file():

@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 from neurofed.export.metadata import embed_meta, meta_from_model
+from neurofed.export.runtime import OnnxModel
 from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.evaluate import bca
 
 QUANT_OPS: dict[str, list[str] | None] = {"all": None, "linear": ["Gemm", "MatMul"]}
 
@@ -59,8 +61,6 @@ def quantize(src: str | os.PathLike, dst: str | os.PathLike, ops: str = "all") -
 
 def accuracy_delta(fp32: str | os.PathLike, int8: str | os.PathLike, X: np.ndarray, y: np.ndarray) -> dict:
     """BCA of both models on ``(X, y)`` (test batch from metadata), agreement and max logit change."""
-    from neurofed.export.runtime import OnnxModel
-    from neurofed.trainer.evaluate import bca
 
     a, b = OnnxModel(fp32), OnnxModel(int8)
     la, lb = a.logits(X), b.logits(X)

@@ -1,15 +1,91 @@
-"""onnxruntime sessions for exported NeuroFed models (forward passes without torch)."""
+"""onnxruntime sessions for exported NeuroFed models (forward passes without torch), and their model card.
+
+The runtime layer: onnxruntime, onnx (to read the graph and its metadata), numpy and pydantic; no torch. The
+metadata embedded in exported models (``metadata_props``, key ``neurofed``, JSON: the checkpoint's
+:class:`~neurofed.trainer.model_meta.ModelMeta` plus what the export adds) is read and validated here; it is
+written by :mod:`neurofed.export.metadata`.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-from neurofed.export.metadata import OnnxModelMeta, meta_from_model
 from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.model_meta import ModelMeta, meta_fields
+from pydantic import ConfigDict, ValidationError, create_model, field_validator
+
+META_KEY = "neurofed"
+INPUT_NAME = "x"
+OUTPUT_NAME = "logits"
+
+
+#: The model card: exactly the checkpoint's fields, validated (one description, not a copy).
+ModelCard = create_model(  # type: ignore[call-overload]
+    "ModelCard", __config__=ConfigDict(extra="allow", protected_namespaces=()), **meta_fields()
+)
+
+
+class OnnxModelMeta(ModelCard):  # type: ignore[misc, valid-type]
+    """Validated NeuroFed metadata of an exported model: the checkpoint's model card plus what
+    the export adds (derived band-pass/window, EA policy, weights hash, graph I/O names)."""
+
+    bandpass: tuple[float, float]
+    window: tuple[float, float]
+    ea_policy: dict[str, Any]
+    model_hash: str
+    neurofed_version: str
+    input_name: str = INPUT_NAME
+    output_name: str = OUTPUT_NAME
+    quantized: str | None = None
+    standalone: dict[str, Any] | None = None
+    #: the device profile the model is for (:meth:`neurofed.trainer.data.profiles.DeviceProfile.to_dict`: name,
+    #: channels and rate of the stream it decodes); None: a model for no particular device
+    profile: dict[str, Any] | None = None
+
+    @field_validator("test_batch_size")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("test_batch_size must be >= 1")
+        return v
+
+    @property
+    def ea(self) -> bool:
+        """Whether the model expects Euclidean-aligned input."""
+        return bool(self.preprocess.get("ea", False))
+
+    def model_meta(self) -> ModelMeta:
+        """The checkpoint description this export was made from."""
+        return ModelMeta(**{f.name: getattr(self, f.name) for f in fields(ModelMeta)})
+
+
+def meta_from_model(model: onnx.ModelProto, source: str = "model") -> OnnxModelMeta:
+    """Parse and validate the NeuroFed metadata of an in-memory ONNX model."""
+    props = {p.key: p.value for p in model.metadata_props}
+    if META_KEY not in props:
+        raise NeuroFedError(
+            f"{source}: ONNX model has no '{META_KEY}' metadata; export it with `neurofed export`"
+        )
+    try:
+        return OnnxModelMeta.model_validate(json.loads(props[META_KEY]))
+    except (ValidationError, json.JSONDecodeError) as exc:
+        raise NeuroFedError(f"{source}: invalid NeuroFed metadata ({exc})") from None
+
+
+def read_onnx_meta(path: str | os.PathLike) -> OnnxModelMeta:
+    """Metadata of an exported ``.onnx`` file (weights are not loaded into a session)."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise NeuroFedError(f"{path}: not a readable ONNX model ({exc})") from None
+    return meta_from_model(model, str(path))
 
 
 def make_session(model: str | os.PathLike | bytes, threads: int = 1) -> ort.InferenceSession:
@@ -53,7 +129,7 @@ class OnnxModel:
         if self.meta.standalone:
             raise NeuroFedError(
                 f"{path}: a standalone model (raw window + state); run it with "
-                "neurofed.export.standalone.StandaloneModel, or export the plain model without --standalone"
+                "neurofed.export.decoder.StandaloneModel, or export the plain model without --standalone"
             )
         self.session = make_session(proto.SerializeToString(), threads)
         self._in = self.session.get_inputs()[0].name

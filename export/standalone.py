@@ -37,14 +37,24 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+from neurofed.export.decoder import (  # the run-time decoder (onnxruntime + numpy) reads what this builds
+    HASH_WORDS,
+    INPUTS,
+    OUTPUTS,
+    StandaloneInfo,
+)
+from neurofed.export.metadata import build_meta, embed_meta
+from neurofed.export.onnx_export import profile_output, quiet_exporter
 from neurofed.trainer.atomic import atomic_write_bytes
+from neurofed.trainer.checkpoint import device_of, load_checkpoint, load_profile_models
 from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, subject_files
 from neurofed.trainer.data.guard import GUARD_KINDS, GuardConfig
-from neurofed.trainer.data.guard import guard_reason as reason_text
-from neurofed.trainer.data.preprocess import n_times_for, preprocess_epochs
+from neurofed.trainer.data.io import epochs_from_raw, read_raw
+from neurofed.trainer.data.preprocess import n_times_for, pick_channels, preprocess_epochs
 from neurofed.trainer.errors import DataError, NeuroFedError
 from neurofed.trainer.models.eegnet import EEGNet
-from pydantic import BaseModel, ConfigDict
+from neurofed.trainer.models.fleeg import FleegEEGNet
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -54,40 +64,12 @@ logger = logging.getLogger("neurofed.export")
 OPSET = 18
 #: Device units the graph accepts, as factors to microvolts.
 UNITS: dict[str, float] = {"V": 1e6, "mV": 1e3, "uV": 1.0, "nV": 1e-3}
-#: The model hash travels in the state as this many 24-bit integers (exact in float64).
-HASH_WORDS = 4
 #: Newton-Schulz design floor: ``R`` is scaled by its Frobenius norm (eigenvalues into (0, 1], the largest
 #: at >= 1/sqrt(C) of the norm, 0.77 on real 64-channel sessions) and the iteration's per-step scalars
 #: (:func:`ns_schedule`) are chosen so that every eigenvalue in [NS_FLOOR, 1] converges to double precision:
 #: condition numbers up to 1e9 / sqrt(C) guaranteed (1.2e8 at 64 channels, 2.2e8 at 21), ~7.7e8 at the
 #: real sessions' norm ratio. Real EEGMMIDB sessions reach 4.5e5 (64 channels) and 5.8e4 (21).
 NS_FLOOR = 1e-9
-INPUTS = ("window", "state")
-OUTPUTS = ("probs", "next_state", "guard")
-
-
-class StandaloneInfo(BaseModel):
-    """What an app needs to run the standalone graph (metadata key ``neurofed``, field ``standalone``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    inputs: dict[str, Any]
-    outputs: dict[str, Any]
-    rate: float
-    unit: str
-    unit_to_uv: float
-    window_samples: int
-    step_s: float
-    context_windows: int
-    state_size: int
-    state_layout: list[dict[str, Any]]
-    state_init: dict[str, Any]
-    hash_words: list[int]
-    guard: dict[str, float]
-    guard_kinds: list[str]
-    ea_calibration: str
-    preprocess_matrix: str
-    ea_inverse_sqrt: str
 
 
 def hash_words(model_hash: str) -> list[int]:
@@ -352,7 +334,6 @@ class EEGNetContext(nn.Module):
 def _eegnet_parts(net: nn.Module) -> tuple[nn.Module, ...] | None:
     """``(temporal, bn_t, conv_spatial, bn_s, body, classifier)`` of an EEGNet or FLEEG EEGNet (after
     :func:`_plain_bn`), ``body`` the layers from the first ELU to the flattened features; None for other models."""
-    from neurofed.trainer.models.fleeg import FleegEEGNet
 
     if type(net) is EEGNet:
         body = nn.Sequential(_fast_elu(net.pool_1), net.conv_separable, net.bnorm_2, _fast_elu(net.pool_2),
@@ -610,7 +591,6 @@ def to_standalone_onnx(dec: StandaloneDecoder) -> onnx.ModelProto:
     """Export with the dynamo exporter at opset 18 (static shapes: one window, one state)."""
     window = torch.randn(dec.n_ch, dec.n_in, generator=torch.Generator().manual_seed(0)) * 20.0
     state = torch.from_numpy(dec.initial_state())
-    from neurofed.export.onnx_export import quiet_exporter
 
     with quiet_exporter():
         try:
@@ -687,7 +667,6 @@ def profile_device(meta: Any) -> tuple[float, str, float] | None:
     The profile (:func:`neurofed.trainer.checkpoint.device_of`) knows what its headset streams: the graph then takes
     that rate and unit (counts at the profile's gain included) and no ``--rate``/``--unit`` is needed.
     """
-    from neurofed.trainer.checkpoint import device_of
 
     dev = device_of(meta)
     return None if dev is None else (dev.sfreq, dev.unit, 1.0 / dev.scale)
@@ -713,7 +692,6 @@ def device_settings(meta: Any, rate: float | None, unit: str | None) -> tuple[fl
 def write_standalone(model: nn.Module, cmeta: Any, out: str | os.PathLike, rate: float | None = None,
                      unit: str | None = None, step_s: float = 0.5) -> tuple[Any, StandaloneDecoder]:
     """One model -> standalone ONNX with metadata (device: :func:`device_settings`); returns (meta, decoder)."""
-    from neurofed.export.metadata import build_meta, embed_meta
 
     rate, unit, to_uv = device_settings(cmeta, rate, unit)
     meta = build_meta(cmeta, model.state_dict())
@@ -739,7 +717,6 @@ def export_standalone(
 
     ``rate``/``unit`` default to the model's device profile, else 160 Hz and microvolts.
     """
-    from neurofed.trainer.checkpoint import load_checkpoint
 
     if not Path(ckpt).is_file():
         raise NeuroFedError(f"{ckpt}: checkpoint file not found")
@@ -752,8 +729,6 @@ def export_standalone_profiles(
 ) -> dict[str, tuple[Path, Any, StandaloneDecoder]]:
     """A hierarchical (``fleeg``) checkpoint -> one standalone graph per device profile, each at its profile's
     rate and unit, written to :func:`neurofed.export.onnx_export.profile_output` (``model.onnx`` -> ``model.<profile>.onnx``)."""
-    from neurofed.export.onnx_export import profile_output
-    from neurofed.trainer.checkpoint import load_profile_models
 
     if not Path(ckpt).is_file():
         raise NeuroFedError(f"{ckpt}: checkpoint file not found")
@@ -765,83 +740,6 @@ def export_standalone_profiles(
     return done
 
 
-class WindowRejected(NeuroFedError):
-    """The input guard refused a window (the state is unchanged); ``bad_channels`` by kind."""
-
-    def __init__(self, reason: str, bad_channels: dict[str, list[str]]) -> None:
-        super().__init__(reason)
-        self.bad_channels = bad_channels
-
-
-def guard_reason(flags: np.ndarray, ch_names: list[str]) -> tuple[str, dict[str, list[str]]]:
-    """One line naming the rejected channels by kind (``""`` if none), and the channels by kind."""
-    bad = {
-        kind: [ch_names[i] for i in np.flatnonzero(row > 0)]
-        for kind, row in zip(GUARD_KINDS, np.asarray(flags))
-        if (row > 0).any()
-    }
-    return reason_text(bad), bad
-
-
-class StandaloneModel:
-    """A standalone ``.onnx`` decoder in onnxruntime: ``probs, state = model.run(window, state)``.
-
-    Parameters
-    ----------
-    path : path
-        File written by ``neurofed export --standalone``.
-    threads : int
-        Intra-op threads of the onnxruntime session.
-    """
-
-    def __init__(self, path: str | os.PathLike, threads: int = 1) -> None:
-        from neurofed.export.runtime import load_model, make_session
-
-        self.path = Path(path)
-        proto, self.meta = load_model(path)
-        raw = self.meta.standalone
-        if not raw:
-            raise NeuroFedError(f"{path}: not a standalone export; use `neurofed export --standalone`")
-        self.info = StandaloneInfo.model_validate(raw)
-        self.session = make_session(proto.SerializeToString(), threads)
-
-    def initial_state(self) -> np.ndarray:
-        """The state before a session's first window (zeros with the model hash)."""
-        s = np.zeros(self.info.state_size, np.float64)
-        s[:HASH_WORDS] = self.info.hash_words
-        return s
-
-    def check(self, window: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Validated float32 window and float64 state, or a :class:`NeuroFedError` naming the problem."""
-        info = self.info
-        w = np.asarray(window)
-        want = (self.meta.n_channels, info.window_samples)
-        if w.shape != want:
-            raise NeuroFedError(
-                f"window shape {w.shape}, expected {want}: {want[0]} channels ({', '.join(self.meta.ch_names)}) "
-                f"x {want[1]} samples ({info.window_samples / info.rate:g} s at {info.rate:g} Hz, {info.unit})"
-            )
-        s = np.asarray(state, np.float64)
-        if s.shape != (info.state_size,):
-            raise NeuroFedError(f"state shape {s.shape}, expected ({info.state_size},) for this model")
-        if not np.array_equal(s[:HASH_WORDS], info.hash_words):
-            raise NeuroFedError(
-                "state belongs to another model (hash words "
-                f"{[int(v) if np.isfinite(v) else v for v in s[:HASH_WORDS]]}, this model {info.hash_words}); "
-                "start from model.initial_state()"
-            )
-        return np.ascontiguousarray(w, np.float32), np.ascontiguousarray(s)
-
-    def run(self, window: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Decode one raw window: ``(probs, next_state)``; :class:`WindowRejected` if the guard refuses it."""
-        w, s = self.check(window, state)
-        probs, nxt, flags = self.session.run(list(OUTPUTS), {"window": w, "state": s})
-        if flags.any():
-            reason, bad = guard_reason(flags, list(self.meta.ch_names))
-            raise WindowRejected(reason, bad)
-        return probs, nxt
-
-
 def recording_windows(
     path: str | os.PathLike, ch_names: list[str], label_map: dict[str, str], tmin: float, tmax: float
 ) -> tuple[np.ndarray, list[str], float]:
@@ -850,8 +748,6 @@ def recording_windows(
     Returns ``(windows (n, channels, samples) in microvolts, labels, sampling rate)``; this is what
     a device streams, before any preprocessing.
     """
-    from neurofed.trainer.data.io import epochs_from_raw, read_raw
-    from neurofed.trainer.data.preprocess import pick_channels
 
     raw = read_raw(path)
     x, labels = epochs_from_raw(raw, label_map, tmin, tmax, source=str(path))
@@ -863,7 +759,6 @@ def eegmmidb_session_windows(
 ) -> list[tuple[str, np.ndarray, np.ndarray, float]]:
     """Every imagery run (session) of an EEGMMIDB subject whose classes are ``classes``:
     ``[(run file name, windows, class indices, rate), ...]`` in run order."""
-    from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, subject_files
 
     task = next((t for t, (_, cls) in TASKS.items() if list(cls) == list(classes)), None)
     if task is None:

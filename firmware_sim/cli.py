@@ -16,7 +16,8 @@ from neurofed.firmware_sim.recording import (
     load_recording,
     through_profile,
 )
-from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.data.profiles import get_profile
+from neurofed.trainer.errors import NeuroFedError, run_cli
 
 app = typer.Typer(name="headset-sim", help="Simulated EEG headsets: replay recordings as LSL EEG + marker streams.",
                   add_completion=False, pretty_exceptions_enable=False)
@@ -74,8 +75,6 @@ def play(
         raise NeuroFedError("nothing to play: give recording files, --subject or --subjects")
     unit = "microvolts"
     if profile is not None:
-        from neurofed.trainer.data.profiles import get_profile
-
         prof = get_profile(profile)
         recs = [(tag, through_profile(rec, prof, seed + i)) for i, (tag, rec) in enumerate(recs)]
         unit = LSL_UNITS[prof.unit]
@@ -95,7 +94,6 @@ def play(
 
 def main() -> None:
     """Entry point: NeuroFed's own errors print one clear line and exit 2."""
-    from neurofed.trainer.errors import run_cli
 
     run_cli(app)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from neurofed.trainer.data.eegmmidb import LR_IMAGERY_RUNS, RUN_EVENT_LABELS, subject_files
 from neurofed.trainer.data.io import cue_samples, read_raw
+from neurofed.trainer.data.profiles import get_profile, to_device
 from neurofed.trainer.errors import DataError
 
 #: Name of the optional counter channel (sample index), as in mne-lsl's tests.
@@ -150,7 +151,6 @@ def through_profile(rec: Recording, profile, seed: int = 0) -> Recording:
     seed : int
         Seed of the additive noise.
     """
-    from neurofed.trainer.data.profiles import get_profile, to_device
 
     prof = get_profile(profile)
     rng = np.random.default_rng([seed, 19])

@@ -31,11 +31,14 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
-import typer
 
+from neurofed.edge.bench_lsl import _private_lsl
+from neurofed.livewatch import LiveWatch
+from neurofed.supervise import Supervisor, command
+from neurofed.trainer.bench import write_result
+from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
 from neurofed.trainer.errors import NeuroFedError
 
 
@@ -43,10 +46,9 @@ def build_latency_model(out: Path, subject: int, data_dir: Path | None) -> Path:
     """Export a random-init EEGNet with the demo's preprocessing and the subject's real channel layout."""
     import torch
 
-    from neurofed.export.onnx_export import export_model
-    from neurofed.trainer.checkpoint import ModelMeta
-    from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
-    from neurofed.trainer.models import build_model
+    from neurofed.export.onnx_export import export_model  # lazy: onnx, torch (loaded only when used)
+    from neurofed.trainer.checkpoint import ModelMeta  # lazy: torch (loaded only when used)
+    from neurofed.trainer.models import build_model  # lazy: torch (loaded only when used)
 
     cfg = PreprocessConfig.from_preset("sensorimotor21", resample=80.0)
     sd = load_eegmmidb_subject(subject, cfg, data_dir)
@@ -90,9 +92,6 @@ def run_e2e(
     ``edge-client infer --stats-out``). The machine's load averages before and after the run are recorded.
     ``profile``: the decoded headset streams as that device profile (``headset-sim --profile``).
     """
-    from neurofed.edge.bench_lsl import _private_lsl
-    from neurofed.livewatch import LiveWatch
-    from neurofed.supervise import Supervisor, command
 
     if mode not in ("sliding", "cue"):
         raise NeuroFedError(f"mode {mode!r}: use sliding or cue")
@@ -175,7 +174,7 @@ def run_e2e(
 def model_targets(model: Path | None) -> dict[str, float]:
     """The latency targets of the path a model runs: the standalone graph's (issue 18: p50 <= 3 ms, p99 <= 5 ms)
     if every model given is a standalone export, else the Python engine's (p50 <= 10 ms, p99 <= 30 ms)."""
-    from neurofed.export.metadata import read_onnx_meta
+    from neurofed.export.runtime import read_onnx_meta  # lazy: onnx, onnxruntime (loaded only when used)
 
     files = ([] if model is None else sorted(model.glob("*.onnx")) if model.is_dir() else [model])
     if files and all(read_onnx_meta(f).standalone for f in files):
@@ -183,71 +182,35 @@ def model_targets(model: Path | None) -> dict[str, float]:
     return {"p50_ms": 10.0, "p99_ms": 30.0}
 
 
-def register(bench: typer.Typer) -> None:
-    """Add ``bench e2e``."""
-
-    @bench.command("e2e")
-    def bench_e2e(
-        model: Annotated[Path | None, typer.Option(
-            help="exported .onnx, or a folder of per-profile models with --profile (default: random-init EEGNet, "
-                 "demo layout)")] = None,
-        subject: Annotated[int, typer.Option(help="EEGMMIDB subject replayed live")] = 9,
-        data_dir: Annotated[Path | None, typer.Option(help="EEGMMIDB folder (default $NEUROFED_DATA or ../shared/data)")] = None,
-        seconds: Annotated[float, typer.Option(help="streaming time per run (real time)")] = 60.0,
-        mode: Annotated[str, typer.Option(help="sliding (a window every --step s) or cue (one per cue)")] = "sliding",
-        step: Annotated[float, typer.Option(help="sliding mode: seconds between windows")] = 0.1,
-        chunk: Annotated[int, typer.Option(help="samples per LSL push of the headset")] = 16,
-        load: Annotated[str, typer.Option(help="comma list of extra busy headsets per run, e.g. 0,4")] = "0,4",
-        speed: Annotated[float, typer.Option(help="replay speed of the decoded headset (1 = real time)")] = 1.0,
-        profile: Annotated[str | None, typer.Option(
-            help="comma list of device profiles: one run per profile, the subject streamed as that profile's "
-                 "headset (headset-sim --profile) and decoded by edge-client infer with --model (the profile's "
-                 "model, or a folder from which it picks the model matching the stream)")] = None,
-        out: Annotated[Path, typer.Option(help="JSON results")] = Path("docs/bench/e2e.json"),
-    ) -> None:
-        """End-to-end live decoding latency: window's last EEG sample in -> prediction out (LSL)."""
-        from neurofed.trainer.bench import write_result
-        from neurofed.trainer.cli import parse_int_list, parse_name_list
-        from neurofed.trainer.data.profiles import ProfileError, get_profile
-
-        profiles: list[str | None] = [None]
-        if profile is not None:
-            profiles = parse_name_list(profile)
-            if model is None or not profiles:
-                raise NeuroFedError("--profile needs --model: the exported model for that device profile (or a "
-                                    "folder of per-profile models)")
-            for p in profiles:
-                try:
-                    get_profile(p)
-                except ProfileError as exc:
-                    raise NeuroFedError(f"--profile: {exc}") from None
-        loads = parse_int_list(load, "--load")
-        if any(n < 0 or n > 20 for n in loads):
-            raise NeuroFedError(f"--load {load!r}: each value must be 0..20")
-        with tempfile.TemporaryDirectory(prefix="neurofed-bench-e2e-") as tmp:
-            m = model
-            if m is None:
-                print("exporting a random-init EEGNet (demo layout) for the latency run ...")
-                m = build_latency_model(Path(tmp) / "latency.onnx", subject, data_dir)
-            elif not (m.is_file() or (profile is not None and m.is_dir())):
-                raise NeuroFedError(f"{m}: ONNX model not found")
-            targets = model_targets(model)
-            runs = []
-            for p in profiles:
-                for n in loads:
-                    r = run_e2e(m, subject, data_dir, seconds, mode, step, chunk, n,
-                                Path(tmp) / f"load{n}-{p or 'plain'}", speed, p)
-                    r.pop("logs")
-                    lat = r["latency_ms"]
-                    dec = r["decoder_stats"] or {}
-                    r["targets_met"] = {"p50": lat["p50_ms"] <= targets["p50_ms"],
-                                        "p99": lat["p99_ms"] <= targets["p99_ms"]}
-                    print(f"{f'profile {p}, ' if p else ''}load {n} headsets: {r['matched']} predictions, latency p50 "
-                          f"{lat['p50_ms']:.2f} ms, p90 {lat['p90_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, max "
-                          f"{lat['max_ms']:.2f} ms; decoder's own p50 {dec.get('latency_ms_p50')} ms; load average "
-                          f"before/after {r['load_average_before'][0]:.2f}/{r['load_average_after'][0]:.2f}")
-                    runs.append(r)
-        res = {"model": str(model) if model else "random-init EEGNet, 21 ch, 80 Hz, 4 s window, BN context 8",
-               "targets": targets, "runs": runs}
-        p = write_result(out.stem, res, out.parent)
-        print(f"-> {p}")
+def bench_e2e(model: Path | None, subject: int, data_dir: Path | None, seconds: float, mode: str, step: float,
+              chunk: int, loads: list[int], speed: float, profiles: list[str | None], out: Path) -> Path:
+    """End-to-end live decoding latency: window's last EEG sample in -> prediction out (LSL), one run per load
+    (extra busy headsets) and device profile (None: the plain model); results to ``out`` (returned)."""
+    with tempfile.TemporaryDirectory(prefix="neurofed-bench-e2e-") as tmp:
+        m = model
+        if m is None:
+            print("exporting a random-init EEGNet (demo layout) for the latency run ...")
+            m = build_latency_model(Path(tmp) / "latency.onnx", subject, data_dir)
+        elif not (m.is_file() or (profiles != [None] and m.is_dir())):
+            raise NeuroFedError(f"{m}: ONNX model not found")
+        targets = model_targets(model)
+        runs = []
+        for p in profiles:
+            for n in loads:
+                r = run_e2e(m, subject, data_dir, seconds, mode, step, chunk, n,
+                            Path(tmp) / f"load{n}-{p or 'plain'}", speed, p)
+                r.pop("logs")
+                lat = r["latency_ms"]
+                dec = r["decoder_stats"] or {}
+                r["targets_met"] = {"p50": lat["p50_ms"] <= targets["p50_ms"],
+                                    "p99": lat["p99_ms"] <= targets["p99_ms"]}
+                print(f"{f'profile {p}, ' if p else ''}load {n} headsets: {r['matched']} predictions, latency p50 "
+                      f"{lat['p50_ms']:.2f} ms, p90 {lat['p90_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, max "
+                      f"{lat['max_ms']:.2f} ms; decoder's own p50 {dec.get('latency_ms_p50')} ms; load average "
+                      f"before/after {r['load_average_before'][0]:.2f}/{r['load_average_after'][0]:.2f}")
+                runs.append(r)
+    res = {"model": str(model) if model else "random-init EEGNet, 21 ch, 80 Hz, 4 s window, BN context 8",
+           "targets": targets, "runs": runs}
+    p = write_result(out.stem, res, out.parent)
+    print(f"-> {p}")
+    return p

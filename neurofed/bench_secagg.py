@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import typer
 
 from neurofed.broker.bench import Swarm
 from neurofed.broker.config import config_from_dict
@@ -240,20 +239,14 @@ def core_cost(n: int, drop: float, d: int = 1653) -> dict[str, Any]:
             "max_abs_error_vs_plain_mean": err}
 
 
-def bench_secagg(
-    clients: str = typer.Option("24,100,500", help="Client counts, comma-separated."),
-    rounds: int = typer.Option(2, help="Rounds per federation (the first includes nothing extra: clients join before it)."),
-    broker: str = typer.Option("mqtt://127.0.0.1:1883", help="Broker URL (a real Mosquitto)."),
-    out: Path = typer.Option(Path("docs/bench/secagg_mqtt.json"), help="Result JSON."),
-    core: bool = typer.Option(True, help="Also time the masking core in process (SecAgg+ graph)."),
-    swarm_procs: int = typer.Option(0, help="Processes playing the clients (0: one per CPU core).", min=0),
-) -> None:
-    """Secure aggregation's round overhead over MQTT (time, bytes) vs plain FedAvg rounds; results to ``out``."""
-    from neurofed.trainer.cli import parse_int_list
-
+def bench_secagg(sizes: list[int], rounds: int = 2, broker: str = "mqtt://127.0.0.1:1883",
+                 out: Path = Path("docs/bench/secagg_mqtt.json"), core: bool = True, swarm_procs: int = 0,
+                 clients: str | None = None) -> None:
+    """Secure aggregation's round overhead over MQTT (time, bytes) vs plain FedAvg rounds, for ``sizes`` clients;
+    results to ``out`` (``clients``: the option as typed, for the recorded command)."""
     torch.set_num_threads(1)
     procs = swarm_procs or os.cpu_count() or 1
-    sizes = parse_int_list(clients, "--clients")
+    clients = clients if clients is not None else ",".join(map(str, sizes))
     res: dict[str, Any] = {
         "command": f"neurofed bench secagg --clients {clients} --rounds {rounds} --broker {broker} --out {out}"
                    + ("" if core else " --no-core") + (f" --swarm-procs {swarm_procs}" if swarm_procs else ""),
@@ -293,8 +286,3 @@ def bench_secagg(
                 print(json.dumps(res["core_in_process"][-1]), flush=True)
     res["machine"]["load_average_end"] = os.getloadavg()
     out.write_text(json.dumps(res, indent=1))
-
-
-def register(bench: typer.Typer) -> None:
-    """Add ``bench secagg``."""
-    bench.command("secagg")(bench_secagg)

@@ -18,21 +18,20 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
-import typer
 
 from neurofed.export.bench import time_calls
 from neurofed.trainer.bench import BENCH_DIR, write_result
+from neurofed.trainer.data.profiles import noise_rng, to_device
+from neurofed.trainer.errors import NeuroFedError
 
 
 def device_sessions(subject: int, meta, data_dir: str | None, profile=None) -> tuple[list, float, list[str] | None]:
     """The subject's imagery sessions as cue-locked raw windows (``eegmmidb_session_windows``), the rate and the
     channel units a stream of them has; with a device profile, each window as that headset streams it
     (:func:`neurofed.trainer.data.profiles.to_device`: its rate, unit and gain, seeded noise)."""
-    from neurofed.export.standalone import eegmmidb_session_windows
-    from neurofed.trainer.data.profiles import noise_rng, to_device
+    from neurofed.export.standalone import eegmmidb_session_windows  # lazy: onnx, torch
 
     sessions = eegmmidb_session_windows(subject, list(meta.ch_names), list(meta.classes), *meta.window, data_dir)
     if profile is None:
@@ -51,10 +50,10 @@ def compare_subject(plain: Path, standalone: Path, subject: int, data_dir: str |
     import tract
     from onnx.reference import ReferenceEvaluator
 
-    from neurofed.edge.infer import InferenceEngine
-    from neurofed.export.runtime import OnnxModel
-    from neurofed.export.standalone import StandaloneModel
-    from neurofed.trainer.evaluate import bca
+    from neurofed.edge.infer import InferenceEngine  # lazy: onnx, onnxruntime (loaded only when used)
+    from neurofed.export.decoder import StandaloneModel  # lazy: onnx, onnxruntime (loaded only when used)
+    from neurofed.export.runtime import OnnxModel  # lazy: onnx, onnxruntime (loaded only when used)
+    from neurofed.trainer.evaluate import bca  # lazy: torch (loaded only when used)
 
     om, sm = OnnxModel(plain), StandaloneModel(standalone)
     m = sm.meta
@@ -103,7 +102,10 @@ def browsertime_calls(checkpoint: Path, subject: int, data_dir: str | None, web:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    from neurofed.export.apps import make_bundle, serve
+    from neurofed.export.apps import (  # lazy: onnx, onnxruntime, torch (loaded only when used)
+        make_bundle,
+        serve,
+    )
 
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver):
@@ -143,26 +145,18 @@ def browsertime_calls(checkpoint: Path, subject: int, data_dir: str | None, web:
             httpd.shutdown()
 
 
-def bench_standalone(
-    checkpoint: Annotated[Path, typer.Option(help="trained .safetensors checkpoint")],
-    subjects: Annotated[str, typer.Option(help="held-out EEGMMIDB subjects, e.g. '13-19'")] = "13-16",
-    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None,
-    reps: Annotated[int, typer.Option(help="timed windows")] = 500,
-    warmup: Annotated[int, typer.Option()] = 50,
-    out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
-    browser: Annotated[bool, typer.Option(help="also time the page in headless Chromium")] = True,
-    name: Annotated[str, typer.Option(help="result name: OUT_DIR/NAME.json")] = "standalone",
-) -> None:
+def bench_standalone(checkpoint: Path, subs: list[int], data_dir: str | None = None, reps: int = 500,
+                     warmup: int = 50, out_dir: Path = BENCH_DIR, browser: bool = True,
+                     name: str = "standalone") -> None:
     """Standalone graph == Python pipeline on real held-out sessions (ORT, tract, onnx.reference); p50 per window."""
     from rich.console import Console
 
-    from neurofed.edge.infer import InferenceEngine
-    from neurofed.export.onnx_export import export_checkpoint
-    from neurofed.export.runtime import OnnxModel
-    from neurofed.export.standalone import StandaloneModel, export_standalone
-    from neurofed.trainer.checkpoint import device_of, read_meta
-    from neurofed.trainer.cli import parse_subjects
-    from neurofed.trainer.errors import NeuroFedError
+    from neurofed.edge.infer import InferenceEngine  # lazy: onnx, onnxruntime (loaded only when used)
+    from neurofed.export.decoder import StandaloneModel  # lazy: onnx, onnxruntime (loaded only when used)
+    from neurofed.export.onnx_export import export_checkpoint  # lazy: onnx, torch (loaded only when used)
+    from neurofed.export.runtime import OnnxModel  # lazy: onnx, onnxruntime (loaded only when used)
+    from neurofed.export.standalone import export_standalone  # lazy: onnx, torch (loaded only when used)
+    from neurofed.trainer.checkpoint import device_of, read_meta  # lazy: torch (loaded only when used)
 
     console = Console()
     cmeta = read_meta(checkpoint)
@@ -171,7 +165,6 @@ def bench_standalone(
         raise NeuroFedError(f"{checkpoint} is for device profile {dev.name}: the browser page replays 160 Hz "
                             "recordings; use --no-browser")
     trained = {n[:4] for n in cmeta.data_hashes}
-    subs = parse_subjects(subjects, data_dir)
     overlap = [s for s in subs if f"S{s:03d}" in trained]
     if overlap:
         raise NeuroFedError(f"subjects {overlap} were used to train {checkpoint}; pick held-out subjects")
@@ -240,8 +233,3 @@ def bench_standalone(
         + (f", browser {lat_browser['p50_ms']:.2f} ms" if lat_browser else "")
         + f" (load {os.getloadavg()[0]:.1f})\nwrote {p}"
     )
-
-
-def register(bench: typer.Typer) -> None:
-    """Add ``bench standalone``."""
-    bench.command("standalone")(bench_standalone)

@@ -1,4 +1,6 @@
-"""The ``neurofed`` command: each package contributes its commands through ``register(app, bench)``.
+"""The ``neurofed`` command: each package's CLI contributes its commands through ``register(app, bench)``, and the
+typer adapters of the lab in ``neurofed/`` (``demo``, ``bench e2e/lsl/secagg/standalone``) are here: the lab
+modules hold plain Python functions and import no CLI.
 
 Errors NeuroFed raises on purpose (:class:`neurofed.trainer.errors.NeuroFedError`) print one clear line
 and exit 2, never a bare traceback.
@@ -7,12 +9,38 @@ and exit 2, never a bare traceback.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import sys
+import time
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from neurofed import __version__
+from neurofed.demo import DEFAULT_HELDOUT, DEFAULT_SUBJECTS, HELDOUT_RULE, LOCAL, DemoConfig
+from neurofed.demo_run import run_demo
+from neurofed.options import parse_int_list, parse_name_list, parse_subjects
+from neurofed.trainer.data.profiles import ProfileError, get_profile
+from neurofed.trainer.errors import NeuroFedError, run_cli
+
+# The benchmarks' optional parts (onnx tooling, Mosquitto clients, LSL): a missing one leaves its command out.
+try:
+    from neurofed.bench_standalone import BENCH_DIR
+    from neurofed.bench_standalone import bench_standalone as run_standalone_bench
+except ImportError as _exc:
+    run_standalone_bench, BENCH_DIR, _standalone_exc = None, Path("docs/bench"), _exc
+try:
+    from neurofed.bench_secagg import bench_secagg as run_secagg_bench
+except ImportError as _exc:
+    run_secagg_bench, _secagg_exc = None, _exc
+try:
+    from neurofed.bench_e2e import bench_e2e as run_e2e_bench
+    from neurofed.edge.bench_lsl import run_bench as run_lsl_bench
+except ImportError as _exc:
+    run_e2e_bench = run_lsl_bench = None
+    _lsl_exc = _exc
 
 app = typer.Typer(
     name="neurofed", help="Federated, attack-robust motor-imagery BCI: train, federate, export, benchmark.",
@@ -23,8 +51,7 @@ bench = typer.Typer(help="Benchmarks: results go to docs/bench/*.json and are su
 app.add_typer(bench, name="bench")
 
 #: Packages that contribute commands, in help order.
-COMMAND_MODULES = ("neurofed.trainer.cli", "neurofed.broker.cli", "neurofed.export.cli",
-                   "neurofed.demo")
+COMMAND_MODULES = ("neurofed.trainer.cli", "neurofed.broker.cli", "neurofed.export.cli")
 
 
 def _version(value: bool) -> None:
@@ -42,37 +69,148 @@ def _root(
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
+# ---- lab commands: typer adapters over the lab's plain functions ------------------------------------------------
+
+def demo_cmd(
+    subjects: Annotated[str, typer.Option(help="Training subjects (one headset + edge client each).")] = DEFAULT_SUBJECTS,
+    heldout: Annotated[str, typer.Option(help="Held-out subjects decoded live after training (default: the last 4 "
+                                              "of the shared set).")] = DEFAULT_HELDOUT,
+    algorithm: Annotated[str, typer.Option(help="fedbs or safe.")] = "fedbs",
+    rounds: Annotated[int, typer.Option(help="Federated rounds.")] = 40,
+    fraction: Annotated[float, typer.Option(help="Fraction of clients per round (0.25 of 32 = 8 per round).")] = 0.25,
+    batch_size: Annotated[int, typer.Option(help="Client batch size.")] = LOCAL.batch_size,
+    local_epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = LOCAL.local_epochs,
+    lr: Annotated[float, typer.Option(help="Client SGD learning rate.")] = LOCAL.lr,
+    speed: Annotated[float, typer.Option(help="Playback speed of the training headsets.")] = 20.0,
+    live_speed: Annotated[float, typer.Option(help="Playback speed of the held-out headsets.")] = 20.0,
+    runs: Annotated[str, typer.Option(help="EEGMMIDB runs each headset replays.")] = "4,8,12",
+    eps: Annotated[str, typer.Option(help="FGSM budgets for BCA vs epsilon (comma list; '' = skip).")] = "0.01,0.03,0.05",
+    broker: Annotated[str | None, typer.Option(help="Use this broker (mqtt://host:port) instead of the embedded one.")] = None,
+    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Run directory (default runs/demo-<timestamp>).")] = None,
+    seed: Annotated[int, typer.Option(help="Federation seed.")] = 0,
+    time_budget: Annotated[float, typer.Option(help="Abort (cleanly) after this many seconds.")] = 900.0,
+) -> None:
+    """Run the whole system end to end: headsets, capture, federated training, export, live decoding, report."""
+    try:
+        eps_list = [float(e) for e in eps.split(",") if e.strip()]
+    except ValueError:
+        raise NeuroFedError(f"--eps {eps!r}: comma list of numbers") from None
+    run_dir = out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    rule = HELDOUT_RULE if heldout == DEFAULT_HELDOUT else f"given on the command line (--heldout {heldout})"
+    cfg = DemoConfig(subjects=parse_subjects(subjects, None), heldout=parse_subjects(heldout, None), heldout_rule=rule, algorithm=algorithm, rounds=rounds,
+                     fraction=fraction, batch_size=batch_size, local_epochs=local_epochs, lr=lr, speed=speed,
+                     live_speed=live_speed, runs=runs, eps=eps_list, broker=broker, data_dir=data_dir,
+                     out=str(run_dir), seed=seed, time_budget_s=time_budget)
+    res = run_demo(cfg)
+    if not res["checks"]["all_ok"]:
+        raise NeuroFedError(f"demo finished but checks failed: {res['checks']['failed']} (see {run_dir}/report.md)")
+
+
+def bench_e2e(
+    model: Annotated[Path | None, typer.Option(
+        help="exported .onnx, or a folder of per-profile models with --profile (default: random-init EEGNet, "
+             "demo layout)")] = None,
+    subject: Annotated[int, typer.Option(help="EEGMMIDB subject replayed live")] = 9,
+    data_dir: Annotated[Path | None, typer.Option(help="EEGMMIDB folder (default $NEUROFED_DATA or ../shared/data)")] = None,
+    seconds: Annotated[float, typer.Option(help="streaming time per run (real time)")] = 60.0,
+    mode: Annotated[str, typer.Option(help="sliding (a window every --step s) or cue (one per cue)")] = "sliding",
+    step: Annotated[float, typer.Option(help="sliding mode: seconds between windows")] = 0.1,
+    chunk: Annotated[int, typer.Option(help="samples per LSL push of the headset")] = 16,
+    load: Annotated[str, typer.Option(help="comma list of extra busy headsets per run, e.g. 0,4")] = "0,4",
+    speed: Annotated[float, typer.Option(help="replay speed of the decoded headset (1 = real time)")] = 1.0,
+    profile: Annotated[str | None, typer.Option(
+        help="comma list of device profiles: one run per profile, the subject streamed as that profile's "
+             "headset (headset-sim --profile) and decoded by edge-client infer with --model (the profile's "
+             "model, or a folder from which it picks the model matching the stream)")] = None,
+    out: Annotated[Path, typer.Option(help="JSON results")] = Path("docs/bench/e2e.json"),
+) -> None:
+    """End-to-end live decoding latency: window's last EEG sample in -> prediction out (LSL)."""
+    profiles: list[str | None] = [None]
+    if profile is not None:
+        profiles = parse_name_list(profile)
+        if model is None or not profiles:
+            raise NeuroFedError("--profile needs --model: the exported model for that device profile (or a "
+                                "folder of per-profile models)")
+        for p in profiles:
+            try:
+                get_profile(p)
+            except ProfileError as exc:
+                raise NeuroFedError(f"--profile: {exc}") from None
+    loads = parse_int_list(load, "--load")
+    if any(n < 0 or n > 20 for n in loads):
+        raise NeuroFedError(f"--load {load!r}: each value must be 0..20")
+    run_e2e_bench(model, subject, data_dir, seconds, mode, step, chunk, loads, speed, profiles, out)
+
+
+def bench_secagg(
+    clients: str = typer.Option("24,100,500", help="Client counts, comma-separated."),
+    rounds: int = typer.Option(2, help="Rounds per federation (the first includes nothing extra: clients join before it)."),
+    broker: str = typer.Option("mqtt://127.0.0.1:1883", help="Broker URL (a real Mosquitto)."),
+    out: Path = typer.Option(Path("docs/bench/secagg_mqtt.json"), help="Result JSON."),
+    core: bool = typer.Option(True, help="Also time the masking core in process (SecAgg+ graph)."),
+    swarm_procs: int = typer.Option(0, help="Processes playing the clients (0: one per CPU core).", min=0),
+) -> None:
+    """Secure aggregation's round overhead over MQTT (time, bytes) vs plain FedAvg rounds; results to ``out``."""
+    run_secagg_bench(parse_int_list(clients, "--clients"), rounds, broker, out, core, swarm_procs, clients)
+
+
+def bench_standalone(
+    checkpoint: Annotated[Path, typer.Option(help="trained .safetensors checkpoint")],
+    subjects: Annotated[str, typer.Option(help="held-out EEGMMIDB subjects, e.g. '13-19'")] = "13-16",
+    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None,
+    reps: Annotated[int, typer.Option(help="timed windows")] = 500,
+    warmup: Annotated[int, typer.Option()] = 50,
+    out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
+    browser: Annotated[bool, typer.Option(help="also time the page in headless Chromium")] = True,
+    name: Annotated[str, typer.Option(help="result name: OUT_DIR/NAME.json")] = "standalone",
+) -> None:
+    """Standalone graph == Python pipeline on real held-out sessions (ORT, tract, onnx.reference); p50 per window."""
+    run_standalone_bench(checkpoint, parse_subjects(subjects, data_dir), data_dir, reps, warmup, out_dir, browser, name)
+
+
+def bench_lsl(
+    seconds: Annotated[float, typer.Option(help="Streaming time per run (real time).")] = 10.0,
+    headsets: Annotated[int, typer.Option(help="Simultaneous headsets in the loss test.")] = 8,
+    out: Annotated[Path, typer.Option(help="Where to write the JSON results.")] = Path("docs/bench/lsl.json"),
+) -> None:
+    """LSL ingestion: sample-to-buffer latency, ingestion CPU, samples lost with N headsets."""
+    res = run_lsl_bench(seconds, headsets)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
+    for r in res["single"]:
+        print(f"{r['channels']} ch x {r['sfreq']:g} Hz: latency p50 {r['latency_ms_newest_sample']['p50']:.2f} ms "
+              f"p99 {r['latency_ms_newest_sample']['p99']:.2f} ms (newest sample of each pull); "
+              f"all samples p50 {r['latency_ms_all_samples']['p50']:.2f} / p99 {r['latency_ms_all_samples']['p99']:.2f} ms; "
+              f"CPU {r['cpu_percent_one_core']:.1f} % of one core; lost {r['pushed'] - r['received'][0]}")
+    m = res["multi"]
+    print(f"{m['headsets']} headsets x 64 ch x 160 Hz: {m['samples_lost_total']} samples lost, "
+          f"gaps {sum(m['gaps'])}, CPU {m['cpu_percent_one_core']:.1f} % of one core -> {out}")
+
+
 for _mod in COMMAND_MODULES:
     try:
         importlib.import_module(_mod).register(app, bench)
     except ImportError as _exc:  # a broken optional part must not take the other commands down
         print(f"warning: commands of {_mod.split('.')[0]}/ unavailable ({_exc})", file=sys.stderr)
-try:
-    from neurofed.bench_standalone import register as _register_standalone_bench
-
-    _register_standalone_bench(bench)
-except ImportError as _exc:
-    print(f"warning: standalone benchmark unavailable ({_exc})", file=sys.stderr)
-try:
-    from neurofed.bench_secagg import register as _register_secagg_bench
-
-    _register_secagg_bench(bench)
-except ImportError as _exc:
-    print(f"warning: secure aggregation benchmark unavailable ({_exc})", file=sys.stderr)
-try:
-    from neurofed.bench_e2e import register as _register_e2e_bench
-    from neurofed.edge.bench_lsl import register_bench as _register_lsl_bench
-
-    _register_lsl_bench(bench)
-    _register_e2e_bench(bench)
-except ImportError as _exc:
-    print(f"warning: LSL benchmarks unavailable ({_exc})", file=sys.stderr)
+app.command("demo")(demo_cmd)
+if run_standalone_bench is not None:
+    bench.command("standalone")(bench_standalone)
+else:
+    print(f"warning: standalone benchmark unavailable ({_standalone_exc})", file=sys.stderr)
+if run_secagg_bench is not None:
+    bench.command("secagg")(bench_secagg)
+else:
+    print(f"warning: secure aggregation benchmark unavailable ({_secagg_exc})", file=sys.stderr)
+if run_e2e_bench is not None and run_lsl_bench is not None:
+    bench.command("lsl")(bench_lsl)
+    bench.command("e2e")(bench_e2e)
+else:
+    print(f"warning: LSL benchmarks unavailable ({_lsl_exc})", file=sys.stderr)
 
 
 def main() -> None:
     """Entry point: run the CLI, turning NeuroFed's own errors into one clear line."""
-    from neurofed.trainer.errors import run_cli
-
     run_cli(app)
 
 

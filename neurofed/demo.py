@@ -2,22 +2,28 @@
 
 Broker -> simulated headsets -> on-device capture -> federated training over MQTT -> ONNX export ->
 live decoding of several held-out subjects -> offline/attack evaluation -> run directory with a report.
-The phases are in :mod:`neurofed.demo_run`; this module holds the configuration and the command.
+The phases are in :mod:`neurofed.demo_run` and :mod:`neurofed.demo_eval`; this module holds the configuration and
+the state of a run (:class:`Run`) they share (the command: :mod:`neurofed.cli`).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated
 
-import typer
+from rich.console import Console
 
+from neurofed.edge.lsl_config import PORT_RANGE, session_config
+from neurofed.supervise import DemoError, Supervisor
+from neurofed.trainer.data.eegmmidb import parse_subjects, resolve_data_dir, subject_files
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.fl.local import LocalConfig
 
-_LOCAL = LocalConfig()  # the published protocol: one definition for simulate, the demo and the coordinator
+LOCAL = LocalConfig()  # the published protocol: one definition for simulate, the demo and the coordinator
 
 
 @dataclass(frozen=True)
@@ -50,15 +56,15 @@ class DemoConfig:
         ``mqtt://host:port`` of an existing broker; None starts the embedded one on a free port.
     """
 
-    subjects: list[int] = field(default_factory=lambda: _subjects(DEFAULT_SUBJECTS))
-    heldout: list[int] = field(default_factory=lambda: _subjects(DEFAULT_HELDOUT))
+    subjects: list[int] = field(default_factory=lambda: parse_subjects(DEFAULT_SUBJECTS, None))
+    heldout: list[int] = field(default_factory=lambda: parse_subjects(DEFAULT_HELDOUT, None))
     heldout_rule: str = ""
     algorithm: str = "fedbs"
     rounds: int = 40
     fraction: float = 0.25
-    batch_size: int = _LOCAL.batch_size
-    local_epochs: int = _LOCAL.local_epochs
-    lr: float = _LOCAL.lr
+    batch_size: int = LOCAL.batch_size
+    local_epochs: int = LOCAL.local_epochs
+    lr: float = LOCAL.lr
     channels: str = "sensorimotor21"
     resample: float = 80.0
     speed: float = 20.0
@@ -89,12 +95,6 @@ class DemoConfig:
         return asdict(self)
 
 
-def _subjects(spec: str) -> list[int]:
-    from neurofed.trainer.cli import parse_subjects
-
-    return parse_subjects(spec, None)
-
-
 #: Training headsets of the default demo: the first 32 subjects of the shared 46-subject set.
 DEFAULT_SUBJECTS = "1-19,24-36"
 #: Held-out subjects of the default demo: the last 4 of the shared set (see HELDOUT_RULE).
@@ -105,44 +105,68 @@ HELDOUT_RULE = ("the last 4 subjects of the shared 46-subject EEGMMIDB set (S001
                 "of the same set")
 
 
-def demo_cmd(
-    subjects: Annotated[str, typer.Option(help="Training subjects (one headset + edge client each).")] = DEFAULT_SUBJECTS,
-    heldout: Annotated[str, typer.Option(help="Held-out subjects decoded live after training (default: the last 4 "
-                                              "of the shared set).")] = DEFAULT_HELDOUT,
-    algorithm: Annotated[str, typer.Option(help="fedbs or safe.")] = "fedbs",
-    rounds: Annotated[int, typer.Option(help="Federated rounds.")] = 40,
-    fraction: Annotated[float, typer.Option(help="Fraction of clients per round (0.25 of 32 = 8 per round).")] = 0.25,
-    batch_size: Annotated[int, typer.Option(help="Client batch size.")] = _LOCAL.batch_size,
-    local_epochs: Annotated[int, typer.Option(help="Local epochs per round.")] = _LOCAL.local_epochs,
-    lr: Annotated[float, typer.Option(help="Client SGD learning rate.")] = _LOCAL.lr,
-    speed: Annotated[float, typer.Option(help="Playback speed of the training headsets.")] = 20.0,
-    live_speed: Annotated[float, typer.Option(help="Playback speed of the held-out headsets.")] = 20.0,
-    runs: Annotated[str, typer.Option(help="EEGMMIDB runs each headset replays.")] = "4,8,12",
-    eps: Annotated[str, typer.Option(help="FGSM budgets for BCA vs epsilon (comma list; '' = skip).")] = "0.01,0.03,0.05",
-    broker: Annotated[str | None, typer.Option(help="Use this broker (mqtt://host:port) instead of the embedded one.")] = None,
-    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder.")] = None,
-    out: Annotated[Path | None, typer.Option(help="Run directory (default runs/demo-<timestamp>).")] = None,
-    seed: Annotated[int, typer.Option(help="Federation seed.")] = 0,
-    time_budget: Annotated[float, typer.Option(help="Abort (cleanly) after this many seconds.")] = 900.0,
-) -> None:
-    """Run the whole system end to end: headsets, capture, federated training, export, live decoding, report."""
-    from neurofed.demo_run import run_demo
-
-    try:
-        eps_list = [float(e) for e in eps.split(",") if e.strip()]
-    except ValueError:
-        raise NeuroFedError(f"--eps {eps!r}: comma list of numbers") from None
-    run_dir = out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    rule = HELDOUT_RULE if heldout == DEFAULT_HELDOUT else f"given on the command line (--heldout {heldout})"
-    cfg = DemoConfig(subjects=_subjects(subjects), heldout=_subjects(heldout), heldout_rule=rule, algorithm=algorithm, rounds=rounds,
-                     fraction=fraction, batch_size=batch_size, local_epochs=local_epochs, lr=lr, speed=speed,
-                     live_speed=live_speed, runs=runs, eps=eps_list, broker=broker, data_dir=data_dir,
-                     out=str(run_dir), seed=seed, time_budget_s=time_budget)
-    res = run_demo(cfg)
-    if not res["checks"]["all_ok"]:
-        raise NeuroFedError(f"demo finished but checks failed: {res['checks']['failed']} (see {run_dir}/report.md)")
+console = Console(highlight=False, width=None if Console().is_terminal else 120)
 
 
-def register(app: typer.Typer, bench: typer.Typer) -> None:
-    """Add ``neurofed demo``."""
-    app.command("demo")(demo_cmd)
+class Run:
+    """State shared by the phases of one demo run."""
+
+    def __init__(self, cfg: DemoConfig) -> None:
+        self.cfg = cfg
+        self.dir = Path(cfg.out).resolve()
+        if self.dir.exists() and any(self.dir.iterdir()):
+            raise DemoError(f"run directory {self.dir} exists and is not empty; choose another --out")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir = resolve_data_dir(cfg.data_dir)
+        self.t0 = time.monotonic()
+        self.tag = f"{time.strftime('%H%M%S')}{uuid.uuid4().hex[:6]}"
+        self.federation = f"demo-{self.tag}"
+        self.stream = f"nfdemo-{self.tag}"
+        self.clients = {s: f"hs-S{s:03d}" for s in cfg.subjects}
+        self.timings: dict[str, float] = {}
+        self.results: dict = {"config": cfg.to_dict(), "run_dir": str(self.dir), "federation_name": self.federation,
+                              "run_tag": self.tag}
+        lsl_cfg = self.dir / "lsl_api.cfg"
+        # every headset has 2 outlets and every recorder/decoder/listener takes ports too; liblsl only probes
+        # [BasePort, BasePort + PortRange) on this host, so the range grows with the demo (edge/lsl_config.py)
+        ports = max(PORT_RANGE, 8 * (len(cfg.subjects) + len(cfg.heldout)) + 128)
+        lsl_cfg.write_text(session_config(f"neurofed-demo-{self.tag}", port_range=ports))
+        if "pylsl" in sys.modules and os.environ.get("LSLAPICFG") != str(lsl_cfg):
+            raise DemoError("pylsl was loaded before the demo could give this process its private LSL session; "
+                            "run the demo in a fresh process (`neurofed demo`)")
+        os.environ["LSLAPICFG"] = str(lsl_cfg)  # this process too (before pylsl is loaded)
+        env = dict(os.environ, LSLAPICFG=str(lsl_cfg), NEUROFED_DATA=str(self.data_dir), PYTHONUNBUFFERED="1",
+                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", NEUROFED_DEMO_RUN=self.tag)
+        self.sup = Supervisor(self.dir / "logs", env)
+        self.url = cfg.broker or ""
+
+    def left(self) -> float:
+        return self.cfg.time_budget_s - (time.monotonic() - self.t0)
+
+    def budget(self, want: float) -> float:
+        """A wait bound: ``want`` seconds, never past the run's time budget."""
+        left = self.left()
+        if left <= 0:
+            raise DemoError(f"time budget of {self.cfg.time_budget_s:.0f} s used up")
+        return min(want, left)
+
+    def phase(self, name: str, t: float) -> None:
+        self.timings[name] = round(time.monotonic() - t, 2)
+
+    def store(self, s: int) -> Path:
+        return self.dir / "clients" / self.clients[s] / "store"
+
+
+def recording_seconds(run: Run, subjects: list[int]) -> float:
+    """Longest per-subject playback length (s) of the chosen runs (EDF headers only)."""
+    import mne
+
+    longest = 0.0
+    for s in subjects:
+        files = subject_files(run.data_dir, s, [int(r) for r in run.cfg.runs.split(",")])
+        total = 0.0
+        for f in files:
+            raw = mne.io.read_raw_edf(f, preload=False, verbose="error")
+            total += raw.n_times / raw.info["sfreq"]
+        longest = max(longest, total)
+    return longest

@@ -7,13 +7,20 @@ import time
 
 import numpy as np
 
-from neurofed.demo_run import Run, console, recording_seconds
+from neurofed.broker.protocol import decode
+from neurofed.demo import Run, console, recording_seconds
+from neurofed.edge.store import LocalStore
+from neurofed.livewatch import LiveWatch
 from neurofed.supervise import DemoError, command
+from neurofed.trainer.data import load_eegmmidb_subject
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.evaluate import bca, predict
+from neurofed.trainer.models import build_model
+from neurofed.wiretap import EegFingerprint, audit
 
 
-def _progress(tap, curve, rounds: int) -> None:
+def print_progress(tap, curve, rounds: int) -> None:
     """Print one line per finished round (coordinator's result message + held-out BCA of its model)."""
-    from neurofed.broker.protocol import decode
 
     curve.poll()
     while not tap.results.empty():
@@ -44,7 +51,6 @@ def p_above_chance(k: int, n: int, chance: float = 0.5) -> float | None:
 
 def decoded(y: np.ndarray, p: np.ndarray) -> dict:
     """BCA, accuracy, its 95 % Wilson interval and the p-value against chance, from labels and predictions."""
-    from neurofed.trainer.evaluate import bca
 
     n, k = len(y), int((np.asarray(y) == np.asarray(p)).sum())
     return {"n": n, "correct": k, "accuracy": k / n if n else None,
@@ -70,12 +76,6 @@ class HeldOutCurve:
     def poll(self) -> None:
         import torch
 
-        from neurofed.broker.protocol import decode
-        from neurofed.trainer.data import load_eegmmidb_subject
-        from neurofed.trainer.data.config import PreprocessConfig
-        from neurofed.trainer.evaluate import bca, predict
-        from neurofed.trainer.models import build_model
-
         while not self.tap.models.empty():
             _, payload = self.tap.models.get()
             msg, tensors = decode(payload)
@@ -93,8 +93,7 @@ class HeldOutCurve:
 
 def live(run: Run) -> dict:
     """Stream every held-out subject at once; one ``edge-client infer`` and one listener per headset."""
-    from neurofed.export.metadata import read_onnx_meta
-    from neurofed.livewatch import LiveWatch
+    from neurofed.export.runtime import read_onnx_meta  # lazy: onnx, onnxruntime (loaded only when used)
 
     cfg, t = run.cfg, time.monotonic()
     held = [f"S{h:03d}" for h in cfg.heldout]
@@ -216,9 +215,6 @@ def eeg_fingerprint(run: Run, spec) -> tuple:
     Built while ``neurofed export`` runs (the demo process only waits then), so the audit at the end
     only scans the wire.
     """
-    from neurofed.edge.store import LocalStore
-    from neurofed.trainer.data.config import PreprocessConfig
-    from neurofed.wiretap import EegFingerprint
 
     t = time.monotonic()
     pre = PreprocessConfig.from_dict(spec.preprocess)
@@ -232,8 +228,6 @@ def eeg_fingerprint(run: Run, spec) -> tuple:
 
 def check_wire(run: Run, tap, spec, fingerprint: tuple | None = None) -> dict:
     """The no-EEG audit (neurofed.wiretap) over everything seen on the broker."""
-    from neurofed.trainer.models import build_model
-    from neurofed.wiretap import audit
 
     t = time.monotonic()
     trials, fp, build_s = fingerprint or eeg_fingerprint(run, spec)

@@ -3,72 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import sys
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rich.console import Console
-
-from neurofed.demo import DemoConfig
-from neurofed.edge.lsl_config import PORT_RANGE, session_config
-from neurofed.supervise import DemoError, Supervisor, command
-
-console = Console(highlight=False, width=None if Console().is_terminal else 120)
-
-class Run:
-    """State shared by the phases of one demo run."""
-
-    def __init__(self, cfg: DemoConfig) -> None:
-        from neurofed.trainer.data.eegmmidb import resolve_data_dir
-
-        self.cfg = cfg
-        self.dir = Path(cfg.out).resolve()
-        if self.dir.exists() and any(self.dir.iterdir()):
-            raise DemoError(f"run directory {self.dir} exists and is not empty; choose another --out")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.data_dir = resolve_data_dir(cfg.data_dir)
-        self.t0 = time.monotonic()
-        self.tag = f"{time.strftime('%H%M%S')}{uuid.uuid4().hex[:6]}"
-        self.federation = f"demo-{self.tag}"
-        self.stream = f"nfdemo-{self.tag}"
-        self.clients = {s: f"hs-S{s:03d}" for s in cfg.subjects}
-        self.timings: dict[str, float] = {}
-        self.results: dict = {"config": cfg.to_dict(), "run_dir": str(self.dir), "federation_name": self.federation,
-                              "run_tag": self.tag}
-        lsl_cfg = self.dir / "lsl_api.cfg"
-        # every headset has 2 outlets and every recorder/decoder/listener takes ports too; liblsl only probes
-        # [BasePort, BasePort + PortRange) on this host, so the range grows with the demo (edge/lsl_config.py)
-        ports = max(PORT_RANGE, 8 * (len(cfg.subjects) + len(cfg.heldout)) + 128)
-        lsl_cfg.write_text(session_config(f"neurofed-demo-{self.tag}", port_range=ports))
-        if "pylsl" in sys.modules and os.environ.get("LSLAPICFG") != str(lsl_cfg):
-            raise DemoError("pylsl was loaded before the demo could give this process its private LSL session; "
-                            "run the demo in a fresh process (`neurofed demo`)")
-        os.environ["LSLAPICFG"] = str(lsl_cfg)  # this process too (before pylsl is loaded)
-        env = dict(os.environ, LSLAPICFG=str(lsl_cfg), NEUROFED_DATA=str(self.data_dir), PYTHONUNBUFFERED="1",
-                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", NEUROFED_DEMO_RUN=self.tag)
-        self.sup = Supervisor(self.dir / "logs", env)
-        self.url = cfg.broker or ""
-
-    def left(self) -> float:
-        return self.cfg.time_budget_s - (time.monotonic() - self.t0)
-
-    def budget(self, want: float) -> float:
-        """A wait bound: ``want`` seconds, never past the run's time budget."""
-        left = self.left()
-        if left <= 0:
-            raise DemoError(f"time budget of {self.cfg.time_budget_s:.0f} s used up")
-        return min(want, left)
-
-    def phase(self, name: str, t: float) -> None:
-        self.timings[name] = round(time.monotonic() - t, 2)
-
-    def store(self, s: int) -> Path:
-        return self.dir / "clients" / self.clients[s] / "store"
-
+from neurofed.broker.config import load_config
+from neurofed.demo import DemoConfig, Run, console, recording_seconds
+from neurofed.demo_eval import HeldOutCurve, check_wire, eeg_fingerprint, live, offline, print_progress
+from neurofed.edge.store import LocalStore
+from neurofed.run_report import summarise, write_report
+from neurofed.supervise import DemoError, command
+from neurofed.wiretap import Wiretap
 
 # ----------------------------------------------------------------------------- phases
 #: What the demo needs from the other packages: (piece named in the error, module, CLI, command).
@@ -109,10 +55,10 @@ def preflight() -> None:
 
 
 def start_broker(run: Run) -> None:
-    from neurofed.broker.embedded import free_port, port_open
+    from neurofed.broker.embedded import free_port, port_open  # lazy: paho-mqtt (loaded only when used)
 
     if run.cfg.broker:
-        from neurofed.broker.transport import BrokerURL
+        from neurofed.broker.transport import BrokerURL  # lazy: paho-mqtt (loaded only when used)
 
         u = BrokerURL.parse(run.cfg.broker)
         if not port_open(u.host, u.port, 2.0):
@@ -131,23 +77,6 @@ def start_broker(run: Run) -> None:
     run.url = f"mqtt://127.0.0.1:{port}"
     run.results["broker"] = {"url": run.url, "kind": "embedded amqtt"}
     console.print(f"[bold]broker[/]: embedded amqtt on {run.url}")
-
-
-def recording_seconds(run: Run, subjects: list[int]) -> float:
-    """Longest per-subject playback length (s) of the chosen runs (EDF headers only)."""
-    import mne
-
-    from neurofed.trainer.data.eegmmidb import subject_files
-
-    longest = 0.0
-    for s in subjects:
-        files = subject_files(run.data_dir, s, [int(r) for r in run.cfg.runs.split(",")])
-        total = 0.0
-        for f in files:
-            raw = mne.io.read_raw_edf(f, preload=False, verbose="error")
-            total += raw.n_times / raw.info["sfreq"]
-        longest = max(longest, total)
-    return longest
 
 
 def capture(run: Run) -> dict:
@@ -179,7 +108,6 @@ def capture(run: Run) -> dict:
     run.sup.wait(["headsets-train"], run.budget(wall + 240 + 60), "simulated headsets (capture)")
     run.sup.wait(names, run.budget(60), "edge-client record")
     counts = {}
-    from neurofed.edge.store import LocalStore
 
     sent = cues_sent(run.dir / "logs" / "headsets-train.log")
     for s in cfg.subjects:
@@ -202,7 +130,7 @@ def capture(run: Run) -> dict:
 
 def cues_sent(headset_log: Path) -> dict[str, int]:
     """Stream name -> cue markers a simulated headset sent (its closing line in the headset-sim log)."""
-    from neurofed.firmware_sim.player import markers_sent
+    from neurofed.firmware_sim.player import markers_sent  # lazy: pylsl
 
     return markers_sent(headset_log.read_text(errors="replace")) if headset_log.is_file() else {}
 
@@ -250,7 +178,6 @@ dir = "{run.dir / 'coordinator'}"
 
 def federate(run: Run, tap, curve) -> dict:
     """Coordinator + one ``edge-client join`` per captured store; progress printed per round."""
-    from neurofed.demo_eval import _progress
 
     cfg, t = run.cfg, time.monotonic()
     toml = federation_toml(run)
@@ -271,12 +198,12 @@ def federate(run: Run, tap, curve) -> dict:
         if time.monotonic() > end:
             raise DemoError("federated training did not finish in time (log logs/coordinator.log)")
         run.sup.check_alive(joins, "edge-client join")
-        _progress(tap, curve, cfg.rounds)
+        print_progress(tap, curve, cfg.rounds)
         time.sleep(0.2)
     run.sup.wait(["coordinator"], 5, "coordinator")
     run.sup.wait(joins, run.budget(60), "edge-client join")
     time.sleep(0.5)  # the last result/model messages
-    _progress(tap, curve, cfg.rounds)
+    print_progress(tap, curve, cfg.rounds)
     metrics = json.loads((run.dir / "coordinator" / "metrics.json").read_text())
     run.phase("federate", t)
     return metrics
@@ -299,9 +226,6 @@ def export(run: Run) -> dict:
 
 def run_demo(cfg: DemoConfig) -> dict:
     """Run every phase; children are stopped on any exit path (Ctrl-C and SIGTERM included)."""
-    from neurofed.demo_eval import HeldOutCurve, check_wire, eeg_fingerprint, live, offline
-    from neurofed.run_report import summarise, write_report
-    from neurofed.wiretap import Wiretap
 
     run = Run(cfg)
     preflight()
@@ -316,7 +240,6 @@ def run_demo(cfg: DemoConfig) -> dict:
         run.results["federation"] = federate(run, tap, curve)
         run.results["curve"] = [curve.points[k] for k in sorted(curve.points)]
         run.results["heldout_subjects"] = {"subjects": [f"S{h:03d}" for h in cfg.heldout], "rule": cfg.heldout_rule}
-        from neurofed.broker.config import load_config
 
         spec = load_config(run.dir / "federation.toml").model_spec()
         with ThreadPoolExecutor(1) as pool:  # the audit's fingerprints are built while the export runs

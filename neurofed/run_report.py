@@ -140,7 +140,7 @@ def summarise(res: dict) -> None:
 
 def explain(res: dict) -> str:
     """What was trained, on whom and how, in words (console and report.md)."""
-    from neurofed.trainer.report import subject_ranges
+    from neurofed.trainer.report import subject_ranges  # lazy: scipy (loaded only when used)
 
     cfg = res["config"]
     n_per_round = max(1, int(cfg["fraction"] * len(cfg["subjects"])))

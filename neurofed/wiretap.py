@@ -60,7 +60,7 @@ class Wiretap:
     """
 
     def __init__(self, url: str, federation: str, max_foreign_bytes: int = 64 << 20) -> None:
-        from neurofed.broker.transport import BrokerURL
+        from neurofed.broker.transport import BrokerURL  # lazy: paho-mqtt (loaded only when used)
 
         self.url = BrokerURL.parse(url)
         self.topics = Topics(federation)

@@ -12,6 +12,8 @@ from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+from neurofed.trainer import art_attacks
+from neurofed.trainer.art_attacks import LIBRARY_BUDGETS
 from neurofed.trainer.errors import NeuroFedError
 from torch import Tensor, nn
 
@@ -67,7 +69,6 @@ def art_attacks_module(name: str) -> ModuleType:
     """:mod:`neurofed.trainer.art_attacks`, imported when attack ``name`` runs; :class:`AttackUnavailable` without ART."""
     try:
         import art  # noqa: F401  (neurofed.trainer.art_attacks imports it lazily, inside each attack)
-        from neurofed.trainer import art_attacks
     except ImportError as exc:
         raise AttackUnavailable(f"attack {name!r} needs the Adversarial Robustness Toolbox: "
                                 "pip install 'neurofed[attacks]'") from exc
@@ -96,6 +97,5 @@ def attack_budgets(names: list[str]) -> dict[str, dict]:
     """Budgets of the library attacks among ``names`` (stated in results)."""
     if not any(n in LIBRARY_ATTACK_NAMES for n in names):
         return {}
-    from neurofed.trainer.art_attacks import LIBRARY_BUDGETS
 
     return {n: LIBRARY_BUDGETS[n] for n in names if n in LIBRARY_BUDGETS}

@@ -7,10 +7,10 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
-import typer
+from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
+from neurofed.trainer.data.eegmmidb import parse_subjects
 
 BENCH_DIR = Path("docs/bench")
 
@@ -38,16 +38,9 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def bench_data(
-    subjects: Annotated[str, typer.Option(help="subjects to time")] = "1-5",
-    channels: Annotated[str, typer.Option()] = "sensorimotor21",
-    resample: Annotated[float | None, typer.Option()] = 80.0,
-    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None,
-    out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
-) -> None:
+def bench_data(subjects: str = "1-5", channels: str = "sensorimotor21", resample: float | None = 80.0,
+               data_dir: str | None = None, out_dir: Path = BENCH_DIR) -> None:
     """EDF load + preprocess time per subject, cold (empty cache) vs cached."""
-    from neurofed.trainer.cli import parse_subjects
-    from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
 
     cfg = PreprocessConfig.from_preset(channels, resample=resample)
     subs = parse_subjects(subjects, data_dir)
@@ -66,26 +59,21 @@ def bench_data(
            "speedup": float(np.mean(cold) / np.mean(warm)), "cold_all": cold, "cached_all": warm,
            "peak_rss_mb": peak_rss_mb()}
     p = write_result("data", res, out_dir)
-    typer.echo(f"cold {res['cold_s_per_subject'] * 1000:.0f} ms/subject, cached {res['cached_s_per_subject'] * 1000:.1f} "
+    print(f"cold {res['cold_s_per_subject'] * 1000:.0f} ms/subject, cached {res['cached_s_per_subject'] * 1000:.1f} "
                f"ms/subject ({res['speedup']:.0f}x) -> {p}")
 
 
-def bench_train(
-    threads: Annotated[int, typer.Option(help="torch threads")] = 1,
-    batch_size: Annotated[int, typer.Option()] = 32,
-    steps: Annotated[int, typer.Option()] = 30,
-    models: Annotated[str, typer.Option(help="comma list of eegnet, shallow, deep")] = "eegnet,shallow,deep",
-    out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
-) -> None:
+def bench_train(threads: int = 1, batch_size: int = 32, steps: int = 30, models: str = "eegnet,shallow,deep",
+                out_dir: Path = BENCH_DIR) -> None:
     """Training throughput (trials/s) per model and step cost of SAM and SAFE relative to SGD.
 
     Medians of wall time and of the calling thread's CPU time (``time.thread_time``; with one torch
     thread all the work runs there), so the ratios can be read on a machine other jobs share.
     """
     import torch
-    from neurofed.trainer.fl.local import LocalConfig, train_local
-    from neurofed.trainer.fl.strategies import get_strategy
-    from neurofed.trainer.models import build_model, count_parameters
+    from neurofed.trainer.fl.local import LocalConfig, train_local  # lazy: torch (loaded only when used)
+    from neurofed.trainer.fl.strategies import get_strategy  # lazy: torch (loaded only when used)
+    from neurofed.trainer.models import build_model, count_parameters  # lazy: torch (loaded only when used)
 
     torch.set_num_threads(threads)
     shapes = {"21ch x 80Hz x 4s": (21, 320, 80.0), "64ch x 160Hz x 4s": (64, 640, 160.0)}
@@ -132,16 +120,13 @@ def bench_train(
                          "forward_passes_per_step": {"sgd": passes["fedavg"], "sam": passes["fedbs"],
                                                      "safe": passes["safe"]}})
             r = rows[-1]
-            typer.echo(f"{shape_name:18s} {model_name:8s} SGD {r['sgd_step_ms']:.1f} ms/step "
+            print(f"{shape_name:18s} {model_name:8s} SGD {r['sgd_step_ms']:.1f} ms/step "
                        f"({r['sgd_trials_per_s']:.0f} trials/s)  SAM x{r['sam_over_sgd']:.2f} "
                        f"(CPU x{r['sam_over_sgd_cpu']:.2f})  SAFE x{r['safe_over_sgd']:.2f} "
                        f"(CPU x{r['safe_over_sgd_cpu']:.2f})")
     res = {"command": f"neurofed bench train --threads {threads} --batch-size {batch_size} --steps {steps} "
                       f"--models {models}",
            "batch_size": batch_size, "threads": threads, "rows": rows, "peak_rss_mb": peak_rss_mb()}
-    typer.echo(f"-> {write_result('train', res, out_dir)}")
+    print(f"-> {write_result('train', res, out_dir)}")
 
 
-def register(bench: typer.Typer) -> None:
-    bench.command("data")(bench_data)
-    bench.command("train")(bench_train)

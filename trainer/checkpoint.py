@@ -10,106 +10,25 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, get_type_hints
 
 import torch
 from neurofed.trainer.atomic import save_safetensors
+from neurofed.trainer.data.profiles import DeviceProfile, get_profile
 from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.fl.api import GROUP_MARK, group_view, groups_of
+from neurofed.trainer.model_meta import (  # re-exported (torch-free)
+    FORMAT_VERSION,
+    MODEL_FIELDS,
+    ModelMeta,
+    meta_fields,
+)
+from neurofed.trainer.models.ensemble import ENSEMBLE, SoftmaxEnsemble
+from neurofed.trainer.models.heads import install_concept_head_for
 from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
-
-FORMAT_VERSION = 1
-
-
-@dataclass
-class ModelMeta:
-    """Everything needed to rebuild a model and feed it correctly.
-
-    Attributes
-    ----------
-    model : str
-        Architecture name (``eegnet``, ``shallow``, ``deep``).
-    n_channels, n_classes, n_times : int
-    sfreq : float
-        Sampling rate the model expects (after preprocessing).
-    bn_mode : str
-    ch_names : list of str
-        Channel labels in input order.
-    classes : list of str
-        Class names in logit order.
-    preprocess : dict
-        :class:`neurofed.trainer.data.PreprocessConfig` as a dict.
-    strategy : str
-    test_batch_size : int
-        Batch size for batch-specific BN at inference.
-    data_hashes : dict
-        Training file name -> SHA-256.
-    extra : dict
-        Anything else (round, seed, metrics).
-    """
-
-    model: str
-    n_channels: int
-    n_classes: int
-    n_times: int
-    sfreq: float
-    bn_mode: str
-    ch_names: list[str]
-    classes: list[str]
-    preprocess: dict[str, Any] = field(default_factory=dict)
-    strategy: str = ""
-    test_batch_size: int = 8
-    data_hashes: dict[str, str] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-    format_version: int = FORMAT_VERSION
-
-    def build(self) -> nn.Module:
-        """A fresh model of this architecture and shape (``extra["model_kwargs"]``: e.g. fleeg_eegnet's
-        ``local_bn_mode``)."""
-        from neurofed.trainer.models import build_model
-        from neurofed.trainer.models.ensemble import ENSEMBLE, SoftmaxEnsemble
-
-        if self.model == ENSEMBLE:  # the members' own descriptions (combine_checkpoints)
-            return SoftmaxEnsemble([ModelMeta(**m).build() for m in self.extra.get("members", [])])
-        return build_model(self.model, self.n_channels, self.n_classes, self.n_times, self.sfreq, self.bn_mode,
-                           ch_names=self.ch_names, **dict(self.extra.get("model_kwargs", {})))
-
-
-#: The fields of :class:`ModelMeta` that describe the model itself (what to build and how to feed
-#: it), as opposed to provenance (test batch size, training data hashes, extras, format version).
-#: The federation's wire description of its model (``neurofed.broker.protocol.ModelSpec``) is exactly these
-#: fields, with ModelMeta's types and defaults; the wire only adds bounds.
-MODEL_FIELDS: tuple[str, ...] = (
-    "model", "n_channels", "n_classes", "n_times", "sfreq", "bn_mode", "ch_names", "classes", "preprocess", "strategy",
-)
-
-
-def meta_fields(names: Sequence[str] | None = None) -> dict[str, tuple[Any, Any]]:
-    """``{name: (type hint, default)}`` of :class:`ModelMeta`'s fields (all, or ``names`` in that order).
-
-    The default is ``...`` for required fields (pydantic's marker) and a fresh value for
-    ``default_factory`` fields, so validated models of the same description (the ONNX model card,
-    the wire ``ModelSpec``) are built from this one definition rather than copied field by field.
-    """
-    hints = get_type_hints(ModelMeta)
-    by_name = {f.name: f for f in fields(ModelMeta)}
-    unknown = [n for n in (names or ()) if n not in by_name]
-    if unknown:
-        raise NeuroFedError(f"ModelMeta has no fields {unknown}")
-    out: dict[str, tuple[Any, Any]] = {}
-    for name in names if names is not None else list(by_name):
-        f = by_name[name]
-        if f.default is not MISSING:
-            default: Any = f.default
-        elif f.default_factory is not MISSING:
-            default = f.default_factory()
-        else:
-            default = ...
-        out[name] = (hints[name], default)
-    return out
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, torch.Tensor], meta: ModelMeta) -> Path:
@@ -132,8 +51,6 @@ def read_meta(path: str | os.PathLike) -> ModelMeta:
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[nn.Module, ModelMeta]:
     """Rebuild the model of a checkpoint and load its weights (strict)."""
-    from neurofed.trainer.models.ensemble import SoftmaxEnsemble
-    from neurofed.trainer.models.heads import install_concept_head_for
 
     meta = read_meta(path)
     try:
@@ -175,7 +92,6 @@ def combine_checkpoints(paths: Sequence[str | os.PathLike], out: str | os.PathLi
         Fewer than two checkpoints, an unreadable one, a member that is itself an ensemble or a per-device-profile
         (fleeg) server state, or members that differ in what :data:`ENSEMBLE_SHARED` names or in their device.
     """
-    from neurofed.trainer.models.ensemble import ENSEMBLE
 
     if len(paths) < 2:
         raise NeuroFedError(f"an ensemble needs at least two checkpoints, got {len(paths)}")
@@ -224,7 +140,6 @@ def device_of(meta: ModelMeta):
     From ``extra["device"]`` (the profile's definition, written by the coordinator and by a split
     hierarchical checkpoint), else ``extra["profile"]`` as a shipped profile's name.
     """
-    from neurofed.trainer.data.profiles import DeviceProfile, get_profile
 
     dev, name = meta.extra.get("device"), meta.extra.get("profile")
     if dev:
@@ -234,7 +149,6 @@ def device_of(meta: ModelMeta):
 
 def is_hierarchical(keys) -> bool:
     """Whether state-dict keys include per-profile modules (``@<profile>/<key>``, :func:`neurofed.trainer.fl.api.group_key`)."""
-    from neurofed.trainer.fl.api import GROUP_MARK
 
     return any(k.startswith(GROUP_MARK) for k in keys)
 
@@ -249,9 +163,6 @@ def load_profile_models(path: str | os.PathLike) -> dict[str, tuple[nn.Module, M
     under its ``extra["profile"]`` if it has one.
     """
     from dataclasses import replace
-
-    from neurofed.trainer.data.profiles import DeviceProfile
-    from neurofed.trainer.fl.api import group_view, groups_of
 
     meta = read_meta(path)
     state = load_file(str(path))
@@ -275,3 +186,7 @@ def load_profile_models(path: str | os.PathLike) -> dict[str, tuple[nn.Module, M
             raise NeuroFedError(f"{path}: profile {g}'s weights do not fit a {pm.model} model ({exc})") from None
         out[g] = (model, pm)
     return out
+
+
+__all__ = ["FORMAT_VERSION", "MODEL_FIELDS", "ModelMeta", "combine_checkpoints", "device_of", "is_hierarchical",
+           "load_checkpoint", "load_profile_models", "meta_fields", "read_meta", "save_checkpoint"]

@@ -1,185 +1,67 @@
-"""Commands that trainer/ adds to ``neurofed``: simulate, report, data, and data/training benchmarks."""
+"""Commands that trainer/ adds to ``neurofed``: simulate, algorithms, combine, data, report, classical, grid, sweep,
+ensemble, and the data/training benchmarks.
+
+Typer adapters only: options are parsed here (with :mod:`neurofed.options`) and the work is done by the lab's plain
+functions (:mod:`neurofed.trainer.experiments`, :mod:`neurofed.trainer.report`, :mod:`neurofed.trainer.bench`).
+"""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
-from neurofed.trainer.data.eegmmidb import parse_subjects  # re-exported: CLIs and scripts use it
+from neurofed.trainer import bench as trainer_bench
+from neurofed.trainer import report as trainer_report
+from neurofed.trainer.checkpoint import combine_checkpoints
+from neurofed.trainer.data import resolve_data_dir
+from neurofed.trainer.data.eegmmidb import check_files, download
+from neurofed.trainer.errors import DataError, NeuroFedError, run_cli
+from neurofed.trainer.experiments.classical import METHOD_EA, METHODS, ClassicalConfig, run_classical
+from neurofed.trainer.experiments.ensemble import ensemble_runs
+from neurofed.trainer.experiments.grid import (
+    Check,
+    GridRun,
+    Task,
+    parse_spec,
+    reproduce_grid,
+    run_grid,
+    select_seeds,
+)
+from neurofed.trainer.experiments.simulate import run_simulation
+from neurofed.trainer.experiments.sweep import run_jobs, sweep_plot, sweep_runs, sweep_table, write_json
+from neurofed.trainer.fl.strategies import ALGORITHMS, PARAMS, docs_tables
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
-console = Console()
-
-
-def parse_int_list(value: str, option: str) -> list[int]:
-    """``"0,1, 2"`` -> [0, 1, 2]; a clear error naming ``option`` for anything but comma-separated integers.
-
-    Parameters
-    ----------
-    value : str
-        The option's text as typed.
-    option : str
-        The option's name (``--seeds``), shown in the error.
-
-    Returns
-    -------
-    list of int
-        The integers in the order given (empty for an empty string).
-    """
-    try:
-        return [int(x) for x in value.split(",") if x.strip()]
-    except ValueError:
-        raise typer.BadParameter(f"{option} {value!r}: expected comma-separated integers, e.g. '2' or '0,1'") from None
-
-
-def parse_name_list(value: str | None) -> list[str]:
-    """``"fedbs, safe,"`` -> ["fedbs", "safe"]: a comma-separated option's names, blanks dropped (None -> [])."""
-    return [x.strip() for x in (value or "").split(",") if x.strip()]
-
-
-def parse_attacks(spec: str | None) -> list[list]:
-    """``pgd:0.03,fgsm:0.01`` -> [["pgd", 0.03], ["fgsm", 0.01]] (names: :data:`neurofed.trainer.attacks.ATTACKS`)."""
-    from neurofed.trainer.attacks import ATTACKS
-
-    if not spec:
-        return []
-    out = []
-    for part in spec.split(","):
-        name, _, eps = part.partition(":")
-        if name not in ATTACKS or not eps:
-            raise typer.BadParameter(f"attack {part!r}: use NAME:EPS with NAME one of {', '.join(ATTACKS)}")
-        out.append([name, float(eps)])
-    return out
-
-
-def preprocess_from_options(channels: str, resample: float | None, ea: bool, fmin: float, fmax: float,
-                            tmin: float, tmax: float):
-    from neurofed.trainer.data import PreprocessConfig
-
-    return PreprocessConfig.from_preset(channels, resample=resample, ea=ea, fmin=fmin, fmax=fmax, tmin=tmin, tmax=tmax)
-
-
-def print_results(results: dict) -> None:
-    """Per-subject table and summary."""
-    metrics = list(results["summary"])
-    t = Table(title=f"{results['algorithm']} / {results['model']}: balanced accuracy per held-out subject")
-    t.add_column("subject")
-    for m in metrics:
-        t.add_column(m, justify="right")
-    for s, row in results["per_subject"].items():
-        t.add_row(s, *[f"{100 * row[m]:.1f}" for m in metrics])
-    t.add_row("mean ± std", *[f"{100 * results['summary'][m]['mean']:.1f} ± {100 * results['summary'][m]['std_subjects']:.1f}"
-                              for m in metrics], style="bold")
-    console.print(t)
-    if results.get("per_profile"):
-        console.print("held-out BCA per device profile: " + ", ".join(
-            f"{p} {100 * r['bca']:.1f}% (n={r['n']})" for p, r in results["per_profile"].items()))
-
-
-def _algorithm_help() -> str:
-    from neurofed.trainer.fl.strategies import ALGORITHMS
-
-    return "; ".join(f"{a.name}: {a.summary}" for a in ALGORITHMS.values())
-
-
-def _preset_help() -> str:
-    from neurofed.trainer.presets import PRESETS
-
-    return " | ".join(f"{p.name}: {p.summary}" + (f" (NOTE: {p.caveat})" if p.caveat else "") for p in PRESETS.values())
-
-
-def build_sim_config(opts: dict):
-    """The :class:`~neurofed.trainer.experiments.simulate.SimConfig` of ``neurofed simulate``'s option values (by
-    parameter name, strategy parameters included; ``neurofed grid`` parses spec lines into the same values),
-    validated. Unset training options take the preset's values (``--preset``, default ``published``)."""
-    from neurofed.trainer.errors import NeuroFedError
-    from neurofed.trainer.experiments.partition import parse_partition
-    from neurofed.trainer.experiments.simulate import SimConfig
-    from neurofed.trainer.fl.local import LocalConfig
-    from neurofed.trainer.fl.strategies import PARAMS
-    from neurofed.trainer.presets import get_preset
-
-    o = opts
-    try:
-        pre_set = get_preset(o["preset"])
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--preset") from None
-    if pre_set.caveat:
-        console.print(f"[yellow]preset {pre_set.name}: {pre_set.caveat}[/yellow]")
-
-    def pick(v, d):
-        return d if v is None else v
-
-    resample = pick(o["resample"], pre_set.resample)
-    profiles, channels = o["profiles"], o["channels"]
-    if profiles and channels is not None:
-        raise typer.BadParameter("--channels does not combine with --profiles (each profile has its channels; "
-                                 "use --profile-channels intersection)", param_hint="--channels")
-    pre = preprocess_from_options("all" if profiles else pick(channels, pre_set.channels), resample or None, o["ea"],
-                                  o["fmin"], o["fmax"], o["tmin"], o["tmax"])
-    if profiles and pre.resample is None:
-        raise typer.BadParameter("--profiles needs --resample (the model's rate, where all devices meet)")
-    protocol = o["protocol"]
-    if o["test_subjects"] is not None:
-        if o["test_subjects"].lower() != "none":
-            raise typer.BadParameter("--test-subjects takes only 'none' (use --protocol for held-out subjects)")
-        protocol = "none"
-    p = pre_set.local
-    local = LocalConfig(pick(o["lr"], p.lr), pick(o["momentum"], p.momentum), pick(o["weight_decay"], p.weight_decay),
-                        pick(o["batch_size"], p.batch_size), pick(o["local_epochs"], p.local_epochs))
-    subject_ids = parse_subjects(o["subjects"], o["data_dir"])
-    assignment: dict[str, str] = {}
-    only_profile = o["only_profile"]
-    if profiles:
-        from neurofed.trainer.data.profiles import parse_assignment
-
-        try:
-            assignment = {str(k): v for k, v in parse_assignment(profiles, subject_ids, o["profile_seed"]).items()}
-        except NeuroFedError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--profiles") from None
-        if only_profile and only_profile not in assignment.values():
-            raise typer.BadParameter(f"no subject has profile {only_profile!r}", param_hint="--only-profile")
-    elif only_profile:
-        raise typer.BadParameter("--only-profile needs --profiles", param_hint="--only-profile")
-    if o["profile_channels"] not in ("own", "intersection", "interpolate"):
-        raise typer.BadParameter("use own, intersection or interpolate", param_hint="--profile-channels")
-    try:
-        parse_partition(o["partition"])
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--partition") from None
-    folds = o["folds"]
-    cfg = SimConfig(
-        algorithm=o["algorithm"], model=o["model"], subjects=subject_ids, protocol=protocol,
-        rounds=pick(o["rounds"], pre_set.rounds), fraction=pick(o["fraction"], pre_set.fraction),
-        seeds=parse_int_list(o["seeds"], "--seeds"), local=local.to_dict(),
-        ct_batch_size=pick(o["ct_batch_size"], pre_set.ct_batch_size), preprocess=pre.to_dict(),
-        test_batch=o["test_batch"], eval_every=o["eval_every"], attacks=parse_attacks(o["attack"]),
-        byzantine=o["byzantine"], strategy_overrides={k: o[k] for k in PARAMS if o.get(k) is not None},
-        data_dir=o["data_dir"], fold_seed=o["fold_seed"], profiles=assignment,
-        profile_channels=o["profile_channels"], only_profile=only_profile, noise_seed=o["noise_seed"],
-        folds=sorted(set(parse_int_list(folds, "--folds"))) if folds else [],
-        partition=o["partition"], save_models=bool(o.get("save_models", False)),
-    )
-    try:
-        st = cfg.strategy()  # validate overrides before any work
-        st.model_kwargs(cfg.model)  # e.g. --local-bn-mode needs fleeg_eegnet
-        if not st.centralised:
-            st.check_participation(cfg.fraction)  # GA needs every client in every round
-        if o["byzantine"]:
-            from neurofed.trainer.fl.byzantine import Byzantine
-
-            Byzantine.parse(o["byzantine"])
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    return cfg
+from neurofed.options import (
+    algorithm_help,
+    build_sim_config,
+    console,
+    parse_attacks,
+    parse_int_list,
+    parse_name_list,
+    parse_subjects,
+    preprocess_from_options,
+    preset_help,
+    print_results,
+    with_strategy_options,
+)
 
 
 def simulate(
-    algorithm: Annotated[str, typer.Option(help=_algorithm_help())] = "fedbs",
-    preset: Annotated[str, typer.Option(help=_preset_help())] = "published",
+    algorithm: Annotated[str, typer.Option(help=algorithm_help())] = "fedbs",
+    preset: Annotated[str, typer.Option(help=preset_help())] = "published",
     model: Annotated[str, typer.Option(
         help="eegnet, shallow, deep, fleeg_eegnet, fleeg_proj_eegnet, fleeg_fixmap_eegnet")] = "eegnet",
     subjects: Annotated[str, typer.Option(help="'all' or e.g. '1-10,12'")] = "all",
@@ -242,7 +124,6 @@ def simulate(
     the preset. Strategy parameters (generated from the algorithm registry) override the algorithm's
     own settings for ablations and compositions, e.g. --algorithm fedbs --sam-rho 0.
     """
-    from neurofed.trainer.experiments.simulate import run_simulation
 
     opts = {k: v for k, v in locals().items() if k != "strategy_params"}
     cfg = build_sim_config({**opts, **strategy_params})
@@ -265,43 +146,12 @@ def simulate(
     console.print(f"results: {out / 'results.json'}")
 
 
-def with_strategy_options(func):
-    """Give ``func`` (which takes ``**strategy_params``) one CLI option per registered strategy parameter.
-
-    The options come from :data:`neurofed.trainer.fl.strategies.PARAMS`, so a new algorithm's parameters appear in
-    ``neurofed simulate --help`` without touching this file. Each defaults to None (= the algorithm's value).
-    """
-    import inspect
-    import typing
-
-    from neurofed.trainer.fl.strategies import PARAMS
-
-    if getattr(func, "_strategy_options", False):  # already given its options (idempotent)
-        return func
-    sig = inspect.signature(func)
-    hints = typing.get_type_hints(func, include_extras=True)  # keep typer's Annotated options
-    fixed = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()
-             if p.kind != inspect.Parameter.VAR_KEYWORD]
-    extra = []
-    for prm in PARAMS.values():
-        decl = prm.flag or f"--{prm.name.replace('_', '-')}"
-        choices = f" ({', '.join(str(c) for c in prm.choices if c != '')})" if prm.choices else ""
-        opt = typer.Option(decl, help=f"{prm.help}{choices}", rich_help_panel="Strategy parameters (override the algorithm's)")
-        extra.append(inspect.Parameter(prm.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                       annotation=Annotated[prm.type | None, opt]))
-    func.__signature__ = sig.replace(parameters=[*fixed, *extra])
-    func._strategy_options = True
-    return func
-
-
 def algorithms(markdown: Annotated[bool, typer.Option(help="print the docs' markdown tables")] = False) -> None:
     """The registered federated algorithms and their parameters (from trainer/fl/strategies.py)."""
-    from neurofed.trainer.fl.strategies import docs_tables
 
     if markdown:
         print(docs_tables())
         return
-    from neurofed.trainer.fl.strategies import ALGORITHMS, PARAMS
 
     t = Table(title="algorithms (neurofed simulate --algorithm NAME; federation.toml [federation] strategy)")
     for c in ("name", "settings", "what it does"):
@@ -327,7 +177,6 @@ def combine(
 
     It exports (`neurofed export`, `--standalone`), evaluates and decodes live like any checkpoint.
     """
-    from neurofed.trainer.checkpoint import combine_checkpoints
 
     meta = combine_checkpoints(checkpoints, output)
     console.print(f"wrote {output}: {len(checkpoints)} members ({meta.strategy}), {meta.n_channels} ch x "
@@ -342,9 +191,6 @@ def data_info(data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA
     """Where the data is, and every file checked: header vs size, annotations, left/right cues.
 
     Exits 2 naming each file with a problem (truncated, unreadable, missing, cues absent)."""
-    from neurofed.trainer.data import resolve_data_dir
-    from neurofed.trainer.data.eegmmidb import check_files
-    from neurofed.trainer.errors import DataError
 
     d = resolve_data_dir(data_dir)
     with Progress(TextColumn("[bold]checking EDF files"), BarColumn(), TextColumn("{task.completed} files"),
@@ -372,10 +218,264 @@ def data_download(
     path: Annotated[str | None, typer.Option(help="MNE data folder (default ~/mne_data)")] = None,
 ) -> None:
     """Download EEGMMIDB runs 4/8/12 with MNE (needs the network; fails in seconds when offline)."""
-    from neurofed.trainer.data.eegmmidb import download
 
     files = download(parse_subjects(subjects, None) if subjects != "all" else range(1, 110), path=path)
     console.print(f"{len(files)} files ready")
+
+
+def report(
+    run_dirs: Annotated[list[Path], typer.Argument(help="run directories (each with results.json)")],
+    out: Annotated[Path, typer.Option(help="folder for report.md and PNG plots")] = Path("runs/report"),
+    seeds: Annotated[str | None, typer.Option(help="only these seeds, e.g. '0' or '0,1' (default: all a run has)")] = None,
+    refs: Annotated[str | None, typer.Option(help="algorithms to give paired p-values against (their plain run); "
+                                                 "default ct,fedavg where present; a name given here that matches no "
+                                                 "run is a warning")] = None,
+    p_metrics: Annotated[str, typer.Option(help="metrics to test, e.g. 'bca,pgd@0.03'")] = "bca",
+) -> None:
+    """Render a markdown table (mean ± std, paired t-test p-values) and PNG plots from runs."""
+    wanted = None
+    if seeds is not None:
+        wanted = parse_int_list(seeds, "--seeds")
+    try:
+        runs = trainer_report.load_runs(run_dirs, wanted)
+    except trainer_report.ReportError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    known = {m for r in runs for m in r["summary"]}
+    pms = tuple(parse_name_list(p_metrics))
+    if unknown := [m for m in pms if m not in known]:
+        raise typer.BadParameter(f"--p-metrics {','.join(unknown)}: no run has it (runs have {sorted(known)})")
+    ref_names = tuple(parse_name_list(refs or "ct,fedavg"))
+    table, warnings = trainer_report.write_report(runs, out, ref_names, pms, warn_refs=refs is not None)
+    for w in warnings:
+        typer.echo(f"warning: {w}", err=True)
+    typer.echo(table)
+    typer.echo(f"report: {out / 'report.md'}")
+
+
+def classical(
+    method: Annotated[str, typer.Option(help="csp-lda (EA + CSP + LDA) or riemann (re-centred tangent space + LR)")]
+    = "csp-lda",
+    subjects: Annotated[str, typer.Option(help="'all' or e.g. '1-19,24-33,42'")] = "all",
+    protocol: Annotated[str, typer.Option(help="loso or kfold:K (the same grouping as neurofed simulate)")]
+    = "kfold:5",
+    seeds: Annotated[str, typer.Option(help="comma list of seeds (random_state of the classifier)")] = "0",
+    fold_seed: Annotated[int, typer.Option(help="seed of the k-fold subject grouping")] = 0,
+    n_components: Annotated[int, typer.Option(help="CSP components (csp-lda)")] = 6,
+    attack: Annotated[str | None, typer.Option(help="black-box attacks, e.g. 'square:0.05,hsj:0.05' (eps x std)")]
+    = None,
+    channels: Annotated[str, typer.Option(help="all, sensorimotor21, or a comma list")] = "sensorimotor21",
+    resample: Annotated[float | None, typer.Option(help="Hz; omit to keep 160 Hz")] = 80.0,
+    fmin: Annotated[float, typer.Option()] = 8.0,
+    fmax: Annotated[float, typer.Option()] = 30.0,
+    tmin: Annotated[float, typer.Option()] = 0.0,
+    tmax: Annotated[float, typer.Option()] = 4.0,
+    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder")] = None,
+    out: Annotated[Path, typer.Option(help="run directory (results.json for neurofed report)")]
+    = Path("runs/classical"),
+) -> None:
+    """Classical reference (EA + CSP + LDA, or Riemannian tangent space) on NeuroFed's folds and epochs."""
+    if method not in METHODS:
+        raise typer.BadParameter(f"--method {method!r}: use one of {', '.join(METHODS)}")
+    seed_list = parse_int_list(seeds, "--seeds")
+    pre = preprocess_from_options(channels, resample, METHOD_EA[method], fmin, fmax, tmin, tmax)
+    cfg = ClassicalConfig(method=method, subjects=parse_subjects(subjects, data_dir), protocol=protocol,
+                          seeds=seed_list, preprocess=pre.to_dict(), fold_seed=fold_seed,
+                          n_components=n_components, data_dir=data_dir, attacks=parse_attacks(attack))
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
+                  TimeElapsedColumn(), console=console) as prog:
+        task = prog.add_task(f"{method} {protocol}", total=None)
+
+        def on_done(job: dict, n: int, total: int) -> None:
+            prog.update(task, completed=n, total=total)
+            bcas = [r["bca"] for r in job["per_subject"].values()]
+            prog.console.log(f"fold {job['fold']} seed {job['seed']}: BCA {100 * np.mean(bcas):.1f}% "
+                             f"({job['seconds']:.1f} s)")
+
+        results = run_classical(cfg, out, on_done)
+    print_results(results)
+    console.print(f"results: {out / 'results.json'}")
+
+
+def ensemble(
+    runs: Annotated[list[Path], typer.Argument(help="run directories trained with --save-models")],
+    out: Annotated[Path, typer.Option(help="folder for results.json (readable by `neurofed report`)")],
+    seeds: Annotated[str | None, typer.Option(help="seeds whose models are members, e.g. 0,1,2 (default: all)")]
+    = None,
+    test_batch: Annotated[int | None, typer.Option(help="trials per test batch (default: the runs', 8); batch-"
+                                                        "specific BN normalises over the batch")] = None,
+) -> None:
+    """Held-out BCA of the average of saved models (per fold: every run x seed), against its members alone."""
+    from scipy import stats  # lazy: scipy.stats (keeps --help fast)
+
+    console = Console(soft_wrap=True)
+    chosen = parse_int_list(seeds, "--seeds") if seeds else None
+    with Progress(TextColumn("[bold]ensemble"), BarColumn(), TextColumn("{task.completed}/{task.total} folds"),
+                  console=console) as prog:
+        task = prog.add_task("folds", total=None)
+        res = ensemble_runs(runs, chosen, lambda n, t: prog.update(task, completed=n, total=t), test_batch)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "results.json", res)
+    ps = res["per_subject"]
+    ens = 100 * np.array([r["bca"] for r in ps.values()])
+    mem = 100 * np.array([r["member_bca"] for r in ps.values()])
+    p = stats.ttest_rel(ens, mem).pvalue if len(ens) > 1 and np.any(ens != mem) else float("nan")
+    console.print(f"{len(ps)} subjects, {len(res['ensemble']['members'])} members: ensemble BCA "
+                  f"{ens.mean():.1f} ± {ens.std(ddof=1) if len(ens) > 1 else 0.0:.1f} %, members alone "
+                  f"{mem.mean():.1f} %; gain {ens.mean() - mem.mean():+.1f} points (paired t p "
+                  + ("-" if np.isnan(p) else f"{p:.2g}") + ")")
+    console.print(f"results: {out / 'results.json'}")
+
+
+def sweep(
+    runs: Annotated[list[Path], typer.Argument(help="run directories trained with --save-models")],
+    attack: Annotated[str, typer.Option(help="NAME:EPS list, e.g. 'fgsm:0.01,fgsm:0.03,fgsm:0.05,square:0.05' "
+                                             "(eps x each trial's channel std)")],
+    plot: Annotated[Path | None, typer.Option(help="PNG: BCA against eps, one panel per attack")] = None,
+    names: Annotated[str | None, typer.Option(help="column names, comma-separated (default: the folders' names)")]
+    = None,
+    seeds: Annotated[str | None, typer.Option(help="only the jobs of these seeds, e.g. 0 (default: all)")] = None,
+    workers: Annotated[int, typer.Option(help="jobs attacked at once (processes, one torch thread each)")] = 1,
+) -> None:
+    """Attack the saved models of runs at several budgets (no training); table and plot of BCA against eps.
+
+    The first run is the reference of the paired t-tests. Results are kept per job (resumable)."""
+    console = Console()
+    attacks = [(a, float(e)) for a, e in parse_attacks(attack)]
+    if not attacks:
+        raise typer.BadParameter("give at least one NAME:EPS", param_hint="--attack")
+    labels = names.split(",") if names else [r.name for r in runs]
+    if len(labels) != len(runs):
+        raise typer.BadParameter(f"{len(labels)} names for {len(runs)} runs", param_hint="--names")
+    chosen = parse_int_list(seeds, "--seeds") if seeds else None
+    counts = {str(r): len(run_jobs(r, chosen)) for r in runs}
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
+                  console=console) as prog:
+        tasks: dict[str, list] = {}
+        for label, r in zip(labels, runs):
+            tasks.setdefault(str(r), []).append(prog.add_task(label, total=counts[str(r)]))
+
+        def advance(r: Path, _jp: Path) -> None:
+            for t in tasks[str(r)]:
+                prog.advance(t)
+
+        by_run = sweep_runs(runs, attacks, advance, chosen, max(1, workers))
+    results = {label: by_run[str(r)] for label, r in zip(labels, runs)}
+    console.print(sweep_table(results))
+    if plot:
+        sweep_plot(results, plot)
+        console.print(f"plot: {plot}")
+
+
+def _progress() -> Progress:
+    """The grid's progress bar (description, bar, n/total, elapsed, remaining) on the CLI's console."""
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=console)
+
+
+def grid(
+    spec: Annotated[Path, typer.Argument(help="grid spec: lines 'NAME <neurofed simulate options>'")],
+    group: Annotated[str | None, typer.Option(help="results sub-folder (default: the spec's name)")] = None,
+    results: Annotated[Path, typer.Option(help="results root")] = Path("experiments/results"),
+    only: Annotated[str | None, typer.Option(help="only these runs, e.g. 'fedbs,safe'")] = None,
+    backend: Annotated[str, typer.Option(help="auto (Ray if installed), ray, or pool")] = "auto",
+    address: Annotated[str | None, typer.Option(help="Ray cluster address, e.g. 10.0.0.1:6379 (default: local Ray)")]
+    = None,
+    workers: Annotated[int, typer.Option(help="local CPUs (Ray) or processes (pool) to use")] = 1,
+    reproduce: Annotated[bool, typer.Option(
+        "--reproduce", help="re-run finished jobs in --scratch, check each against the committed job subject by "
+        "subject, and place its saved models beside it when equal")] = False,
+    seeds: Annotated[str | None, typer.Option(help="only these seeds' jobs, e.g. '0' or '0,1' (a run's results.json "
+                                              "waits for all its spec seeds)")] = None,
+    scratch: Annotated[Path | None, typer.Option(help="with --reproduce: where the re-runs go (default: a new "
+                                                      "temporary folder, kept)")] = None,
+    match: Annotated[str | None, typer.Option(help="with --reproduce: also place a model when only these "
+                                              "per-subject metrics equal the committed job's, e.g. 'bca' (attacked "
+                                              "numbers can move by a trial between CPUs); the rest are listed")]
+    = None,
+) -> None:
+    """Run a grid of simulate runs as one task per (run, seed, fold); re-running resumes it."""
+    runs = parse_spec(spec, results, group, parse_name_list(only) or None)
+    if (scratch or match) and not reproduce:
+        raise NeuroFedError("--scratch and --match go with --reproduce")
+    chosen = parse_int_list(seeds, "--seeds") if seeds else None
+    if reproduce:
+        # each chosen seed must be one of every run's spec seeds (reproduce_grid's select_seeds says which is not)
+        _reproduce_cli(spec, runs, scratch, backend, address, workers, parse_name_list(match) or None, chosen)
+        return
+    if chosen:
+        select_seeds(runs, chosen)  # the same check; run_grid then filters the plan by seed
+    with _progress() as prog:
+        bar = prog.add_task(f"grid {spec.name}", total=None)
+
+        def on_event(task: Task, result: dict | None, tb: str | None, n: int, total: int) -> None:
+            prog.update(bar, completed=n, total=total)
+            if tb is not None:
+                prog.console.print(f"[red]FAILED[/red] {task.run} seed {task.seed} fold {task.fold}\n{tb}")
+            else:
+                bcas = [r["bca"] for r in result["per_subject"].values()]
+                msg = f"BCA {100 * sum(bcas) / len(bcas):.1f}%" if bcas else "trained"
+                prog.console.log(f"{task.run} seed {task.seed} fold {task.fold}: {msg} ({result['seconds']:.0f} s)")
+
+        out = run_grid(runs, backend, address, workers, on_event, seeds=chosen)
+    for name in out["finished"]:
+        console.print(f"{name}: {results / (group or spec.stem) / name / 'results.json'}")
+    if out["failed"]:
+        raise NeuroFedError(f"{len(out['failed'])} job(s) failed (tracebacks above); re-run to retry only those")
+
+
+def _reproduce_cli(spec: Path, runs: list[GridRun], scratch: Path | None, backend: str,
+                   address: str | None, workers: int, match: list[str] | None = None,
+                   seeds: list[int] | None = None) -> None:
+    scratch = scratch or Path(tempfile.mkdtemp(prefix="neurofed-reproduce-"))
+    console.print(f"re-running in {scratch} (kept)")
+    with _progress() as prog:
+        bar = prog.add_task(f"reproduce {spec.name}", total=None)
+
+        def on_check(c: Check, n: int, total: int) -> None:
+            prog.update(bar, completed=n, total=total)
+            head = f"{c.run} seed {c.seed} fold {c.fold}: "
+            placed = f", model placed ({len(c.placed)} file(s))" if c.placed else ""
+            if c.status == "equal":
+                prog.console.log(head + "reproduces" + placed)
+            elif c.status == "matches":
+                shown = "; ".join(c.details[:3]) + ("; ..." if len(c.details) > 3 else "")
+                prog.console.log(f"[yellow]{head}{', '.join(match or [])} equal{placed}[/yellow]; differs: {shown}")
+            else:
+                shown = "; ".join(c.details[:3]) + ("; ..." if len(c.details) > 3 else "")
+                prog.console.log(f"[red]{head}{c.status}[/red]: {shown}")
+
+        checks = reproduce_grid(runs, scratch, backend, address, workers, on_check, match=match, seeds=seeds)
+    counts = {s: sum(c.status == s for c in checks) for s in ("equal", "matches", "differs", "failed")}
+    console.print(", ".join(f"{v} {k}" for k, v in counts.items() if v) or "nothing to re-run")
+    if counts["differs"] or counts["failed"]:
+        raise NeuroFedError(f"{counts['differs']} job(s) differ from the committed ones and {counts['failed']} "
+                            f"failed (above); the committed jobs are unchanged, the re-runs are in {scratch}")
+
+
+def bench_data(
+    subjects: Annotated[str, typer.Option(help="subjects to time")] = "1-5",
+    channels: Annotated[str, typer.Option()] = "sensorimotor21",
+    resample: Annotated[float | None, typer.Option()] = 80.0,
+    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None,
+    out_dir: Annotated[Path, typer.Option()] = trainer_bench.BENCH_DIR,
+) -> None:
+    """EDF load + preprocess time per subject, cold (empty cache) vs cached."""
+    trainer_bench.bench_data(subjects, channels, resample, data_dir, out_dir)
+
+
+def bench_train(
+    threads: Annotated[int, typer.Option(help="torch threads")] = 1,
+    batch_size: Annotated[int, typer.Option()] = 32,
+    steps: Annotated[int, typer.Option()] = 30,
+    models: Annotated[str, typer.Option(help="comma list of eegnet, shallow, deep")] = "eegnet,shallow,deep",
+    out_dir: Annotated[Path, typer.Option()] = trainer_bench.BENCH_DIR,
+) -> None:
+    """Training throughput (trials/s) per model and step cost of SAM and SAFE relative to SGD.
+
+    Medians of wall time and of the calling thread's CPU time (``time.thread_time``; with one torch
+    thread all the work runs there), so the ratios can be read on a machine other jobs share.
+    """
+    trainer_bench.bench_train(threads, batch_size, steps, models, out_dir)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
@@ -384,23 +484,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     app.command("algorithms")(algorithms)
     app.command("combine")(combine)
     app.add_typer(data_app, name="data")
-    from neurofed.trainer import bench as trainer_bench
-    from neurofed.trainer import report as trainer_report
-
-    app.command("report")(trainer_report.report)
-    from neurofed.trainer.experiments import classical as trainer_classical
-
-    app.command("classical")(trainer_classical.classical)
-    from neurofed.trainer.experiments import grid as trainer_grid
-
-    app.command("grid")(trainer_grid.grid)
-    from neurofed.trainer.experiments import sweep as trainer_sweep
-
-    app.command("sweep")(trainer_sweep.sweep)
-    from neurofed.trainer.experiments import ensemble as trainer_ensemble
-
-    app.command("ensemble")(trainer_ensemble.ensemble)
-    trainer_bench.register(bench)
+    app.command("report")(report)
+    app.command("classical")(classical)
+    app.command("grid")(grid)
+    app.command("sweep")(sweep)
+    app.command("ensemble")(ensemble)
+    bench.command("data")(bench_data)
+    bench.command("train")(bench_train)
 
 
 def _standalone() -> None:
@@ -412,7 +502,6 @@ def _standalone() -> None:
     bench = typer.Typer(no_args_is_help=True)
     app.add_typer(bench, name="bench")
     register(app, bench)
-    from neurofed.trainer.errors import run_cli
 
     run_cli(app)
 

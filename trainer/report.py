@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
-import typer
+from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments.partition import parse_partition
 from scipy import stats
+
+
+class ReportError(NeuroFedError):
+    """A run directory that cannot be reported as asked (no results.json, none of the seeds asked for)."""
 
 
 def load_runs(run_dirs: list[Path], seeds: list[int] | None = None) -> list[dict]:
@@ -21,7 +24,7 @@ def load_runs(run_dirs: list[Path], seeds: list[int] | None = None) -> list[dict
     for d in run_dirs:
         p = d / "results.json" if d.is_dir() else d
         if not p.is_file():
-            raise typer.BadParameter(f"{p}: no results.json (run `neurofed simulate --out {d}` first)")
+            raise ReportError(f"{p}: no results.json (run `neurofed simulate --out {d}` first)")
         r = json.loads(p.read_text())
         r["_dir"] = str(d)
         if seeds is not None:
@@ -32,12 +35,15 @@ def load_runs(run_dirs: list[Path], seeds: list[int] | None = None) -> list[dict
 
 def only_seeds(run: dict, seeds: list[int]) -> dict:
     """The run restricted to ``seeds`` (those it has); an error naming the run if it has none of them."""
-    from neurofed.trainer.experiments.simulate import aggregate_seeds, mean_curve
+    from neurofed.trainer.experiments.simulate import (  # lazy: torch (loaded only when used)
+        aggregate_seeds,
+        mean_curve,
+    )
 
     kept = {k: v for k, v in (run.get("per_seed") or {}).items() if int(k) in seeds}
     if not kept:
         have = sorted(int(k) for k in run.get("per_seed") or {})
-        raise typer.BadParameter(f"{run['_dir']}: has seeds {have}, none of {sorted(seeds)}")
+        raise ReportError(f"{run['_dir']}: has seeds {have}, none of {sorted(seeds)}")
     per_subject, summary = aggregate_seeds(kept)
     out = {**run, "per_seed": kept, "per_subject": per_subject, "summary": summary}
     if run.get("curve_per_seed"):
@@ -336,35 +342,17 @@ def plots(runs: list[dict], out: Path) -> list[Path]:
     return made
 
 
-def report(
-    run_dirs: Annotated[list[Path], typer.Argument(help="run directories (each with results.json)")],
-    out: Annotated[Path, typer.Option(help="folder for report.md and PNG plots")] = Path("runs/report"),
-    seeds: Annotated[str | None, typer.Option(help="only these seeds, e.g. '0' or '0,1' (default: all a run has)")] = None,
-    refs: Annotated[str | None, typer.Option(help="algorithms to give paired p-values against (their plain run); "
-                                                 "default ct,fedavg where present; a name given here that matches no "
-                                                 "run is a warning")] = None,
-    p_metrics: Annotated[str, typer.Option(help="metrics to test, e.g. 'bca,pgd@0.03'")] = "bca",
-) -> None:
-    """Render a markdown table (mean ± std, paired t-test p-values) and PNG plots from runs."""
-    from neurofed.trainer.cli import parse_int_list, parse_name_list
-
-    wanted = None
-    if seeds is not None:
-        wanted = parse_int_list(seeds, "--seeds")
-    runs = load_runs(run_dirs, wanted)
+def write_report(runs: list[dict], out: Path, ref_names: tuple[str, ...], p_metrics: tuple[str, ...],
+                 warn_refs: bool = True) -> tuple[str, list[str]]:
+    """Write ``out/report.md`` (markdown table with mean ± std and paired p-values, comparisons, curves) and the
+    PNG plots of ``runs`` (:func:`load_runs`); returns the results table and the warnings (``warn_refs``: a
+    reference of ``ref_names`` that matches no run is a warning)."""
     out.mkdir(parents=True, exist_ok=True)
-    known = {m for r in runs for m in r["summary"]}
-    pms = tuple(parse_name_list(p_metrics))
-    if unknown := [m for m in pms if m not in known]:
-        raise typer.BadParameter(f"--p-metrics {','.join(unknown)}: no run has it (runs have {sorted(known)})")
-    ref_names = tuple(parse_name_list(refs or "ct,fedavg"))
-    table = markdown_table(runs, ref_names, pms)
+    table = markdown_table(runs, ref_names, p_metrics)
     matched = reference_runs(runs, ref_names)
     warnings = [f"--refs {k}: no run of algorithm {k!r} among the runs given "
                 f"({', '.join(sorted({r['algorithm'] for r in runs}))}); no p-value against it"
-                for k in ref_names if k not in matched and refs is not None]
-    for w in warnings:
-        typer.echo(f"warning: {w}", err=True)
+                for k in ref_names if k not in matched and warn_refs]
     pngs = plots(runs, out)
     notes = [("mean ± sd: mean over subjects of each subject's BCA (averaged over seeds first); sd is the sample "
              "standard deviation over subjects (ddof=1). sd over seeds: sample standard deviation of the per-seed "
@@ -389,5 +377,4 @@ def report(
     md = ("# NeuroFed report\n\n" + protocol_markdown(runs) + "\n\n## Results\n\n" + table + "\n\n"
           + "\n\n".join(notes) + "\n\n" + comparisons + curves + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
     (out / "report.md").write_text(md)
-    typer.echo(table)
-    typer.echo(f"report: {out / 'report.md'}")
+    return table, warnings

@@ -40,7 +40,7 @@ def _prepare(X: np.ndarray, sfreq: float, ch_names: Sequence[str], pre: Preproce
 
 
 def _proba(model, x: np.ndarray, batch: int) -> np.ndarray:
-    from neurofed.trainer.evaluate import logits
+    from neurofed.trainer.evaluate import logits  # lazy: torch (loaded only when used)
     from scipy.special import softmax
 
     return softmax(logits(model, x, batch), axis=1)
@@ -73,7 +73,7 @@ class NeuroFedCheckpointClassifier(ClassifierMixin, BaseEstimator):
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> NeuroFedCheckpointClassifier:
         """No training: checks the model and learns which label is which output."""
-        from neurofed.trainer.checkpoint import load_checkpoint
+        from neurofed.trainer.checkpoint import load_checkpoint  # lazy: torch (loaded only when used)
 
         self.model_, self.meta_ = load_checkpoint(self.checkpoint)
         self.classes_ = np.asarray(self.classes if self.classes is not None else np.unique(y))
@@ -140,9 +140,12 @@ class NeuroFedClassifier(ClassifierMixin, BaseEstimator):
 
         EA runs per group (per subject) when ``groups`` is given, else over all of ``X``.
         """
-        from neurofed.trainer.experiments.runner import run_centralised, run_federated
-        from neurofed.trainer.fl.local import LocalConfig
-        from neurofed.trainer.fl.strategies import get_strategy
+        from neurofed.trainer.experiments.runner import (  # lazy: torch (loaded only when used)
+            run_centralised,
+            run_federated,
+        )
+        from neurofed.trainer.fl.local import LocalConfig  # lazy: torch (loaded only when used)
+        from neurofed.trainer.fl.strategies import get_strategy  # lazy: torch (loaded only when used)
 
         X, y = np.asarray(X), np.asarray(y)
         self.classes_, yi = np.unique(y, return_inverse=True)

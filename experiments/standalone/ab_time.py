@@ -25,7 +25,7 @@ import onnxruntime as ort
 
 
 def feeds_for(graph: Path, subject: int) -> dict[str, np.ndarray]:
-    from neurofed.export.standalone import StandaloneModel
+    from neurofed.export.decoder import StandaloneModel
     from neurofed.trainer.data.profiles import get_profile
 
     from neurofed.bench_standalone import device_sessions

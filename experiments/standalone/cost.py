@@ -31,7 +31,8 @@ import numpy as np
 
 def feeds_for(graph: Path, subject: int, out: Path) -> None:
     """Window 9 of the subject's first session and the state after windows 1-8, saved as npz."""
-    from neurofed.export.standalone import StandaloneModel, eegmmidb_session_windows
+    from neurofed.export.decoder import StandaloneModel
+    from neurofed.export.standalone import eegmmidb_session_windows
 
     sm = StandaloneModel(graph)
     m = sm.meta

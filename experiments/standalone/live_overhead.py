@@ -26,7 +26,7 @@ def python_overhead(path: str, reps: int = 300) -> None:
     from neurofed.edge.infer import InferenceEngine, StandaloneStep
     from neurofed.edge.infer_cli import make_buffer
     from neurofed.edge.windowing import CueWindower
-    from neurofed.export.standalone import StandaloneModel
+    from neurofed.export.decoder import StandaloneModel
 
     sm = StandaloneModel(path)
     m, rate = sm.meta, sm.info.rate

@@ -35,8 +35,9 @@ from neurofed.edge.join_cli import make_loader, make_montage
 from neurofed.trainer.checkpoint import load_checkpoint, load_profile_models
 from neurofed.trainer.data.config import SENSORIMOTOR_21, PreprocessConfig
 from neurofed.trainer.data.profiles import get_profile, load_profile_subject
-from neurofed.trainer.experiments.runner import init_server_state, run_federated
+from neurofed.trainer.experiments.runner import run_federated
 from neurofed.trainer.fl.api import GROUP_MARK
+from neurofed.trainer.fl.init import init_server_state
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.server import downlink
 from neurofed.trainer.fl.strategies import get_strategy

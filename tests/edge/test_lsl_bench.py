@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 import typer
-from neurofed.edge.bench_lsl import register_bench
 from typer.testing import CliRunner
+
+from neurofed.cli import bench_lsl
 
 
 @pytest.mark.slow
 def test_bench_lsl_command_small(tmp_path):
     app, bench = typer.Typer(), typer.Typer()
     app.add_typer(bench, name="bench")
-    register_bench(bench)
+    bench.command("lsl")(bench_lsl)  # the adapter lives in the CLI layer
     out = tmp_path / "lsl.json"
     r = CliRunner().invoke(app, ["bench", "lsl", "--seconds", "1", "--headsets", "2", "--out", str(out)])
     assert r.exit_code == 0, r.output

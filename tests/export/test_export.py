@@ -149,7 +149,8 @@ def test_ensemble_checkpoint_exports_as_one_verified_graph(tmp_path, data_dir, c
     one graph, verified against torch; its softmax is the mean of the two members' own exported softmax outputs;
     the standalone graph decodes a held-out session like the edge engine running the plain ensemble graph."""
     from neurofed.edge.infer import InferenceEngine
-    from neurofed.export.standalone import StandaloneModel, eegmmidb_session_windows
+    from neurofed.export.decoder import StandaloneModel
+    from neurofed.export.standalone import eegmmidb_session_windows
     from scipy.special import softmax
     from typer.testing import CliRunner
 

@@ -190,9 +190,9 @@ def test_standalone_export_gives_one_graph_per_profile_at_its_rate_and_unit(flee
     profile's plain model on every window of a held-out subject's sessions as the headset streams them (parity as
     `neurofed bench standalone` checks the single model: <= 1e-4, no class mismatch; onnxruntime and tract)."""
     from neurofed.edge.infer import InferenceEngine, StandaloneStep
+    from neurofed.export.decoder import StandaloneModel
     from neurofed.export.onnx_export import export_profiles
     from neurofed.export.runtime import OnnxModel
-    from neurofed.export.standalone import StandaloneModel
 
     from neurofed.bench_standalone import compare_subject, device_sessions
     from neurofed.cli import app

@@ -8,15 +8,13 @@ import onnx
 import pytest
 import torch
 from neurofed.edge.infer import InferenceEngine, StandaloneStep
+from neurofed.export.decoder import HASH_WORDS, StandaloneModel, WindowRejected
 from neurofed.export.runtime import OnnxModel
 from neurofed.export.standalone import (
-    HASH_WORDS,
     NS_ALPHAS,
     NS_FLOOR,
     NS_ITERS,
     StandaloneDecoder,
-    StandaloneModel,
-    WindowRejected,
     eegmmidb_session_windows,
     export_standalone,
     newton_schulz_inv_sqrt,

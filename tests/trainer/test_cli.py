@@ -161,7 +161,8 @@ def test_a_run_resumes_from_another_spelling_of_its_data_folder_and_a_refusal_na
 def test_integer_lists_parse_and_a_bad_one_is_named():
     import pytest
     import typer
-    from neurofed.trainer.cli import parse_int_list
+
+    from neurofed.options import parse_int_list
 
     assert parse_int_list("2", "--seeds") == [2]
     assert parse_int_list("0, 1,,2", "--seeds") == [0, 1, 2]

@@ -8,9 +8,9 @@ import pytest
 import torch
 from neurofed.trainer.data.config import SENSORIMOTOR_21
 from neurofed.trainer.data.profiles import get_profile, interpolation_matrix
-from neurofed.trainer.experiments.runner import init_group_models, init_server_state
 from neurofed.trainer.fl.api import group_key
 from neurofed.trainer.fl.client import ClientUpdate
+from neurofed.trainer.fl.init import init_group_models, init_server_state
 from neurofed.trainer.fl.local import LocalConfig, train_local
 from neurofed.trainer.fl.server import ServerState, downlink, server_update
 from neurofed.trainer.fl.strategies import get_strategy

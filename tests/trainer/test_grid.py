@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+from neurofed.trainer.cli import grid
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments.grid import (
     compare_jobs,
-    grid,
     parse_spec,
     plan,
     reproduce_grid,

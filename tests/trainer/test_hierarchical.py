@@ -8,9 +8,10 @@ import pytest
 import torch
 from neurofed.trainer.data import PreprocessConfig
 from neurofed.trainer.data.profiles import load_profile_subject
-from neurofed.trainer.experiments.runner import init_group_models, init_server_state, run_federated
+from neurofed.trainer.experiments.runner import run_federated
 from neurofed.trainer.fl.api import group_key
 from neurofed.trainer.fl.client import ClientUpdate, client_update, init_client_state
+from neurofed.trainer.fl.init import init_group_models, init_server_state
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.server import ServerState, downlink, server_update
 from neurofed.trainer.fl.strategies import get_strategy
@@ -129,7 +130,7 @@ def test_mixed_device_federation_on_real_recordings(mixed):
 
 def test_one_round_by_hand_equals_run_federated(mixed):
     """Round 1 rebuilt from client_update: the per-profile and global averages of the real updates."""
-    from neurofed.trainer.experiments.runner import client_seed
+    from neurofed.trainer.fl.init import client_seed
 
     subs, groups = mixed
     train = {k: v for k, v in subs.items() if k != "S005"}

@@ -18,6 +18,7 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
+from neurofed.trainer.data.io import check_edf_size
 from neurofed.trainer.errors import DataError, DownloadUnavailable, NeuroFedError
 
 #: Left vs right fist imagery runs; T1/T2 meaning depends on the run.
@@ -163,7 +164,6 @@ def check_file(path: Path, run: int, window_s: float = 4.0) -> tuple[int, list[s
         Usable cues of the run's two classes, and one line per problem (empty: the file is fine).
     """
     import mne
-    from neurofed.trainer.data.io import check_edf_size
 
     try:
         check_edf_size(path)

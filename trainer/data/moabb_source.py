@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.dataset import SubjectData, _finish
-from neurofed.trainer.data.eegmmidb import network_reachable
+from neurofed.trainer.data.eegmmidb import network_reachable, subjects_root
 from neurofed.trainer.data.io import epochs_from_raw
 from neurofed.trainer.errors import DataError, DownloadUnavailable
 
@@ -46,7 +46,6 @@ def eegmmidb_as_mne_data(data_dir: str | Path, target: str | Path, subjects: lis
     Path
         ``target`` (set ``MNE_DATA`` to it and ``MOABB_DOWNLOAD_PROVIDER=upstream`` before using MOABB).
     """
-    from neurofed.trainer.data.eegmmidb import subjects_root
 
     root = subjects_root(Path(data_dir))
     if root is None:

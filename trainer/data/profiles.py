@@ -28,7 +28,7 @@ import numpy as np
 from neurofed.trainer.data import cache
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.dataset import SubjectData, load_raws
-from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, subject_files
+from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, parse_subjects, subject_files
 from neurofed.trainer.data.io import read_raw, sha256_file
 from neurofed.trainer.data.preprocess import resample
 from neurofed.trainer.errors import DataError
@@ -425,7 +425,6 @@ def parse_assignment(spec: str, subjects: Iterable[int], seed: int = 0) -> dict[
         for n in names:
             get_profile(n)
         return assign_profiles(subs, names, seed)
-    from neurofed.trainer.data.eegmmidb import parse_subjects
 
     out: dict[int, str] = {}
     for part in spec.split(";"):

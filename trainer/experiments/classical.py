@@ -31,16 +31,16 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Annotated
 
 import numpy as np
-import typer
+from neurofed.trainer.art_attacks import blackbox_on_scores
 from neurofed.trainer.atomic import atomic_write_bytes
+from neurofed.trainer.attacks import attack_budgets
 from neurofed.trainer.data import PreprocessConfig, SubjectData, load_subjects
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.evaluate import bca
 from neurofed.trainer.experiments.protocol import make_folds
+from neurofed.trainer.experiments.simulate import aggregate_seeds, open_run
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -168,8 +168,6 @@ def fit_predict_fold(cfg: ClassicalConfig, train: list[SubjectData], test: list[
         pipe.fit(np.concatenate(Xtr), np.concatenate([sd.y for sd in train]))
     out = {sd.subject: {"bca": bca(sd.y, pipe.predict(x))} for sd, x in zip(test, _features(cfg.method, test))}
     for attack, eps in cfg.attacks:
-        from neurofed.trainer.art_attacks import blackbox_on_scores
-
         for sd in test:
             score = scorer(cfg.method, pipe, sd)
             pred = []
@@ -190,8 +188,6 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
     """
     import mne
     import sklearn
-    from neurofed.trainer.attacks import attack_budgets
-    from neurofed.trainer.experiments.simulate import aggregate_seeds, open_run
 
     out = open_run(out_dir, cfg)
     pre = PreprocessConfig.from_dict(cfg.preprocess)
@@ -241,55 +237,3 @@ def _pyriemann_version() -> str:
     return pyriemann.__version__
 
 
-def classical(
-    method: Annotated[str, typer.Option(help="csp-lda (EA + CSP + LDA) or riemann (re-centred tangent space + LR)")]
-    = "csp-lda",
-    subjects: Annotated[str, typer.Option(help="'all' or e.g. '1-19,24-33,42'")] = "all",
-    protocol: Annotated[str, typer.Option(help="loso or kfold:K (the same grouping as neurofed simulate)")]
-    = "kfold:5",
-    seeds: Annotated[str, typer.Option(help="comma list of seeds (random_state of the classifier)")] = "0",
-    fold_seed: Annotated[int, typer.Option(help="seed of the k-fold subject grouping")] = 0,
-    n_components: Annotated[int, typer.Option(help="CSP components (csp-lda)")] = 6,
-    attack: Annotated[str | None, typer.Option(help="black-box attacks, e.g. 'square:0.05,hsj:0.05' (eps x std)")]
-    = None,
-    channels: Annotated[str, typer.Option(help="all, sensorimotor21, or a comma list")] = "sensorimotor21",
-    resample: Annotated[float | None, typer.Option(help="Hz; omit to keep 160 Hz")] = 80.0,
-    fmin: Annotated[float, typer.Option()] = 8.0,
-    fmax: Annotated[float, typer.Option()] = 30.0,
-    tmin: Annotated[float, typer.Option()] = 0.0,
-    tmax: Annotated[float, typer.Option()] = 4.0,
-    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA", help="EEGMMIDB folder")] = None,
-    out: Annotated[Path, typer.Option(help="run directory (results.json for neurofed report)")]
-    = Path("runs/classical"),
-) -> None:
-    """Classical reference (EA + CSP + LDA, or Riemannian tangent space) on NeuroFed's folds and epochs."""
-    from neurofed.trainer.cli import (
-        console,
-        parse_attacks,
-        parse_int_list,
-        parse_subjects,
-        preprocess_from_options,
-        print_results,
-    )
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    if method not in METHODS:
-        raise typer.BadParameter(f"--method {method!r}: use one of {', '.join(METHODS)}")
-    seed_list = parse_int_list(seeds, "--seeds")
-    pre = preprocess_from_options(channels, resample, METHOD_EA[method], fmin, fmax, tmin, tmax)
-    cfg = ClassicalConfig(method=method, subjects=parse_subjects(subjects, data_dir), protocol=protocol,
-                          seeds=seed_list, preprocess=pre.to_dict(), fold_seed=fold_seed,
-                          n_components=n_components, data_dir=data_dir, attacks=parse_attacks(attack))
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
-                  TimeElapsedColumn(), console=console) as prog:
-        task = prog.add_task(f"{method} {protocol}", total=None)
-
-        def on_done(job: dict, n: int, total: int) -> None:
-            prog.update(task, completed=n, total=total)
-            bcas = [r["bca"] for r in job["per_subject"].values()]
-            prog.console.log(f"fold {job['fold']} seed {job['seed']}: BCA {100 * np.mean(bcas):.1f}% "
-                             f"({job['seconds']:.1f} s)")
-
-        results = run_classical(cfg, out, on_done)
-    print_results(results)
-    console.print(f"results: {out / 'results.json'}")

@@ -19,12 +19,10 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
-import typer
 from neurofed.trainer.errors import NeuroFedError
-from neurofed.trainer.experiments.sweep import held_out_subjects, job_checkpoint, run_config, write_json
+from neurofed.trainer.experiments.sweep import held_out_subjects, job_checkpoint, run_config
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -79,9 +77,9 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
         A run without saved models, runs whose folds hold out different subjects or were preprocessed or
         batched differently, no job of the chosen seeds.
     """
-    from neurofed.trainer.checkpoint import load_checkpoint
-    from neurofed.trainer.evaluate import bca, logits
-    from neurofed.trainer.experiments.simulate import aggregate_seeds
+    from neurofed.trainer.checkpoint import load_checkpoint  # lazy: torch (loaded only when used)
+    from neurofed.trainer.evaluate import bca, logits  # lazy: torch (loaded only when used)
+    from neurofed.trainer.experiments.simulate import aggregate_seeds  # lazy: torch (loaded only when used)
 
     run_dirs = [Path(r) for r in runs]
     cfgs = [run_config(r) for r in run_dirs]
@@ -127,37 +125,4 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
     }
 
 
-def ensemble(
-    runs: Annotated[list[Path], typer.Argument(help="run directories trained with --save-models")],
-    out: Annotated[Path, typer.Option(help="folder for results.json (readable by `neurofed report`)")],
-    seeds: Annotated[str | None, typer.Option(help="seeds whose models are members, e.g. 0,1,2 (default: all)")]
-    = None,
-    test_batch: Annotated[int | None, typer.Option(help="trials per test batch (default: the runs', 8); batch-"
-                                                        "specific BN normalises over the batch")] = None,
-) -> None:
-    """Held-out BCA of the average of saved models (per fold: every run x seed), against its members alone."""
-    from neurofed.trainer.cli import parse_int_list
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn
-    from scipy import stats
-
-    console = Console(soft_wrap=True)
-    chosen = parse_int_list(seeds, "--seeds") if seeds else None
-    with Progress(TextColumn("[bold]ensemble"), BarColumn(), TextColumn("{task.completed}/{task.total} folds"),
-                  console=console) as prog:
-        task = prog.add_task("folds", total=None)
-        res = ensemble_runs(runs, chosen, lambda n, t: prog.update(task, completed=n, total=t), test_batch)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "results.json", res)
-    ps = res["per_subject"]
-    ens = 100 * np.array([r["bca"] for r in ps.values()])
-    mem = 100 * np.array([r["member_bca"] for r in ps.values()])
-    p = stats.ttest_rel(ens, mem).pvalue if len(ens) > 1 and np.any(ens != mem) else float("nan")
-    console.print(f"{len(ps)} subjects, {len(res['ensemble']['members'])} members: ensemble BCA "
-                  f"{ens.mean():.1f} ± {ens.std(ddof=1) if len(ens) > 1 else 0.0:.1f} %, members alone "
-                  f"{mem.mean():.1f} %; gain {ens.mean() - mem.mean():+.1f} points (paired t p "
-                  + ("-" if np.isnan(p) else f"{p:.2g}") + ")")
-    console.print(f"results: {out / 'results.json'}")
-
-
-__all__ = ["ensemble", "ensemble_runs", "softmax"]
+__all__ = ["ensemble_runs", "softmax"]

@@ -21,17 +21,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import shlex
 import shutil
-import tempfile
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
-import typer
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments.simulate import (
     SimConfig,
@@ -41,9 +38,10 @@ from neurofed.trainer.experiments.simulate import (
     run_differences,
     write_results,
 )
+from neurofed.trainer.experiments.spec import SpecError, options_of_line, parse_options
 
 if TYPE_CHECKING:
-    from rich.progress import Progress
+    pass
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -70,21 +68,16 @@ class Task:
 
 def parse_spec(spec: Path, results: Path, group: str | None = None,
                only: list[str] | None = None) -> list[GridRun]:
-    """Read a grid spec into runs (options parsed exactly as ``neurofed simulate`` parses them).
+    """Read a grid spec into runs: each line's options are validated by the schema of ``neurofed simulate``'s
+    options (:class:`neurofed.trainer.experiments.spec.SimOptions`), exactly as ``neurofed simulate`` reads them.
 
     Raises
     ------
     NeuroFedError
         Unknown option or bad value, naming the spec line.
     """
-    import typer.main
-    from neurofed.trainer.cli import build_sim_config, simulate, with_strategy_options
-
     if not spec.is_file():
         raise NeuroFedError(f"{spec}: grid spec not found")
-    app = typer.Typer()
-    app.command()(with_strategy_options(simulate))
-    cmd = typer.main.get_command(app)
     group = group or spec.stem
     runs = []
     for n, line in enumerate(spec.read_text().splitlines(), 1):
@@ -94,14 +87,12 @@ def parse_spec(spec: Path, results: Path, group: str | None = None,
         if only and name not in only:
             continue
         try:
-            args = shlex.split(opts)
-            if "--out" in args or any(a.startswith("--out=") for a in args):
+            values = options_of_line(opts)
+            if "out" in values:
                 raise NeuroFedError("--out is set by the grid (<results>/<group>/<NAME>)")
-            with cmd.make_context("simulate", args) as ctx:
-                cfg = build_sim_config(ctx.params)
-        except (typer.TyperException, ValueError, NeuroFedError) as exc:  # TyperException: click's usage errors
-            msg = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-            raise NeuroFedError(f"{spec}:{n} ({name}): {msg}") from None
+            cfg = parse_options(values).to_sim_config(warn=logger.warning)
+        except (SpecError, NeuroFedError) as exc:
+            raise NeuroFedError(f"{spec}:{n} ({name}): {exc}") from None
         runs.append(GridRun(name, cfg, results / group / name))
     if len({r.name for r in runs}) != len(runs):
         raise NeuroFedError(f"{spec}: run names must be unique")
@@ -383,101 +374,3 @@ def reproduce_grid(
     return checks
 
 
-def _progress() -> Progress:
-    """The grid's progress bar (description, bar, n/total, elapsed, remaining) on the CLI's console."""
-    from neurofed.trainer.cli import console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=console)
-
-
-def grid(
-    spec: Annotated[Path, typer.Argument(help="grid spec: lines 'NAME <neurofed simulate options>'")],
-    group: Annotated[str | None, typer.Option(help="results sub-folder (default: the spec's name)")] = None,
-    results: Annotated[Path, typer.Option(help="results root")] = Path("experiments/results"),
-    only: Annotated[str | None, typer.Option(help="only these runs, e.g. 'fedbs,safe'")] = None,
-    backend: Annotated[str, typer.Option(help="auto (Ray if installed), ray, or pool")] = "auto",
-    address: Annotated[str | None, typer.Option(help="Ray cluster address, e.g. 10.0.0.1:6379 (default: local Ray)")]
-    = None,
-    workers: Annotated[int, typer.Option(help="local CPUs (Ray) or processes (pool) to use")] = 1,
-    reproduce: Annotated[bool, typer.Option(
-        "--reproduce", help="re-run finished jobs in --scratch, check each against the committed job subject by "
-        "subject, and place its saved models beside it when equal")] = False,
-    seeds: Annotated[str | None, typer.Option(help="only these seeds' jobs, e.g. '0' or '0,1' (a run's results.json "
-                                              "waits for all its spec seeds)")] = None,
-    scratch: Annotated[Path | None, typer.Option(help="with --reproduce: where the re-runs go (default: a new "
-                                                      "temporary folder, kept)")] = None,
-    match: Annotated[str | None, typer.Option(help="with --reproduce: also place a model when only these "
-                                              "per-subject metrics equal the committed job's, e.g. 'bca' (attacked "
-                                              "numbers can move by a trial between CPUs); the rest are listed")]
-    = None,
-) -> None:
-    """Run a grid of simulate runs as one task per (run, seed, fold); re-running resumes it."""
-    from neurofed.trainer.cli import console, parse_int_list, parse_name_list
-
-    runs = parse_spec(spec, results, group, parse_name_list(only) or None)
-    if (scratch or match) and not reproduce:
-        raise NeuroFedError("--scratch and --match go with --reproduce")
-    chosen = parse_int_list(seeds, "--seeds") if seeds else None
-    if reproduce:
-        # each chosen seed must be one of every run's spec seeds (reproduce_grid's select_seeds says which is not)
-        _reproduce_cli(spec, runs, scratch, backend, address, workers, parse_name_list(match) or None, chosen)
-        return
-    if chosen:
-        select_seeds(runs, chosen)  # the same check; run_grid then filters the plan by seed
-    with _progress() as prog:
-        bar = prog.add_task(f"grid {spec.name}", total=None)
-
-        def on_event(task: Task, result: dict | None, tb: str | None, n: int, total: int) -> None:
-            prog.update(bar, completed=n, total=total)
-            if tb is not None:
-                prog.console.print(f"[red]FAILED[/red] {task.run} seed {task.seed} fold {task.fold}\n{tb}")
-            else:
-                bcas = [r["bca"] for r in result["per_subject"].values()]
-                msg = f"BCA {100 * sum(bcas) / len(bcas):.1f}%" if bcas else "trained"
-                prog.console.log(f"{task.run} seed {task.seed} fold {task.fold}: {msg} ({result['seconds']:.0f} s)")
-
-        out = run_grid(runs, backend, address, workers, on_event, seeds=chosen)
-    for name in out["finished"]:
-        console.print(f"{name}: {results / (group or spec.stem) / name / 'results.json'}")
-    if out["failed"]:
-        raise NeuroFedError(f"{len(out['failed'])} job(s) failed (tracebacks above); re-run to retry only those")
-
-
-def _reproduce_cli(spec: Path, runs: list[GridRun], scratch: Path | None, backend: str,
-                   address: str | None, workers: int, match: list[str] | None = None,
-                   seeds: list[int] | None = None) -> None:
-    from neurofed.trainer.cli import console
-
-    scratch = scratch or Path(tempfile.mkdtemp(prefix="neurofed-reproduce-"))
-    console.print(f"re-running in {scratch} (kept)")
-    with _progress() as prog:
-        bar = prog.add_task(f"reproduce {spec.name}", total=None)
-
-        def on_check(c: Check, n: int, total: int) -> None:
-            prog.update(bar, completed=n, total=total)
-            head = f"{c.run} seed {c.seed} fold {c.fold}: "
-            placed = f", model placed ({len(c.placed)} file(s))" if c.placed else ""
-            if c.status == "equal":
-                prog.console.log(head + "reproduces" + placed)
-            elif c.status == "matches":
-                shown = "; ".join(c.details[:3]) + ("; ..." if len(c.details) > 3 else "")
-                prog.console.log(f"[yellow]{head}{', '.join(match or [])} equal{placed}[/yellow]; differs: {shown}")
-            else:
-                shown = "; ".join(c.details[:3]) + ("; ..." if len(c.details) > 3 else "")
-                prog.console.log(f"[red]{head}{c.status}[/red]: {shown}")
-
-        checks = reproduce_grid(runs, scratch, backend, address, workers, on_check, match=match, seeds=seeds)
-    counts = {s: sum(c.status == s for c in checks) for s in ("equal", "matches", "differs", "failed")}
-    console.print(", ".join(f"{v} {k}" for k, v in counts.items() if v) or "nothing to re-run")
-    if counts["differs"] or counts["failed"]:
-        raise NeuroFedError(f"{counts['differs']} job(s) differ from the committed ones and {counts['failed']} "
-                            f"failed (above); the committed jobs are unchanged, the re-runs are in {scratch}")

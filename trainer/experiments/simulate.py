@@ -19,7 +19,14 @@ from neurofed.trainer.attacks import attack_budgets
 from neurofed.trainer.checkpoint import ModelMeta, save_checkpoint
 from neurofed.trainer.data import PreprocessConfig, load_subjects
 from neurofed.trainer.data.config import SENSORIMOTOR_21
-from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.data.eegmmidb import resolve_data_dir, subjects_root
+from neurofed.trainer.data.profiles import (
+    channel_intersection,
+    get_profile,
+    interpolation_matrix,
+    load_profile_subject,
+)
+from neurofed.trainer.errors import DataError, NeuroFedError
 from neurofed.trainer.experiments.partition import class_counts, partition_clients
 from neurofed.trainer.experiments.protocol import make_folds
 from neurofed.trainer.experiments.runner import (
@@ -90,7 +97,6 @@ def load_fold_subjects(cfg: SimConfig, subjects: list[int], pre: PreprocessConfi
     """Subjects as loaded for ``cfg``: the plain loader, or each through its device profile."""
     if not cfg.profiles:
         return load_subjects(subjects, pre, cfg.data_dir)
-    from neurofed.trainer.data.profiles import channel_intersection, get_profile, load_profile_subject
 
     chans = None
     if cfg.profile_channels == "intersection":
@@ -105,7 +111,6 @@ def load_fold_subjects(cfg: SimConfig, subjects: list[int], pre: PreprocessConfi
 def interpolate_subject(sd, channels: tuple[str, ...] = SENSORIMOTOR_21):
     """``sd`` with its (preprocessed, aligned) trials mapped onto ``channels`` by the fixed spherical-spline
     matrix (:func:`neurofed.trainer.data.profiles.interpolation_matrix`; channels it has are copied exactly)."""
-    from neurofed.trainer.data.profiles import interpolation_matrix
 
     w = interpolation_matrix(sd.ch_names, channels).astype(np.float32)
     return replace(sd, X=np.einsum("kc,nct->nkt", w, sd.X).astype(np.float32), ch_names=list(channels))
@@ -279,8 +284,6 @@ def _data_root(data_dir: str | None) -> str | None:
     ``/work/shared/data``, ``../shared/data/eegmmidb`` and no ``--data-dir`` at all name the same files on one
     machine; a folder that cannot be resolved here is compared as written.
     """
-    from neurofed.trainer.data.eegmmidb import resolve_data_dir, subjects_root
-    from neurofed.trainer.errors import DataError
 
     try:
         root = subjects_root(resolve_data_dir(data_dir))

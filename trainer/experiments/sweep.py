@@ -18,11 +18,10 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
-import typer
 from neurofed.trainer.atomic import atomic_write_bytes
+from neurofed.trainer.data import PreprocessConfig
 from neurofed.trainer.errors import NeuroFedError
 
 logger = logging.getLogger("neurofed.trainer")
@@ -45,7 +44,7 @@ def write_json(path: Path, obj: dict) -> None:
 
 def run_config(run_dir: Path):
     """The :class:`~neurofed.trainer.experiments.simulate.SimConfig` a run directory was trained with."""
-    from neurofed.trainer.experiments.simulate import SimConfig
+    from neurofed.trainer.experiments.simulate import SimConfig  # lazy: torch (loaded only when used)
 
     cfg_path = run_dir / "config.json"
     if not cfg_path.exists():
@@ -71,8 +70,7 @@ def job_checkpoint(job_path: Path, job: dict) -> Path:
 
 def held_out_subjects(cfg, job: dict) -> list:
     """The job's held-out subjects, loaded with the run's own preprocessing."""
-    from neurofed.trainer.data import PreprocessConfig
-    from neurofed.trainer.experiments.simulate import load_fold_subjects
+    from neurofed.trainer.experiments.simulate import load_fold_subjects  # lazy: torch
 
     return load_fold_subjects(cfg, [int(s[1:]) for s in job["test_subjects"]],
                               PreprocessConfig.from_dict(cfg.preprocess))
@@ -86,8 +84,11 @@ def sweep_job(run_dir: Path, job_path: Path, attacks: Sequence[tuple[str, float]
     models. ``cfg``: the run's :class:`~neurofed.trainer.experiments.simulate.SimConfig` (read from ``run_dir/config.json``
     when not given).
     """
-    from neurofed.trainer.checkpoint import load_checkpoint
-    from neurofed.trainer.experiments.runner import EvalSpec, evaluate_subjects
+    from neurofed.trainer.checkpoint import load_checkpoint  # lazy: torch (loaded only when used)
+    from neurofed.trainer.experiments.runner import (  # lazy: torch (loaded only when used)
+        EvalSpec,
+        evaluate_subjects,
+    )
 
     job = json.loads(job_path.read_text())
     out_path = run_dir / "sweep" / job_path.name
@@ -192,8 +193,8 @@ def _summarise(run: Path, attacks: Sequence[tuple[str, float]], results: list[di
 
 def _summary(run: Path, keys: list[str], results: list[dict]) -> dict:
     """Per-subject means over seeds and the summary of the ``attack@eps`` ``keys`` (and benign BCA)."""
-    from neurofed.trainer.attacks import attack_budgets
-    from neurofed.trainer.experiments.simulate import aggregate_seeds
+    from neurofed.trainer.attacks import attack_budgets  # lazy: torch (loaded only when used)
+    from neurofed.trainer.experiments.simulate import aggregate_seeds  # lazy: torch (loaded only when used)
 
     per_seed: dict[int, dict[str, dict]] = {}
     for res in results:
@@ -272,49 +273,5 @@ def sweep_plot(results: dict[str, dict], path: str | os.PathLike) -> None:
     plt.close(fig)
 
 
-def sweep(
-    runs: Annotated[list[Path], typer.Argument(help="run directories trained with --save-models")],
-    attack: Annotated[str, typer.Option(help="NAME:EPS list, e.g. 'fgsm:0.01,fgsm:0.03,fgsm:0.05,square:0.05' "
-                                             "(eps x each trial's channel std)")],
-    plot: Annotated[Path | None, typer.Option(help="PNG: BCA against eps, one panel per attack")] = None,
-    names: Annotated[str | None, typer.Option(help="column names, comma-separated (default: the folders' names)")]
-    = None,
-    seeds: Annotated[str | None, typer.Option(help="only the jobs of these seeds, e.g. 0 (default: all)")] = None,
-    workers: Annotated[int, typer.Option(help="jobs attacked at once (processes, one torch thread each)")] = 1,
-) -> None:
-    """Attack the saved models of runs at several budgets (no training); table and plot of BCA against eps.
-
-    The first run is the reference of the paired t-tests. Results are kept per job (resumable)."""
-    from neurofed.trainer.cli import parse_attacks, parse_int_list
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn
-
-    console = Console()
-    attacks = [(a, float(e)) for a, e in parse_attacks(attack)]
-    if not attacks:
-        raise typer.BadParameter("give at least one NAME:EPS", param_hint="--attack")
-    labels = names.split(",") if names else [r.name for r in runs]
-    if len(labels) != len(runs):
-        raise typer.BadParameter(f"{len(labels)} names for {len(runs)} runs", param_hint="--names")
-    chosen = parse_int_list(seeds, "--seeds") if seeds else None
-    counts = {str(r): len(run_jobs(r, chosen)) for r in runs}
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
-                  console=console) as prog:
-        tasks: dict[str, list] = {}
-        for label, r in zip(labels, runs):
-            tasks.setdefault(str(r), []).append(prog.add_task(label, total=counts[str(r)]))
-
-        def advance(r: Path, _jp: Path) -> None:
-            for t in tasks[str(r)]:
-                prog.advance(t)
-
-        by_run = sweep_runs(runs, attacks, advance, chosen, max(1, workers))
-    results = {label: by_run[str(r)] for label, r in zip(labels, runs)}
-    console.print(sweep_table(results))
-    if plot:
-        sweep_plot(results, plot)
-        console.print(f"plot: {plot}")
-
-
-__all__ = ["held_out_subjects", "job_checkpoint", "job_seed", "run_config", "run_jobs", "sweep", "sweep_file",
+__all__ = ["held_out_subjects", "job_checkpoint", "job_seed", "run_config", "run_jobs", "sweep_file",
            "sweep_job", "sweep_plot", "sweep_run", "sweep_runs", "sweep_table", "write_json"]

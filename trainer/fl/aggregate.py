@@ -1,12 +1,29 @@
-"""Pure aggregation rules over state dicts (no strategy, no transport): streaming weighted mean."""
+"""Pure aggregation rules over state dicts (no strategy, no transport): the rule interface and the streaming
+weighted mean."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 import torch
-from neurofed.trainer.fl.api import StateAggregator
 from torch import Tensor
+
+
+class StateAggregator:
+    """How the server combines the clients' state dicts (default: :class:`neurofed.trainer.fl.aggregate.WeightedSum`).
+
+    ``add`` each accepted state once with its weight (trial count), then ``result``. A rule that needs
+    every update at once (median, Krum, adaptive clipping) buffers them: memory O(clients x model).
+    """
+
+    count: int = 0
+    clipped: int | None = None  # updates this round scaled down by the rule's norm clip; None = the rule never clips
+
+    def add(self, state: Mapping[str, Tensor], weight: float) -> None:
+        raise NotImplementedError
+
+    def result(self) -> dict[str, Tensor]:
+        raise NotImplementedError
 
 
 class WeightedSum(StateAggregator):

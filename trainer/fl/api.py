@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+from neurofed.trainer.fl.aggregate import StateAggregator, WeightedSum  # StateAggregator: re-exported
 from neurofed.trainer.models.bn import bn_state_keys
 from torch import Tensor, nn
 
@@ -222,23 +223,6 @@ class Reweighting:
     def finish(self, extras: dict[str, Tensor], n_updates: int) -> dict[str, Tensor]:
         """Return the server extras after this round (e.g. the next round's weights)."""
         return extras
-
-
-class StateAggregator:
-    """How the server combines the clients' state dicts (default: :class:`neurofed.trainer.fl.aggregate.WeightedSum`).
-
-    ``add`` each accepted state once with its weight (trial count), then ``result``. A rule that needs
-    every update at once (median, Krum, adaptive clipping) buffers them: memory O(clients x model).
-    """
-
-    count: int = 0
-    clipped: int | None = None  # updates this round scaled down by the rule's norm clip; None = the rule never clips
-
-    def add(self, state: Mapping[str, Tensor], weight: float) -> None:
-        raise NotImplementedError
-
-    def result(self) -> dict[str, Tensor]:
-        raise NotImplementedError
 
 
 class Component:
@@ -490,8 +474,6 @@ class Strategy:
     def state_aggregator(self, old_global: Mapping[str, Tensor], round_idx: int,
                          n_clients_total: int) -> StateAggregator:
         """The rule that combines this round's states: a component's, else the trial-weighted mean."""
-        from neurofed.trainer.fl.aggregate import WeightedSum
-
         for c in self.components:
             agg = c.state_aggregator(old_global, round_idx, n_clients_total)
             if agg is not None:

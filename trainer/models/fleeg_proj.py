@@ -33,6 +33,7 @@ from typing import ClassVar
 
 import torch
 from neurofed.trainer.data.config import SENSORIMOTOR_21
+from neurofed.trainer.data.profiles import interpolation_matrix
 from neurofed.trainer.models.bn import BNMode
 from neurofed.trainer.models.eegnet import EEGNet
 from neurofed.trainer.models.fleeg import LOCAL_PREFIX
@@ -88,8 +89,6 @@ class FleegProjEEGNet(EEGNet):
         bn_mode: BNMode = "batch_specific", *, ch_names: Sequence[str],
         common_channels: Sequence[str] = SENSORIMOTOR_21, **eegnet_kwargs,
     ) -> None:
-        from neurofed.trainer.data.profiles import interpolation_matrix
-
         ch_names, common = tuple(str(c) for c in ch_names), tuple(str(c) for c in common_channels)
         if len(ch_names) != n_channels:
             raise ValueError(f"fleeg_proj_eegnet: {len(ch_names)} channel names for {n_channels} input channels")
