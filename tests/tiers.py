@@ -8,7 +8,7 @@ integration  a real Mosquitto (127.0.0.1:1883 or a test's own on a free port), L
 e2e          the demo, the apps in a real browser / Node, kill -9 and resume, whole CLI runs of a pipeline.
 
 How a test gets its tier: an explicit ``@pytest.mark.unit`` / ``integration`` / ``e2e`` on the test (or
-``pytestmark`` in its module) wins; then :data:`TEST_TIERS` (for a file that does not import pytest); otherwise
+``pytestmark`` in its module) wins; then :data:`TEST_TIERS` (a few single tests listed here); otherwise
 its file's tier from :data:`FILE_TIERS` below. A test with no
 tier, or with two, stops the run at collection (tests/conftest.py); tests/test_tiers.py checks the table.
 Select a tier with ``-m unit`` (``-m "not e2e"``, ...).
@@ -79,7 +79,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/neurofed/test_supervise.py": "integration",
     "tests/neurofed/test_wiretap.py": "integration",          # 1 unit test marked
     # repository-wide
-    "tests/test_import_contract.py": "unit",
+    "tests/test_import_contract.py": "unit",                  # 2 integration in TEST_TIERS
     "tests/test_lint.py": "integration",                      # runs ruff as a process
     "tests/test_packaging.py": "integration",                 # pip, git, clean venvs (its tests carry their marks)
     "tests/test_tiers.py": "unit",
@@ -109,12 +109,17 @@ FILE_TIERS: dict[str, str] = {
     "tests/trainer/test_report.py": "unit",
     "tests/trainer/test_robust.py": "unit",
     "tests/trainer/test_secagg.py": "unit",
+    "tests/trainer/test_spec.py": "unit",
     "tests/trainer/test_strategy_regression.py": "e2e",       # a whole `neurofed simulate` at the reference commit
     "tests/trainer/test_sweep.py": "unit",                    # 1 integration (process pool) marked
 }
 
-#: single tests of files that do not import pytest (file::test name -> tier; parametrised cases share it)
+#: single tests of files that do not import pytest or are another branch's to edit (file::test name -> tier;
+#: parametrised cases share it)
 TEST_TIERS: dict[str, str] = {
+    # the import-linter CLI and a clean interpreter as processes
+    "tests/test_import_contract.py::test_lint_imports_on_the_staging_tree": "integration",
+    "tests/test_import_contract.py::test_runtime_imports_no_torch": "integration",
     "tests/edge/test_lsl_config.py::test_session_config_text": "unit",
     "tests/trainer/test_cli.py::test_bad_data_dir_is_one_clear_line": "integration",  # the CLI as a process
     # a whole `neurofed simulate` in process, then resumed by a second run as a process
