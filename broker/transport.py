@@ -108,7 +108,51 @@ class Incoming:
     retain: bool = False
 
 
-class MqttTransport:
+class Inbox:
+    """A transport's session bookkeeping: the incoming queue, subscriptions and traffic counters.
+
+    Shared by :class:`MqttTransport` and the tests' in-memory double, so both count and hand out messages
+    the same way; a subclass supplies :meth:`check` (its session supervision).
+    """
+
+    def __init__(self, client_id: str, max_queue: int) -> None:
+        self.client_id = client_id
+        self.queue: queue.Queue[Incoming] = queue.Queue(max_queue)
+        self.subscriptions: list[str] = []
+        self.no_local: set[str] = set()
+        self.mqtt_version: str | None = None
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.msgs_in = 0
+        self.msgs_out = 0
+        self._traffic: dict[str, list[int]] = {}  # topic -> [messages, payload bytes], both directions
+        self._connected = threading.Event()
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """Supervise the session (the subclass's); called by :meth:`get`."""
+
+    def _count(self, topic: str, n: int) -> None:
+        with self._lock:
+            row = self._traffic.setdefault(topic, [0, 0])
+            row[0] += 1
+            row[1] += n
+
+    def traffic(self) -> dict[str, tuple[int, int]]:
+        """``topic -> (messages, payload bytes)`` published and received so far (a copy)."""
+        with self._lock:
+            return {t: (m, b) for t, (m, b) in self._traffic.items()}
+
+    def get(self, timeout: float = 0.1) -> Incoming | None:
+        """Next incoming item, or None after ``timeout`` seconds (also runs :meth:`check`)."""
+        self.check()
+        try:
+            return self.queue.get(timeout=max(timeout, 0.0))
+        except queue.Empty:
+            return None
+
+
+class MqttTransport(Inbox):
     """A paho client with a message queue.
 
     Parameters
@@ -135,26 +179,15 @@ class MqttTransport:
                  keepalive: int = 10, protocol: Protocol = "auto", ca_certs: str | None = None,
                  certfile: str | None = None, keyfile: str | None = None, max_queue: int = 100_000,
                  reconnect_max_s: int = 8, probe_topic: str | None = None, probe_s: float = 20.0) -> None:
+        super().__init__(client_id, max_queue)
         self.url = url if isinstance(url, BrokerURL) else BrokerURL.parse(url)
-        self.client_id = client_id
         self.will = will
         self.keepalive = keepalive
         self.protocol = protocol
         self.tls_files = (ca_certs, certfile, keyfile)
         self.reconnect_max_s = reconnect_max_s
-        self.queue: queue.Queue[Incoming] = queue.Queue(max_queue)
-        self.subscriptions: list[str] = []
-        self.no_local: set[str] = set()
-        self.mqtt_version: str | None = None
-        self.bytes_in = 0
-        self.bytes_out = 0
-        self.msgs_in = 0
-        self.msgs_out = 0
-        self._traffic: dict[str, list[int]] = {}  # topic -> [messages, payload bytes], both directions
         self._client: mqtt.Client | None = None
-        self._connected = threading.Event()
         self._refusal: str | None = None
-        self._lock = threading.Lock()
         self._live: mqtt.Client | None = None  # the client whose callbacks count (a retired one's are ignored)
         self._v5 = True
         self.probe_topic = probe_topic
@@ -344,25 +377,6 @@ class MqttTransport:
             raise TransportError(f"publish to {topic!r} not acknowledged within {wait:.1f} s (queued; "
                                  "sent after reconnecting)")
         return True
-
-    def _count(self, topic: str, n: int) -> None:
-        with self._lock:
-            row = self._traffic.setdefault(topic, [0, 0])
-            row[0] += 1
-            row[1] += n
-
-    def traffic(self) -> dict[str, tuple[int, int]]:
-        """``topic -> (messages, payload bytes)`` published and received so far (a copy)."""
-        with self._lock:
-            return {t: (m, b) for t, (m, b) in self._traffic.items()}
-
-    def get(self, timeout: float = 0.1) -> Incoming | None:
-        """Next incoming item, or None after ``timeout`` seconds (also runs :meth:`check`)."""
-        self.check()
-        try:
-            return self.queue.get(timeout=max(timeout, 0.0))
-        except queue.Empty:
-            return None
 
     # ------------------------------------------------------------------ supervision
     def check(self) -> None:

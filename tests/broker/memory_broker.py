@@ -25,22 +25,14 @@ import threading
 import time
 from typing import Any, Self
 
-from neurofed.broker.transport import Incoming, TransportError
+from neurofed.broker.transport import Inbox, Incoming, TransportError
+from paho.mqtt.client import topic_matches_sub
 
 _ids = itertools.count(1)
 
 
-def topic_matches(topic_filter: str, topic: str) -> bool:
-    """MQTT topic-filter matching (``+`` one level, ``#`` the rest; ``$`` topics never match a wildcard)."""
-    f, t = topic_filter.split("/"), topic.split("/")
-    if t[0].startswith("$") and f[0] in ("+", "#"):
-        return False
-    for i, part in enumerate(f):
-        if part == "#":
-            return True
-        if i >= len(t) or (part != "+" and part != t[i]):
-            return False
-    return len(f) == len(t)
+# MQTT topic-filter matching (``+`` one level, ``#`` the rest, ``$`` topics never match a wildcard): paho's.
+topic_matches = topic_matches_sub
 
 
 class _URL:
@@ -112,7 +104,7 @@ class MemoryBroker:
                 c._deliver(Incoming("message", topic, payload, False))
 
 
-class MemoryTransport:
+class MemoryTransport(Inbox):
     """Same interface as :class:`neurofed.broker.transport.MqttTransport`, over a :class:`MemoryBroker`.
 
     Constructed exactly like the real one (``url`` names the broker: :attr:`MemoryBroker.url`); TLS, keepalive,
@@ -123,18 +115,10 @@ class MemoryTransport:
                  protocol: str = "auto", ca_certs: str | None = None, certfile: str | None = None,
                  keyfile: str | None = None, max_queue: int = 100_000, reconnect_max_s: int = 8,
                  probe_topic: str | None = None, probe_s: float = 20.0) -> None:
+        super().__init__(client_id, max_queue)
         self.url = _URL(str(url))
-        self.client_id = client_id
         self.will = will
         self.keepalive, self.protocol = keepalive, protocol
-        self.queue: queue.Queue[Incoming] = queue.Queue(max_queue)
-        self.subscriptions: list[str] = []
-        self.no_local: set[str] = set()
-        self.mqtt_version: str | None = None
-        self.bytes_in = self.bytes_out = self.msgs_in = self.msgs_out = 0
-        self._traffic: dict[str, list[int]] = {}
-        self._lock = threading.Lock()
-        self._connected = threading.Event()
         self._broker: MemoryBroker | None = None
         self.probe_topic, self.probe_s = probe_topic, probe_s
         self.restarts = 0
@@ -233,23 +217,6 @@ class MemoryTransport:
             self.queue.put_nowait(item)
         except queue.Full:
             pass
-
-    def _count(self, topic: str, n: int) -> None:
-        with self._lock:
-            row = self._traffic.setdefault(topic, [0, 0])
-            row[0] += 1
-            row[1] += n
-
-    def traffic(self) -> dict[str, tuple[int, int]]:
-        with self._lock:
-            return {t: (m, b) for t, (m, b) in self._traffic.items()}
-
-    def get(self, timeout: float = 0.1) -> Incoming | None:
-        self.check()
-        try:
-            return self.queue.get(timeout=max(timeout, 0.0))
-        except queue.Empty:
-            return None
 
     def check(self) -> None:
         """Nothing to supervise: an in-memory session cannot stall."""
