@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from neurofed.broker.config import config_from_dict
 from neurofed.broker.coordinator import Coordinator
 from neurofed.broker.embedded import EmbeddedBroker

@@ -12,16 +12,18 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from safetensors import safe_open
+from safetensors.torch import load_file
+
 from neurofed.trainer.atomic import save_safetensors
 from neurofed.trainer.checkpoint import save_checkpoint
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.fl.server import ServerState
-from safetensors import safe_open
-from safetensors.torch import load_file
 
 if TYPE_CHECKING:
-    from neurofed.broker.protocol import ModelSpec
     from torch import Tensor
+
+    from neurofed.broker.protocol import ModelSpec
 
 CHECKPOINT_NAME = "server_state.safetensors"
 META_KEY = "neurofed_server"

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from neurofed.broker import logger
 
 
@@ -34,6 +35,7 @@ def coordinator_cmd(
 ) -> None:
     """Coordinate a federation: rounds, deadlines, validation, aggregation, checkpoints, final model."""
     import torch
+
     from neurofed.broker.config import load_config  # lazy: torch (keeps --help fast)
     from neurofed.broker.coordinator import Coordinator  # lazy: paho-mqtt, torch (keeps --help fast)
 

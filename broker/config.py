@@ -47,6 +47,8 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
 from neurofed.broker.protocol import NAME_PATTERN, ModelSpec
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.profiles import ProfileError, get_profile
@@ -54,7 +56,6 @@ from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.strategies import get_strategy
 from neurofed.trainer.models import MODEL_NAMES, PER_DEVICE_MODELS
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(NeuroFedError, ValueError):

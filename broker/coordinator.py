@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from neurofed.broker import logger
 from neurofed.broker.checkpoint import (
     CheckpointError,

@@ -23,13 +23,14 @@ import zlib
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import numpy as np
-from neurofed.trainer.checkpoint import MODEL_FIELDS, ModelMeta, meta_fields
-from neurofed.trainer.errors import NeuroFedError
-from neurofed.trainer.models import MODEL_NAMES
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor
+
+from neurofed.trainer.checkpoint import MODEL_FIELDS, ModelMeta, meta_fields
+from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.models import MODEL_NAMES
 
 #: 2: device profiles, secure aggregation, cached extras; 3: compact deflated headers, bit-shuffled bodies,
 #: word-difference delta coding, compact secure-aggregation messages (base64 blobs and roster indices instead

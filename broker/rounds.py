@@ -6,11 +6,12 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from torch import Tensor
+
 from neurofed.broker.protocol import UpdateMsg
 from neurofed.broker.validation import UpdateRules, check_update
 from neurofed.trainer.fl.client import ClientUpdate
 from neurofed.trainer.fl.server import RoundAggregator
-from torch import Tensor
 
 
 class SeenIds:

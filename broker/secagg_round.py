@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
+
 from neurofed.broker import logger
 from neurofed.broker.config import ConfigError, FederationConfig
 from neurofed.broker.protocol import (
@@ -64,7 +66,6 @@ from neurofed.trainer.fl.secagg import (
     unb64_records,
     unmask,
 )
-from torch import Tensor
 
 
 def check_compatible(cfg: FederationConfig, strategy: Any, model: torch.nn.Module) -> None:

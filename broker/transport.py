@@ -37,10 +37,11 @@ from typing import Literal, Self
 from urllib.parse import unquote, urlsplit
 
 import paho.mqtt.client as mqtt
-from neurofed.broker import logger
-from neurofed.trainer.errors import NeuroFedError
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from neurofed.broker import logger
+from neurofed.trainer.errors import NeuroFedError
 
 Protocol = Literal["auto", "5", "3.1.1"]
 #: What a client that tried a broker once (no ``--wait-for-broker``) adds to "cannot reach broker".

@@ -11,11 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
+
 from neurofed.broker.protocol import COORDINATOR_ID, SECAGG_UP, JoinMsg, ModelSpec, UpdateMsg, unpack
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.fl.api import TensorSpec, tensor_specs
 from neurofed.trainer.fl.client import ClientUpdate
-from torch import Tensor
 
 __all__ = ["Rejected", "TensorSpec", "UpdateRules", "check_envelope", "check_join", "check_update", "tensor_specs",
            "update_norm"]

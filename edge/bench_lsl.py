@@ -13,6 +13,7 @@ import time
 import uuid
 
 import numpy as np
+
 from neurofed.edge.buffer import RingBuffer
 from neurofed.edge.lsl_config import use_private_session
 from neurofed.firmware_sim.recording import Recording

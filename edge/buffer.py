@@ -10,6 +10,7 @@ arrival whatever the stream's timestamps say (e.g. a recording replayed faster t
 from __future__ import annotations
 
 import numpy as np
+
 from neurofed.trainer.errors import DataError
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from neurofed.edge import logger
 from neurofed.edge.buffer import RingBuffer
 from neurofed.edge.stream import StreamLayout, match_stream, stream_profile

@@ -18,6 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from torch import Tensor
+
 from neurofed.broker.protocol import (
     COORDINATOR_ID,
     SECAGG_DOWN,
@@ -59,9 +63,6 @@ from neurofed.trainer.fl.secagg import SecAggError
 from neurofed.trainer.fl.server import downlink
 from neurofed.trainer.fl.strategies import get_strategy
 from neurofed.trainer.models import build_model
-from safetensors import safe_open
-from safetensors.torch import load_file
-from torch import Tensor
 
 DataLoader = Callable[[ModelSpec], SubjectData]
 #: ``() -> (channel names, sampling rate in Hz)`` of the client's device (its recording / stream, before preprocessing)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from neurofed.trainer.data.guard import GuardConfig, guard_reason
 
 __all__ = ["GuardConfig", "GuardResult", "check_window"]

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
 from neurofed.edge.guard import GuardConfig, GuardResult, check_window
 from neurofed.edge.stream import StreamLayout, match_stream
 from neurofed.edge.windowing import Window

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import typer
+
 from neurofed.edge.buffer import RingBuffer
 from neurofed.edge.windowing import CueWindower, SlidingWindower
 from neurofed.trainer.errors import NeuroFedError
@@ -216,6 +217,8 @@ def infer(
     ] = None,
 ) -> None:
     """Decode a live headset: predictions out as an LSL stream (and MQTT if asked)."""
+    from rich.console import Console
+
     from neurofed.edge.infer import (  # lazy: onnx, onnxruntime (keeps --help fast)
         InferenceEngine,
         StandaloneStep,
@@ -229,7 +232,6 @@ def infer(
     )
     from neurofed.export.decoder import StandaloneModel  # lazy: onnx, onnxruntime (keeps --help fast)
     from neurofed.export.runtime import OnnxModel, load_model  # lazy: onnx, onnxruntime (keeps --help fast)
-    from rich.console import Console
 
     console = Console()
     if mode not in ("cue", "sliding"):

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+
 from neurofed.edge.store import LocalStore
 from neurofed.trainer.data import load_eegmmidb_subject
 from neurofed.trainer.data.config import PreprocessConfig
@@ -96,6 +97,7 @@ def join(
         except TransportError as exc:
             raise TransportError(f"{exc}{NO_BROKER_HINT}") from None
     import torch
+
     from neurofed.edge.federation import EdgeClient  # lazy: paho-mqtt, torch (keeps --help fast)
 
     torch.set_num_threads(max(1, torch.get_num_threads()))

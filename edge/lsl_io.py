@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pylsl
-from neurofed.trainer.errors import NeuroFedError
 from pylsl.util import LostError
 from pylsl.util import TimeoutError as LslTimeout
+
+from neurofed.trainer.errors import NeuroFedError
 
 
 class StreamError(NeuroFedError):

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from neurofed.edge.capture import CaptureConfig, LiveCapture
 from neurofed.edge.store import LocalStore
 from neurofed.trainer.data.config import PreprocessConfig

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
+
 from neurofed.broker.protocol import (
     SaInboxMsg,
     SaKeysMsg,
@@ -46,7 +48,6 @@ from neurofed.trainer.fl.secagg import (
     neighbours_of,
     unb64_records,
 )
-from torch import Tensor
 
 Out = tuple[Any, dict[str, Tensor] | None]
 

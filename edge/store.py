@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
 from neurofed.edge import logger
 from neurofed.edge.capture import RawTrial
 from neurofed.trainer.atomic import atomic_write_bytes

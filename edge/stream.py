@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+
 from neurofed.trainer.data.profiles import DeviceProfile, ProfileError, match_profile, to_microvolts
 from neurofed.trainer.data.units import norm_label, unit_scale
 from neurofed.trainer.errors import DataError

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from neurofed.edge import logger
 from neurofed.edge.buffer import RingBuffer
 from neurofed.trainer.errors import DataError

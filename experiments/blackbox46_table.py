@@ -22,8 +22,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-from neurofed.trainer.experiments.sweep import _key, sweep_plot
 from scipy import stats
+
+from neurofed.trainer.experiments.sweep import _key, sweep_plot
 
 RES = Path("experiments/results/blackbox46")
 

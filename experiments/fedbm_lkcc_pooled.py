@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import typer
+
 from neurofed.trainer.data import PreprocessConfig, load_subjects
 from neurofed.trainer.experiments.runner import EvalSpec, evaluate_subjects, run_federated
 from neurofed.trainer.fl.local import LocalConfig

@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from neurofed.trainer.report import paired_comparison
 from scipy import stats
+
+from neurofed.trainer.report import paired_comparison
 
 PROFILES = ("lab64", "research21", "cyton_daisy16", "unicorn8")
 CONDITIONS = {

@@ -21,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+
 from neurofed.trainer.art_attacks import HSJ_STATS, reset_hsj_stats
 from neurofed.trainer.experiments.grid import parse_spec
 from neurofed.trainer.experiments.protocol import make_folds

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from neurofed.trainer.attacks import channel_budget, fgsm, pgd
 from neurofed.trainer.checkpoint import load_checkpoint
 from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject

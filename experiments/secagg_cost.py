@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from neurofed.trainer.fl.secagg import secure_weighted_mean
 
 D = 1653  # EEGNet, 21 channels, 80 Hz, 4 s: floating entries of the state dict

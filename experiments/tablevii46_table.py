@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 from blackbox46_table import load  # experiments/ is on sys.path when run as a script
+
 from neurofed.trainer.experiments.simulate import aggregate_seeds
 from neurofed.trainer.report import paired_comparison
 

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import torch
+
 from neurofed.export.runtime import OnnxModel
 from neurofed.trainer.checkpoint import load_checkpoint
 from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from neurofed.trainer.data import PreprocessConfig, load_subjects
 from neurofed.trainer.experiments.runner import run_federated
 from neurofed.trainer.fl.algorithms import robust

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+
 from neurofed.export.decoder import StandaloneModel
 from neurofed.export.standalone import eegmmidb_session_windows, export_standalone
 from neurofed.trainer.errors import NeuroFedError

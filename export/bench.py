@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
 from neurofed.trainer.bench import BENCH_DIR, write_result
 from neurofed.trainer.data import PreprocessConfig
 
@@ -47,6 +48,7 @@ def bench_shape(
     ``members`` > 1: a :class:`~neurofed.trainer.models.ensemble.SoftmaxEnsemble` of that many such models in one graph
     (what ``neurofed combine`` + ``neurofed export`` deploy)."""
     import torch
+
     from neurofed.export.metadata import (  # lazy: onnx, onnxruntime, torch (loaded only when used)
         build_meta,
         embed_meta,

@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
 from neurofed.export import bench as export_bench
 from neurofed.trainer.data.eegmmidb import parse_subjects
 from neurofed.trainer.errors import NeuroFedError
-from rich.console import Console
-from rich.table import Table
 
 console = Console()
 
@@ -156,8 +157,9 @@ def _print_standalone(path: Path, meta) -> None:
 
 
 def _hierarchical(checkpoint: Path) -> bool:
-    from neurofed.trainer.checkpoint import is_hierarchical  # lazy: torch (keeps --help fast)
     from safetensors import safe_open
+
+    from neurofed.trainer.checkpoint import is_hierarchical  # lazy: torch (keeps --help fast)
 
     try:
         with safe_open(str(checkpoint), framework="pt") as f:

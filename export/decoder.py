@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
+
 from neurofed.export.runtime import load_model, make_session
 from neurofed.trainer.data.guard import GUARD_KINDS
 from neurofed.trainer.data.guard import guard_reason as reason_text
 from neurofed.trainer.errors import NeuroFedError
-from pydantic import BaseModel, ConfigDict
 
 #: The model hash travels in the state as this many 24-bit integers (exact in float64).
 HASH_WORDS = 4

@@ -17,6 +17,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
+from onnx import numpy_helper
+from torch import nn
+
 from neurofed.export.metadata import OnnxModelMeta, model_hash
 from neurofed.export.runtime import OnnxModel
 from neurofed.trainer.attacks import ATTACKS, art_attacks_module, attack_budgets
@@ -26,8 +29,6 @@ from neurofed.trainer.data.dataset import load_recordings
 from neurofed.trainer.data.eegmmidb import TASKS
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.evaluate import adversarial_batches, bca
-from onnx import numpy_helper
-from torch import nn
 
 
 def torch_twin(

@@ -16,6 +16,7 @@ from dataclasses import asdict
 
 import onnx
 import torch
+
 from neurofed.export.runtime import (  # the model card's reader is the runtime's (no torch); re-exported here
     INPUT_NAME,
     META_KEY,

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
+from torch import nn
+
 from neurofed.export.metadata import INPUT_NAME, OUTPUT_NAME, OnnxModelMeta, build_meta, embed_meta
 from neurofed.export.runtime import make_session
 from neurofed.trainer.atomic import atomic_write_bytes
@@ -34,7 +36,6 @@ from neurofed.trainer.data import PreprocessConfig, list_subjects, load_eegmmidb
 from neurofed.trainer.data.eegmmidb import TASKS
 from neurofed.trainer.data.profiles import load_profile_subject
 from neurofed.trainer.errors import NeuroFedError
-from torch import nn
 
 logger = logging.getLogger("neurofed.export")
 

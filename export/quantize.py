@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
 from neurofed.export.metadata import embed_meta, meta_from_model
 from neurofed.export.runtime import OnnxModel
 from neurofed.trainer.errors import NeuroFedError

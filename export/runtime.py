@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+from pydantic import ConfigDict, ValidationError, create_model, field_validator
+
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.model_meta import ModelMeta, meta_fields
-from pydantic import ConfigDict, ValidationError, create_model, field_validator
 
 META_KEY = "neurofed"
 INPUT_NAME = "x"

@@ -37,6 +37,10 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
+
 from neurofed.export.decoder import (  # the run-time decoder (onnxruntime + numpy) reads what this builds
     HASH_WORDS,
     INPUTS,
@@ -55,9 +59,6 @@ from neurofed.trainer.data.preprocess import n_times_for, pick_channels, preproc
 from neurofed.trainer.errors import DataError, NeuroFedError
 from neurofed.trainer.models.eegnet import EEGNet
 from neurofed.trainer.models.fleeg import FleegEEGNet
-from torch import nn
-from torch.nn import functional as F
-from torch.nn.modules.batchnorm import _BatchNorm
 
 logger = logging.getLogger("neurofed.export")
 

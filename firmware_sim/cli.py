@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from neurofed.firmware_sim.player import PlayerConfig, play_many, run_to_end
 from neurofed.firmware_sim.recording import (
     LSL_UNITS,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pylsl
+
 from neurofed.firmware_sim.recording import COUNTER_CHANNEL
 
 EEG_UNIT = "microvolts"

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
 from neurofed.firmware_sim import logger, lsl_out
 from neurofed.firmware_sim.recording import Recording
 from neurofed.trainer.errors import NeuroFedError

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from neurofed.trainer.data.eegmmidb import LR_IMAGERY_RUNS, RUN_EVENT_LABELS, subject_files
 from neurofed.trainer.data.io import cue_samples, read_raw
 from neurofed.trainer.data.profiles import get_profile, to_device

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from neurofed.trainer.data import PreprocessConfig, load_subjects, resolve_data_dir
 
 torch.set_num_threads(1)

@@ -12,10 +12,11 @@ from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from neurofed.trainer import art_attacks
 from neurofed.trainer.art_attacks import LIBRARY_BUDGETS
 from neurofed.trainer.errors import NeuroFedError
-from torch import Tensor, nn
 
 
 def channel_budget(x: Tensor, eps: float) -> Tensor:

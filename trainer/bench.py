@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
 from neurofed.trainer.data.eegmmidb import parse_subjects
 
@@ -71,6 +72,7 @@ def bench_train(threads: int = 1, batch_size: int = 32, steps: int = 30, models:
     thread all the work runs there), so the ratios can be read on a machine other jobs share.
     """
     import torch
+
     from neurofed.trainer.fl.local import LocalConfig, train_local  # lazy: torch (loaded only when used)
     from neurofed.trainer.fl.strategies import get_strategy  # lazy: torch (loaded only when used)
     from neurofed.trainer.models import build_model, count_parameters  # lazy: torch (loaded only when used)

@@ -14,6 +14,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from torch import nn
+
 from neurofed.trainer.atomic import save_safetensors
 from neurofed.trainer.data.profiles import DeviceProfile, get_profile
 from neurofed.trainer.errors import NeuroFedError
@@ -26,9 +30,6 @@ from neurofed.trainer.model_meta import (  # re-exported (torch-free)
 )
 from neurofed.trainer.models.ensemble import ENSEMBLE, SoftmaxEnsemble
 from neurofed.trainer.models.heads import install_concept_head_for
-from safetensors import safe_open
-from safetensors.torch import load_file
-from torch import nn
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, torch.Tensor], meta: ModelMeta) -> Path:

@@ -13,26 +13,6 @@ from typing import Annotated
 
 import numpy as np
 import typer
-from neurofed.trainer import bench as trainer_bench
-from neurofed.trainer import report as trainer_report
-from neurofed.trainer.checkpoint import combine_checkpoints
-from neurofed.trainer.data import resolve_data_dir
-from neurofed.trainer.data.eegmmidb import check_files, download
-from neurofed.trainer.errors import DataError, NeuroFedError, run_cli
-from neurofed.trainer.experiments.classical import METHOD_EA, METHODS, ClassicalConfig, run_classical
-from neurofed.trainer.experiments.ensemble import ensemble_runs
-from neurofed.trainer.experiments.grid import (
-    Check,
-    GridRun,
-    Task,
-    parse_spec,
-    reproduce_grid,
-    run_grid,
-    select_seeds,
-)
-from neurofed.trainer.experiments.simulate import run_simulation
-from neurofed.trainer.experiments.sweep import run_jobs, sweep_plot, sweep_runs, sweep_table, write_json
-from neurofed.trainer.fl.strategies import ALGORITHMS, PARAMS, docs_tables
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -57,6 +37,26 @@ from neurofed.options import (
     print_results,
     with_strategy_options,
 )
+from neurofed.trainer import bench as trainer_bench
+from neurofed.trainer import report as trainer_report
+from neurofed.trainer.checkpoint import combine_checkpoints
+from neurofed.trainer.data import resolve_data_dir
+from neurofed.trainer.data.eegmmidb import check_files, download
+from neurofed.trainer.errors import DataError, NeuroFedError, run_cli
+from neurofed.trainer.experiments.classical import METHOD_EA, METHODS, ClassicalConfig, run_classical
+from neurofed.trainer.experiments.ensemble import ensemble_runs
+from neurofed.trainer.experiments.grid import (
+    Check,
+    GridRun,
+    Task,
+    parse_spec,
+    reproduce_grid,
+    run_grid,
+    select_seeds,
+)
+from neurofed.trainer.experiments.simulate import run_simulation
+from neurofed.trainer.experiments.sweep import run_jobs, sweep_plot, sweep_runs, sweep_table, write_json
+from neurofed.trainer.fl.strategies import ALGORITHMS, PARAMS, docs_tables
 
 
 def simulate(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from neurofed.trainer.errors import NeuroFedError
 
 logger = logging.getLogger("neurofed.trainer")

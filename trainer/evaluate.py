@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from neurofed.trainer.attacks import ATTACKS
 from torch import Tensor, nn
+
+from neurofed.trainer.attacks import ATTACKS
 
 
 def bca(y_true: np.ndarray, y_pred: np.ndarray) -> float:

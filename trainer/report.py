@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
+
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments.partition import parse_partition
-from scipy import stats
 
 
 class ReportError(NeuroFedError):

@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.dataset import SubjectData
 from neurofed.trainer.data.preprocess import euclidean_alignment, n_times_for, preprocess_epochs
 from neurofed.trainer.errors import DataError
-from sklearn.base import BaseEstimator, ClassifierMixin
 
 
 def _prepare(X: np.ndarray, sfreq: float, ch_names: Sequence[str], pre: PreprocessConfig, scale: float) -> np.ndarray:
@@ -40,8 +41,9 @@ def _prepare(X: np.ndarray, sfreq: float, ch_names: Sequence[str], pre: Preproce
 
 
 def _proba(model, x: np.ndarray, batch: int) -> np.ndarray:
-    from neurofed.trainer.evaluate import logits  # lazy: torch (loaded only when used)
     from scipy.special import softmax
+
+    from neurofed.trainer.evaluate import logits  # lazy: torch (loaded only when used)
 
     return softmax(logits(model, x, batch), axis=1)
 

@@ -7,6 +7,7 @@ import sys
 import time
 
 import torch
+
 from neurofed.trainer.data import PreprocessConfig, list_subjects, load_subjects
 from neurofed.trainer.experiments.runner import EvalSpec, run_federated
 from neurofed.trainer.fl.local import LocalConfig

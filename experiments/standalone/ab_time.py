@@ -25,10 +25,9 @@ import onnxruntime as ort
 
 
 def feeds_for(graph: Path, subject: int) -> dict[str, np.ndarray]:
+    from neurofed.bench_standalone import device_sessions
     from neurofed.export.decoder import StandaloneModel
     from neurofed.trainer.data.profiles import get_profile
-
-    from neurofed.bench_standalone import device_sessions
 
     sm = StandaloneModel(graph)
     profile = get_profile(graph.stem.split(".")[-1])

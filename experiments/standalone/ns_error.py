@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from neurofed.export.standalone import (
     NS_FLOOR,
     NS_ITERS,

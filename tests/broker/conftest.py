@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from neurofed.broker.embedded import free_port, port_open
 
 DATA_DIR = Path(os.environ.get("NEUROFED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data" / "eegmmidb"))
@@ -141,7 +142,6 @@ def memory_broker(monkeypatch):
     ``url``: unit tests of the protocol code in one process. Never in integration tests (they run Mosquitto)."""
     from neurofed.broker import coordinator
     from neurofed.edge import federation
-
     from tests.broker.memory_broker import MemoryBroker, MemoryTransport
 
     broker = MemoryBroker()

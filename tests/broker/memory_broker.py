@@ -25,8 +25,9 @@ import threading
 import time
 from typing import Any, Self
 
-from neurofed.broker.transport import Inbox, Incoming, TransportError
 from paho.mqtt.client import topic_matches_sub
+
+from neurofed.broker.transport import Inbox, Incoming, TransportError
 
 _ids = itertools.count(1)
 

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+
 from neurofed.broker.checkpoint import CheckpointError, load_server_checkpoint, save_server_checkpoint
 from neurofed.broker.config import config_from_dict
 from neurofed.broker.coordinator import Coordinator

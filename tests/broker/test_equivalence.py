@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
+
 from neurofed.broker.config import load_config
 from neurofed.broker.coordinator import Coordinator, initial_model
 from neurofed.edge.federation import EdgeClient
@@ -20,8 +22,6 @@ from neurofed.edge.join_cli import make_loader
 from neurofed.trainer.experiments.runner import run_federated
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.strategies import get_strategy
-from safetensors.torch import load_file
-
 from tests.broker.conftest import (
     DATA_DIR,
     child_env,

@@ -9,13 +9,13 @@ import time
 
 import pytest
 import torch
+
 from neurofed.broker import coordinator as coordinator_mod
 from neurofed.broker.coordinator import Coordinator, FederationError
 from neurofed.broker.protocol import Topics, decode
 from neurofed.broker.transport import MqttTransport
 from neurofed.edge.federation import EdgeClient
 from neurofed.trainer.fl.server import server_extras_for_clients
-
 from tests.broker.test_hostile import Bg, make_cfg
 
 GEN = {"fedbm_gen_every": 1, "fedbm_gen_iters": 1}

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from neurofed.broker.config import config_from_dict
 from neurofed.broker.coordinator import Coordinator, FederationError
 from neurofed.broker.protocol import (
@@ -31,7 +32,6 @@ from neurofed.broker.protocol import (
     pack,
 )
 from neurofed.broker.transport import MqttTransport
-
 from tests.broker.conftest import child_env, fence, kill_all, start_edge, wait_all, wait_for_probe
 from tests.broker.test_equivalence import reference_state
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from neurofed.broker.config import FederationConfig, config_from_dict
 from neurofed.broker.coordinator import Coordinator
 from neurofed.broker.embedded import free_port
@@ -38,7 +39,6 @@ from neurofed.edge.federation import EdgeClient
 from neurofed.trainer.fl.server import downlink
 from neurofed.trainer.fl.strategies import get_strategy
 from neurofed.trainer.models import build_model
-
 from tests.broker.test_equivalence import reference_state
 
 NEUROFED = [sys.executable, "-c", "from neurofed.cli import main; main()"]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from neurofed.broker.transport import TransportError
 
+from neurofed.broker.transport import TransportError
 from tests.broker.memory_broker import MemoryBroker, MemoryTransport, topic_matches
 
 

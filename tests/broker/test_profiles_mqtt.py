@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
+
 from neurofed.broker.config import ConfigError, config_from_dict, load_config
 from neurofed.broker.coordinator import Coordinator, initial_models
 from neurofed.broker.protocol import (
@@ -42,8 +44,6 @@ from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.server import downlink
 from neurofed.trainer.fl.strategies import get_strategy
 from neurofed.trainer.models import build_model
-from safetensors.torch import load_file
-
 from tests.broker.conftest import DATA_DIR, child_env, kill_all
 from tests.broker.test_hostile import Bg
 
@@ -456,7 +456,6 @@ def test_broker_acl_lets_a_client_read_only_its_profiles_model(tmp_path, fed_nam
 
     from neurofed.broker.embedded import free_port
     from neurofed.broker.secure import BrokerConfigError, SecureBrokerSpec, write_broker_config
-
     from tests.broker.conftest import Mosquitto
 
     cfg_dir = Path(tempfile.mkdtemp(prefix="neurofed-mosq-"))  # mosquitto (as user mosquitto) must traverse it

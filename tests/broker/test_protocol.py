@@ -7,6 +7,8 @@ import struct
 
 import pytest
 import torch
+from pydantic import ValidationError
+
 from neurofed.broker.protocol import (
     SCHEMA_VERSION,
     JoinMsg,
@@ -23,7 +25,6 @@ from neurofed.broker.protocol import (
     state_sha256,
     unpack,
 )
-from pydantic import ValidationError
 
 
 def _update(**kw):
@@ -283,6 +284,7 @@ def test_bad_compressed_header_and_body_are_refused():
 def test_body_coding_is_lossless_on_any_bytes():
     """shuffle / delta_code invert exactly for every length and content, incl. a lying safetensors header length."""
     import numpy as np
+
     from neurofed.broker.protocol import delta_code, delta_decode, shuffle, unshuffle
 
     rng = np.random.default_rng(0)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from neurofed.broker.protocol import ProtocolError, Topics, decode, delta_reference, tensors_to_bytes
-from neurofed.broker.transport import MqttTransport
 from safetensors.torch import load_file
 
+from neurofed.broker.protocol import ProtocolError, Topics, decode, delta_reference, tensors_to_bytes
+from neurofed.broker.transport import MqttTransport
 from tests.broker.conftest import child_env, kill_all, start_coordinator, start_edge, wait_all, write_toml
 from tests.broker.test_equivalence import GEN, overrides_toml, reference_state
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from neurofed.broker.config import ConfigError, config_from_dict
 from neurofed.broker.coordinator import Coordinator
 from neurofed.broker.protocol import (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from neurofed.broker.protocol import (
     SaKeysMsg,
     SaRevealMsg,

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import threading
 
+from neurofed.bench_secagg import SecAggSwarm
 from neurofed.broker.config import config_from_dict
 from neurofed.broker.coordinator import Coordinator
 from neurofed.trainer.fl.secagg import masked_keys
-
-from neurofed.bench_secagg import SecAggSwarm
 from neurofed.wiretap import EegFingerprint, Wiretap, audit
 
 

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+
 from neurofed.broker.embedded import free_port
 from neurofed.broker.protocol import Topics
 from neurofed.broker.secure import BrokerConfigError, SecureBrokerSpec, write_broker_config
 from neurofed.broker.transport import AuthError, MqttTransport
-
 from tests.broker.conftest import Mosquitto, settle
 
 pytestmark = pytest.mark.skipif(shutil.which("mosquitto_passwd") is None, reason="mosquitto not installed")

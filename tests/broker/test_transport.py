@@ -8,10 +8,10 @@ import sys
 import time
 
 import pytest
+
 from neurofed.broker import logger
 from neurofed.broker.embedded import EmbeddedBroker
 from neurofed.broker.transport import BrokerURL, MqttTransport, TransportError
-
 from tests.broker.conftest import fence, settle, wait_for_probe, wait_until
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from neurofed.broker.config import ConfigError, config_from_dict, load_config
 from neurofed.broker.protocol import JoinMsg, UpdateMsg, new_id, pack
 from neurofed.broker.rounds import SeenIds

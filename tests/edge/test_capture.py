@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from neurofed.edge.buffer import RingBuffer
 from neurofed.edge.capture import (
     CaptureConfig,
@@ -20,7 +21,6 @@ from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS
 from neurofed.trainer.data.io import epochs_from_raw, read_raw
 from neurofed.trainer.data.preprocess import preprocess_epochs
 from neurofed.trainer.errors import DataError
-
 from tests.lsl_support import unique_name
 
 CUES_R04 = [672, 2000, 3328, 4656]  # first task cues of S001R04 (160 Hz)

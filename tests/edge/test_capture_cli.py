@@ -10,13 +10,13 @@ import time
 
 import numpy as np
 import pytest
+
 from neurofed.edge.store import LocalStore
 from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
 from neurofed.firmware_sim.recording import load_recording
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS
 from neurofed.trainer.data.io import epochs_from_raw, read_raw
-
 from tests.lsl_support import unique_name
 
 EDGE = [sys.executable, "-c", "from neurofed.edge.cli import main; main()"]
@@ -71,9 +71,10 @@ def test_record_errors_are_one_line(tmp_path):
     r = subprocess.run(EDGE + ["record", "--stream", unique_name("absent"), "--store", str(tmp_path / "s"),
                                "--resolve-timeout", "0.5"], capture_output=True, text=True, check=False, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("error: no LSL stream matching name='absent-")
+    from typer.testing import CliRunner
+
     from neurofed.edge.cli import app
     from neurofed.trainer.errors import NeuroFedError
-    from typer.testing import CliRunner
 
     res = CliRunner().invoke(app, ["record", "--store", str(tmp_path / "s")])
     assert isinstance(res.exception, NeuroFedError) and "give --stream NAME or --source-id" in str(res.exception)

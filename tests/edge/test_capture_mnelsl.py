@@ -5,10 +5,10 @@ from __future__ import annotations
 import mne
 import numpy as np
 import pytest
+
 from neurofed.edge.capture import CaptureConfig, LiveCapture
 from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS
 from neurofed.trainer.data.io import epochs_from_raw, read_raw
-
 from tests.lsl_support import unique_name
 
 mne_lsl_player = pytest.importorskip("mne_lsl.player")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from neurofed.edge.federation import EdgeState
 from neurofed.trainer.fl.client import ClientState, ClientUpdate
 

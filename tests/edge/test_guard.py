@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from neurofed.edge.guard import GuardConfig, check_window
 from neurofed.trainer.data.io import epochs_from_raw, read_raw
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from neurofed.edge.buffer import RingBuffer
 from neurofed.edge.infer import (
     DecoderStep,
@@ -21,7 +22,6 @@ from neurofed.export.runtime import OnnxModel
 from neurofed.trainer.data.io import epochs_from_raw, read_raw
 from neurofed.trainer.data.preprocess import apply_ea, ea_matrix, preprocess_epochs
 from neurofed.trainer.errors import NeuroFedError
-
 from tests.export.conftest import exported_eegnet
 
 torch.set_num_threads(1)

@@ -8,6 +8,8 @@ import threading
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
+
 from neurofed.edge.infer import InferenceEngine, Prediction
 from neurofed.edge.infer_cli import lsl_sink, prediction_outlet, run_loop
 from neurofed.edge.lsl_io import Inlet, find_stream, local_clock
@@ -17,8 +19,6 @@ from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
 from neurofed.firmware_sim.recording import Recording, load_recording
 from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS
 from neurofed.trainer.errors import NeuroFedError
-from typer.testing import CliRunner
-
 from tests.export.conftest import exported_eegnet
 from tests.lsl_support import drain, unique_name
 

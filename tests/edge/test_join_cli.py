@@ -10,6 +10,7 @@ import uuid
 
 import numpy as np
 import pytest
+
 from neurofed.broker.config import config_from_dict
 from neurofed.broker.coordinator import Coordinator
 

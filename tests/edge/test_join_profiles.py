@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from neurofed.edge.capture import RawTrial
 from neurofed.edge.join_cli import make_loader, make_montage
 from neurofed.edge.store import LocalStore

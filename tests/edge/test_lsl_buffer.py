@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from neurofed.edge.buffer import RingBuffer
 from neurofed.edge.lsl_io import Inlet, StreamError, check_unique, find_stream
 from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
 from neurofed.firmware_sim.recording import Recording
 from neurofed.trainer.errors import DataError
-
 from tests.lsl_support import unique_name
 
 
@@ -93,7 +93,6 @@ def test_find_stream_by_name_type_source_id_and_timeout():
 
 def test_irregular_outlet_roundtrip():
     from neurofed.edge.lsl_io import irregular_outlet
-
     from tests.lsl_support import drain
 
     name = unique_name("pred")

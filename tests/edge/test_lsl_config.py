@@ -8,7 +8,6 @@ import sys
 import time
 
 from neurofed.edge.lsl_config import PORT_RANGE, session_config
-
 from tests.lsl_support import unique_name
 
 # A consumer like `edge-client record`: resolve one stream by name, open it, report.

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+
 from neurofed.edge.store import LocalStore
 from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
 from neurofed.firmware_sim.recording import LSL_UNITS, load_recording, through_profile
@@ -17,7 +18,6 @@ from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS
 from neurofed.trainer.data.io import epochs_from_raw, read_raw
 from neurofed.trainer.data.profiles import get_profile, present_raw
-
 from tests.lsl_support import unique_name
 
 EDGE = [sys.executable, "-c", "from neurofed.edge.cli import main; main()"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from neurofed.broker.protocol import SaInboxMsg, SaRosterMsg, SaUnmaskMsg, SecAggSpec, TaskMsg, new_id
 from neurofed.edge.secagg_client import SecAggSession
 from neurofed.trainer.fl.client import ClientUpdate

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+
 from neurofed.edge.capture import RawTrial
 from neurofed.edge.store import LocalStore
 from neurofed.trainer.data.config import PreprocessConfig

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from neurofed.edge.buffer import RingBuffer
 from neurofed.edge.capture import CaptureConfig, TrialCutter, check_stream
 from neurofed.edge.infer import InferenceEngine, Prediction
@@ -15,7 +16,6 @@ from neurofed.trainer.data.preprocess import ea_inv_sqrt, ea_matrix, pick_channe
 from neurofed.trainer.data.profiles import ProfileError, get_profile, to_microvolts
 from neurofed.trainer.data.units import norm_label, unit_scale
 from neurofed.trainer.errors import DataError, NeuroFedError
-
 from tests.export.conftest import exported_eegnet
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from neurofed.trainer.checkpoint import ModelMeta, save_checkpoint
 from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
 from neurofed.trainer.models import build_model

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from neurofed.export.apps import make_bundle, python_replay, read_recording, serve
 from neurofed.trainer.errors import NeuroFedError
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from neurofed.export.bench import bench_shape
 
 torch.set_num_threads(1)

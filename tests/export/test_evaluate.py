@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+
 from neurofed.export.evaluate import evaluate, load_eegmmidb_for, load_files_for, torch_twin
 from neurofed.export.metadata import read_onnx_meta
 from neurofed.export.onnx_export import export_checkpoint
@@ -14,7 +15,6 @@ from neurofed.export.runtime import OnnxModel
 from neurofed.trainer.checkpoint import load_checkpoint
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.evaluate import bca, predict
-
 from tests.export.conftest import make_checkpoint
 
 torch.set_num_threads(1)

@@ -8,6 +8,9 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from onnx import helper
+
+from neurofed import __version__
 from neurofed.export.metadata import model_hash, read_onnx_meta
 from neurofed.export.onnx_export import (
     VerifyReport,
@@ -20,9 +23,6 @@ from neurofed.export.onnx_export import (
 from neurofed.export.runtime import OnnxModel
 from neurofed.trainer.checkpoint import load_checkpoint
 from neurofed.trainer.errors import NeuroFedError
-from onnx import helper
-
-from neurofed import __version__
 from tests.export.conftest import make_checkpoint
 
 torch.set_num_threads(1)
@@ -148,13 +148,13 @@ def test_ensemble_checkpoint_exports_as_one_verified_graph(tmp_path, data_dir, c
     """`neurofed combine` of a batch-specific and a standard-BN EEGNet, then `neurofed export` and `--standalone`:
     one graph, verified against torch; its softmax is the mean of the two members' own exported softmax outputs;
     the standalone graph decodes a held-out session like the edge engine running the plain ensemble graph."""
-    from neurofed.edge.infer import InferenceEngine
-    from neurofed.export.decoder import StandaloneModel
-    from neurofed.export.standalone import eegmmidb_session_windows
     from scipy.special import softmax
     from typer.testing import CliRunner
 
     from neurofed.cli import app
+    from neurofed.edge.infer import InferenceEngine
+    from neurofed.export.decoder import StandaloneModel
+    from neurofed.export.standalone import eegmmidb_session_windows
 
     a = make_checkpoint(tmp_path / "a.safetensors", "eegnet", "batch_specific", data_dir, seed=0)
     b = make_checkpoint(tmp_path / "b.safetensors", "eegnet", "standard", data_dir, seed=1)

@@ -9,6 +9,8 @@ import os
 
 import pytest
 import torch
+from typer.testing import CliRunner
+
 from neurofed.edge.infer import pick_model
 from neurofed.export.metadata import read_onnx_meta
 from neurofed.export.onnx_export import ATOL, compare
@@ -19,7 +21,6 @@ from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments.runner import run_federated
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.strategies import get_strategy
-from typer.testing import CliRunner
 
 torch.set_num_threads(1)
 PROFILES = {1: "unicorn8", 2: "cyton_daisy16"}
@@ -84,9 +85,9 @@ def test_int8_export_gives_one_quantised_model_per_profile(fleeg_ckpt, data_dir,
     scored against the float model on the held-out trials recorded through that profile's device (the bounds of the
     single-model int8 test, tests/export/test_quantize.py), and picked by `edge-client infer` for its stream."""
     import onnx
-    from neurofed.export.runtime import OnnxModel
 
     from neurofed.cli import app
+    from neurofed.export.runtime import OnnxModel
 
     ckpt, _ = fleeg_ckpt
     r = CliRunner().invoke(app, ["export", str(ckpt), "-o", str(tmp_path / "model.onnx"), "--int8", "--data-dir",
@@ -159,7 +160,6 @@ def test_infer_cli_decodes_a_profile_stream_and_refuses_a_stranger(fleeg_ckpt, d
     from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
     from neurofed.firmware_sim.recording import load_recording, through_profile
     from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS
-
     from tests.lsl_support import unique_name
 
     ckpt, _ = fleeg_ckpt
@@ -189,13 +189,12 @@ def test_standalone_export_gives_one_graph_per_profile_at_its_rate_and_unit(flee
     taking its headset's rate and unit (cyton_daisy16: ADS1299 counts at 125 Hz), equal to the Python engine with that
     profile's plain model on every window of a held-out subject's sessions as the headset streams them (parity as
     `neurofed bench standalone` checks the single model: <= 1e-4, no class mismatch; onnxruntime and tract)."""
+    from neurofed.bench_standalone import compare_subject, device_sessions
+    from neurofed.cli import app
     from neurofed.edge.infer import InferenceEngine, StandaloneStep
     from neurofed.export.decoder import StandaloneModel
     from neurofed.export.onnx_export import export_profiles
     from neurofed.export.runtime import OnnxModel
-
-    from neurofed.bench_standalone import compare_subject, device_sessions
-    from neurofed.cli import app
 
     ckpt, _ = fleeg_ckpt
     r = CliRunner().invoke(app, ["export", str(ckpt), "--standalone", "-o", str(tmp_path / "sa.onnx")])

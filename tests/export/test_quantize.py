@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import onnx
 import pytest
+
 from neurofed.export.metadata import read_onnx_meta
 from neurofed.export.onnx_export import held_out_data
 from neurofed.export.quantize import accuracy_delta, quantize

@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+
 from neurofed.edge.infer import InferenceEngine, StandaloneStep
 from neurofed.export.decoder import HASH_WORDS, StandaloneModel, WindowRejected
 from neurofed.export.runtime import OnnxModel
@@ -203,7 +204,6 @@ def test_bad_input_is_refused_clearly(standalone, sessions):
 def test_other_variants_equal_python_pipeline(model, bn_mode, tmp_path, data_dir, cache_env):
     """ShallowConvNet, Deep4 (160 Hz: band-pass only) and standard BN (no context in the state)."""
     from neurofed.export.onnx_export import export_checkpoint
-
     from tests.export.conftest import make_checkpoint
 
     ckpt = make_checkpoint(tmp_path / "m.safetensors", model, bn_mode, data_dir)
@@ -346,7 +346,6 @@ def test_fused_standard_bn_eegnet_equals_the_network(model, bn_mode, tmp_path, d
     from dataclasses import replace
 
     from neurofed.trainer.checkpoint import load_checkpoint
-
     from tests.export.conftest import make_checkpoint
 
     model_, cm = load_checkpoint(make_checkpoint(tmp_path / "m.safetensors", model, bn_mode, data_dir))

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import numpy as np
-from neurofed.edge.lsl_io import Inlet, find_stream
 
+from neurofed.edge.lsl_io import Inlet, find_stream
 from tests.lsl_support import drain, unique_name
 
 RUN = [sys.executable, "-c", "from neurofed.firmware_sim.cli import main; main()"]

@@ -7,13 +7,13 @@ import time
 import mne
 import numpy as np
 import pytest
+
 from neurofed.edge.lsl_io import Inlet, find_stream, local_clock
 from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig, play_many
 from neurofed.firmware_sim.recording import Recording, load_eegmmidb, load_recording
 from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS
 from neurofed.trainer.data.io import read_raw
 from neurofed.trainer.errors import NeuroFedError
-
 from tests.lsl_support import drain, unique_name
 
 

@@ -7,10 +7,10 @@ import sys
 
 import numpy as np
 import pytest
+
 from neurofed.edge.lsl_io import Inlet, find_stream
 from neurofed.firmware_sim.recording import load_eegmmidb, through_profile
 from neurofed.trainer.data.profiles import DeviceProfile, ProfileError, get_profile, to_device
-
 from tests.lsl_support import drain, unique_name
 
 RUN = [sys.executable, "-c", "from neurofed.firmware_sim.cli import main; main()"]

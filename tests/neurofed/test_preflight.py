@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from neurofed.trainer.errors import NeuroFedError
 
 from neurofed import demo_run
 from neurofed.demo import DemoConfig
 from neurofed.supervise import DemoError
+from neurofed.trainer.errors import NeuroFedError
 
 
 def test_all_pieces_present() -> None:

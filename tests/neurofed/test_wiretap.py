@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 import torch
+
 from neurofed.broker.protocol import ModelMsg, ModelSpec, encode
+from neurofed.supervise import Supervisor
 from neurofed.trainer.data import load_eegmmidb_subject
 from neurofed.trainer.models import build_model
-
-from neurofed.supervise import Supervisor
 from neurofed.wiretap import EegFingerprint
 
 

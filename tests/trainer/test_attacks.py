@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from neurofed.trainer.attacks import channel_budget, fgsm, pgd
 from neurofed.trainer.models import build_model
-from torch import nn
 
 
 def _data(n=8, c=4, t=64, seed=0):
@@ -58,6 +59,7 @@ def test_library_attacks_without_art_name_the_missing_library(monkeypatch):
     import sys
 
     import pytest
+
     from neurofed.export.evaluate import query_attack_batches
     from neurofed.trainer.attacks import ATTACKS, AttackUnavailable
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from neurofed.trainer.checkpoint import ModelMeta, load_checkpoint, read_meta, save_checkpoint
 from neurofed.trainer.errors import NeuroFedError
 

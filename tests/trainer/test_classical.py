@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
 from neurofed.trainer.data import PreprocessConfig
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments.classical import (
@@ -16,7 +18,6 @@ from neurofed.trainer.experiments.classical import (
     run_classical,
 )
 from neurofed.trainer.experiments.protocol import make_folds
-from typer.testing import CliRunner
 
 SUBJECTS = [1, 2, 3, 4]
 

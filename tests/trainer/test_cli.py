@@ -136,6 +136,7 @@ def test_a_run_resumes_from_another_spelling_of_its_data_folder_and_a_refusal_na
     from dataclasses import asdict
 
     import pytest
+
     from neurofed.trainer.data.eegmmidb import subjects_root
     from neurofed.trainer.errors import NeuroFedError
     from neurofed.trainer.experiments.simulate import SimConfig, refuse_other_run, run_differences

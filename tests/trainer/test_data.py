@@ -10,6 +10,7 @@ from pathlib import Path
 import mne
 import numpy as np
 import pytest
+
 from neurofed.trainer.data import PreprocessConfig, list_subjects, load_eegmmidb_subject, resolve_data_dir
 from neurofed.trainer.data.dataset import load_recordings
 from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS, download, network_reachable, subject_files
@@ -56,8 +57,9 @@ def test_cached_filter_designs_give_scipy_defaults_exactly(sfreq, new):
     """Band-pass and resampling reuse their designs (the live decoder calls them per window) bit for bit."""
     from fractions import Fraction
 
-    from neurofed.trainer.data.preprocess import bandpass, resample
     from scipy import signal
+
+    from neurofed.trainer.data.preprocess import bandpass, resample
 
     x = np.random.default_rng(0).normal(0, 20, (3, 4, int(4 * sfreq)))
     for _ in range(2):  # second call: from the cache

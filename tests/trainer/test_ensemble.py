@@ -6,13 +6,14 @@ import json
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
 from neurofed.trainer.data import PreprocessConfig
 from neurofed.trainer.data.config import SENSORIMOTOR_21
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments import ensemble as ens
 from neurofed.trainer.experiments.simulate import SimConfig, run_simulation
 from neurofed.trainer.fl.local import LocalConfig
-from typer.testing import CliRunner
 
 
 def _cfg(data_dir, **kw) -> SimConfig:
@@ -115,6 +116,7 @@ def test_test_batch_override_changes_batch_specific_bn_only(runs):
 def test_softmax_ensemble_is_the_log_of_the_mean_probability():
     """Hand case: two fixed 'members' with known logits; one member gives its own log-softmax."""
     import torch
+
     from neurofed.trainer.models.ensemble import SoftmaxEnsemble
 
     class Fixed(torch.nn.Module):
@@ -139,11 +141,10 @@ def test_softmax_ensemble_is_the_log_of_the_mean_probability():
 def test_combined_checkpoint_decides_like_neurofed_ensemble(runs, tmp_path):
     """`neurofed combine` of a fold's three saved models (FedAvg seeds 0, 1 and FedBS seed 0) is one model whose
     held-out BCA equals `neurofed ensemble`'s for every subject of that fold; it loads like any checkpoint."""
+    from neurofed.cli import app
     from neurofed.trainer.checkpoint import load_checkpoint, read_meta
     from neurofed.trainer.evaluate import bca, logits
     from neurofed.trainer.experiments.sweep import held_out_subjects, run_config
-
-    from neurofed.cli import app
 
     res = ens.ensemble_runs([runs / "fedavg", runs / "fedbs"])
     cfg = run_config(runs / "fedavg")
@@ -168,8 +169,9 @@ def test_combine_refuses_what_cannot_be_one_model(runs, data_dir, tmp_path):
     from dataclasses import replace
 
     import torch
-    from neurofed.trainer.checkpoint import combine_checkpoints, read_meta, save_checkpoint
     from safetensors.torch import load_file
+
+    from neurofed.trainer.checkpoint import combine_checkpoints, read_meta, save_checkpoint
 
     a = runs / "fedavg" / "jobs" / "seed0_fold00.safetensors"
     b = runs / "fedavg" / "jobs" / "seed1_fold00.safetensors"

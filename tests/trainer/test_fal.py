@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
 from neurofed.trainer.attacks import channel_budget
 from neurofed.trainer.experiments.runner import run_centralised, run_federated
 from neurofed.trainer.fl.algorithms import fal

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from neurofed.trainer.experiments.runner import run_federated
 from neurofed.trainer.fl.client import ClientUpdate
 from neurofed.trainer.fl.local import LocalConfig

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from neurofed.trainer.concepts import (
     RESOURCE,
     ConceptError,

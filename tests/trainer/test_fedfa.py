@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from neurofed.trainer.evaluate import mean_loss
 from neurofed.trainer.experiments.runner import run_federated
 from neurofed.trainer.fl.algorithms import fedfa

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch import nn
+
 from neurofed.trainer.attacks import channel_budget, fgsm, pgd
 from neurofed.trainer.experiments.runner import run_federated
 from neurofed.trainer.fl.api import StateAggregator
@@ -14,7 +16,6 @@ from neurofed.trainer.fl.server import ServerState, WeightedSum, downlink, selec
 from neurofed.trainer.fl.strategies import ALGORITHMS, get_strategy
 from neurofed.trainer.models import bn_state_keys, build_model
 from neurofed.trainer.perturb import awp_perturbation, perturbed, sam_perturbation
-from torch import nn
 
 
 def test_weighted_sum_matches_hand_computed_average():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from neurofed.trainer.data.config import SENSORIMOTOR_21
 from neurofed.trainer.data.profiles import get_profile, interpolation_matrix
 from neurofed.trainer.fl.api import group_key

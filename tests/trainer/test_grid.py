@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from neurofed.trainer.cli import grid
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments.grid import (

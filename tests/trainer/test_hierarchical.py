@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from neurofed.trainer.data import PreprocessConfig
 from neurofed.trainer.data.profiles import load_profile_subject
 from neurofed.trainer.experiments.runner import run_federated

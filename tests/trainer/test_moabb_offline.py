@@ -43,6 +43,7 @@ def test_moabb_physionetmi_equals_neurofed_loader(mne_data, data_dir):
 def test_neurofed_model_in_a_moabb_evaluation(mne_data, tmp_path):
     from moabb.evaluations import CrossSubjectEvaluation
     from moabb.paradigms import LeftRightImagery
+
     from neurofed.trainer.sklearn_api import NeuroFedClassifier
 
     ds = make_dataset("PhysionetMI", 1)
@@ -57,9 +58,10 @@ def test_neurofed_model_in_a_moabb_evaluation(mne_data, tmp_path):
 
 
 def test_federated_fit_with_groups_and_sklearn_clone(subjects4):
+    from sklearn.base import clone
+
     from neurofed.trainer.data import SENSORIMOTOR_21
     from neurofed.trainer.sklearn_api import NeuroFedClassifier
-    from sklearn.base import clone
 
     X = np.concatenate([sd.X for sd in subjects4[:3]])  # already 80 Hz / 21 channels: no resampling
     y = np.array(["left", "right"])[np.concatenate([sd.y for sd in subjects4[:3]])]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
+
 from neurofed.trainer.errors import ModelConfigError
 from neurofed.trainer.models import bn_mode_of, bn_state_keys, build_model, count_parameters
-from torch import nn
 
 # (model, channels, times, sfreq) -> trainable parameters; EEGNet-8,2 at 64 ch x 640 samples:
 # temporal 8*80 + spatial 16*64 + depthwise 16*16 + pointwise 16*16 + BN 2*(8+16+16) + linear 16*20*2+2 = 2898

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from neurofed.trainer.data.dataset import SubjectData
 from neurofed.trainer.experiments.partition import (
     class_counts,

@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from scipy import signal
+
 from neurofed.trainer.data import PreprocessConfig, load_eegmmidb_subject
 from neurofed.trainer.data.eegmmidb import subject_files
 from neurofed.trainer.data.io import read_raw
@@ -24,7 +26,6 @@ from neurofed.trainer.data.profiles import (
     to_device,
     to_microvolts,
 )
-from scipy import signal
 
 CFG = PreprocessConfig(resample=80.0)
 
@@ -201,6 +202,7 @@ def test_interpolation_matrix_rows_sum_to_one():
 def test_interpolation_matrix_matches_mnes_spline():
     """Cross-check against MNE's own (private) implementation, when this MNE still has it."""
     from mne.channels import interpolation as mi
+
     from neurofed.trainer.data.profiles import _template_geometry, interpolation_matrix
 
     if not hasattr(mi, "_make_interpolation_matrix"):

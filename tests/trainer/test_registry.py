@@ -6,10 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
-from neurofed.trainer.fl.strategies import ALGORITHMS, PARAMS, docs_tables, get_strategy
 from typer.testing import CliRunner
 
 from neurofed.cli import app
+from neurofed.trainer.fl.strategies import ALGORITHMS, PARAMS, docs_tables, get_strategy
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from neurofed.trainer.experiments.runner import run_federated
 from neurofed.trainer.fl.algorithms.dp import dp_epsilon, noise_for_epsilon
 from neurofed.trainer.fl.byzantine import Byzantine

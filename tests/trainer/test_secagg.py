@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from neurofed.trainer.fl.secagg import SecAggClient, SecAggError, decode, encode, secure_weighted_mean
 
 
@@ -123,6 +124,7 @@ def test_encode_update_clamps_and_the_sum_decodes_to_the_weighted_mean():
 
 def test_cached_combine_equals_pycryptodome_combine():
     from Crypto.Protocol.SecretSharing import Shamir
+
     from neurofed.trainer.fl.secagg import combine16
 
     rng = np.random.default_rng(0)
@@ -138,6 +140,7 @@ def test_fast_field_and_split_match_pycryptodome():
     import random
 
     from Crypto.Protocol.SecretSharing import Shamir, _Element
+
     from neurofed.trainer.fl.secagg import _gf_mul, _gf_mul_small, combine16, split16
 
     rnd = random.Random(0)

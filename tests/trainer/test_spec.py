@@ -6,6 +6,7 @@ import inspect
 from pathlib import Path
 
 import pytest
+
 from neurofed.trainer.experiments.spec import SimOptions, SpecError, parse_line
 from neurofed.trainer.fl.strategies import PARAMS
 
@@ -14,9 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_schema_is_simulate_options_with_its_defaults():
     """One field per ``neurofed simulate`` option (strategy parameters included), with the command's defaults."""
-    from neurofed.trainer.cli import simulate
-
     from neurofed.options import with_strategy_options
+    from neurofed.trainer.cli import simulate
 
     params = inspect.signature(with_strategy_options(simulate)).parameters
     fields = SimOptions.model_fields

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from neurofed.trainer.experiments.runner import run_centralised, run_federated
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.server import CLIPPED_KEY

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from typer.testing import CliRunner
+
 from neurofed.trainer.data import PreprocessConfig
 from neurofed.trainer.data.config import SENSORIMOTOR_21
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments import sweep as sweep_mod
 from neurofed.trainer.experiments.simulate import SimConfig, run_simulation
 from neurofed.trainer.fl.local import LocalConfig
-from typer.testing import CliRunner
 
 
 def _cfg(data_dir, **kw) -> SimConfig:

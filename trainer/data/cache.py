@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from neurofed.trainer.atomic import atomic_write
 
 CACHE_ENV = "NEUROFED_CACHE"

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
 from neurofed.trainer.data import cache
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS, TASKS, subject_files

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+
 from neurofed.trainer.errors import DataError
 
 logger = logging.getLogger("neurofed.trainer")

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.dataset import SubjectData, _finish
 from neurofed.trainer.data.eegmmidb import network_reachable, subjects_root

@@ -11,6 +11,7 @@ from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
+
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.units import norm_label
 from neurofed.trainer.errors import DataError

@@ -25,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
 from neurofed.trainer.data import cache
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.dataset import SubjectData, load_raws

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
 from neurofed.trainer.art_attacks import blackbox_on_scores
 from neurofed.trainer.atomic import atomic_write_bytes
 from neurofed.trainer.attacks import attack_budgets

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments.sweep import held_out_subjects, job_checkpoint, run_config
 

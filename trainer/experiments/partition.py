@@ -25,6 +25,7 @@ import zlib
 from dataclasses import dataclass, replace
 
 import numpy as np
+
 from neurofed.trainer.data.dataset import SubjectData
 
 #: draws of a Dirichlet split before giving up on the minimum client size

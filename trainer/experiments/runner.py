@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from torch import Tensor, nn
+
 from neurofed.trainer.data.dataset import SubjectData
 from neurofed.trainer.evaluate import attacked_predict, bca, predict
 from neurofed.trainer.fl.byzantine import Byzantine
@@ -27,7 +29,6 @@ from neurofed.trainer.fl.server import (
     server_update,
 )
 from neurofed.trainer.fl.strategies import Strategy
-from torch import Tensor, nn
 
 ProgressFn = Callable[[int, int, dict], None]
 

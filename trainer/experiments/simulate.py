@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from neurofed.trainer.atomic import atomic_write_bytes
 from neurofed.trainer.attacks import attack_budgets
 from neurofed.trainer.checkpoint import ModelMeta, save_checkpoint

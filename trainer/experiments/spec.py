@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
 from neurofed.trainer.attacks import ATTACKS
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.eegmmidb import parse_subjects
@@ -27,7 +29,6 @@ from neurofed.trainer.fl.byzantine import Byzantine
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.strategies import PARAMS
 from neurofed.trainer.presets import get_preset
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 
 class SpecError(ValueError):

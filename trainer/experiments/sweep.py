@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+
 from neurofed.trainer.atomic import atomic_write_bytes
 from neurofed.trainer.data import PreprocessConfig
 from neurofed.trainer.errors import NeuroFedError

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+from torch import Tensor, nn
+
 from neurofed.trainer.fl.aggregate import StateAggregator, WeightedSum  # StateAggregator: re-exported
 from neurofed.trainer.models.bn import bn_state_keys
-from torch import Tensor, nn
 
 BN_MODES = ("standard", "batch_specific")
 BN_SYNC = ("local", "stale_global")

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from neurofed.trainer.fl.client import ClientUpdate
 from torch import Tensor
+
+from neurofed.trainer.fl.client import ClientUpdate
 
 ATTACKS = {"scale": 10.0, "signflip": 1.0, "labelflip": 0.0, "huge": 1000.0}
 

@@ -6,12 +6,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+from torch import Tensor, nn
+
 from neurofed.trainer.evaluate import mean_loss
 from neurofed.trainer.fl.algorithms.scaffold import momentum_displacement  # noqa: F401  (public: tests, docs)
 from neurofed.trainer.fl.api import RoundInputs, Strategy
 from neurofed.trainer.fl.local import LocalConfig, train_local
 from neurofed.trainer.models.bn import bn_state_keys
-from torch import Tensor, nn
 
 
 @dataclass

@@ -14,10 +14,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
+from torch import Tensor, nn
+
 from neurofed.trainer.data.dataset import SubjectData
 from neurofed.trainer.fl.api import group_key, is_grouped
 from neurofed.trainer.models import PER_DEVICE_MODELS, build_model
-from torch import Tensor, nn
 
 __all__ = ["client_seed", "init_group_models", "init_model", "init_server_state"]
 

@@ -8,9 +8,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from neurofed.trainer.fl.api import LocalHook, RoundInputs, Strategy
 from neurofed.trainer.perturb import frozen_bn_stats, perturbed
-from torch import Tensor, nn
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch import Tensor, nn
+
 from neurofed.trainer.fl.aggregate import WeightedSum
 from neurofed.trainer.fl.api import GROUP_MARK, Strategy, group_key, is_grouped
 from neurofed.trainer.fl.client import ClientUpdate
-from torch import Tensor, nn
 
 __all__ = ["CLIPPED_KEY", "RoundAggregator", "ServerState", "WeightedSum", "clipped_in_round", "downlink",
            "select_clients", "server_extras_for_clients", "server_update"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from torch import nn
+
 from neurofed.trainer.models.bn import (
     BN_MODES,
     bn_mode_of,
@@ -17,7 +19,6 @@ from neurofed.trainer.models.eegnet import EEGNet
 from neurofed.trainer.models.fleeg import LOCAL_PREFIX, FleegEEGNet
 from neurofed.trainer.models.fleeg_proj import FleegFixedMapEEGNet, FleegProjEEGNet
 from neurofed.trainer.models.shallow import ShallowConvNet
-from torch import nn
 
 MODELS: dict[str, type[nn.Module]] = {"eegnet": EEGNet, "shallow": ShallowConvNet, "deep": DeepConvNet,
                                       "fleeg_eegnet": FleegEEGNet, "fleeg_proj_eegnet": FleegProjEEGNet,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from torch import Tensor, nn
+
 from neurofed.trainer.errors import ModelConfigError
 from neurofed.trainer.models.bn import BNMode, make_bn
-from torch import Tensor, nn
 
 
 class DeepConvNet(nn.Module):

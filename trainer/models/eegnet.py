@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from torch import Tensor, nn
+
 from neurofed.trainer.errors import ModelConfigError
 from neurofed.trainer.models.bn import BNMode, make_bn
-from torch import Tensor, nn
 
 
 def _same_pad(kernel: int) -> nn.ZeroPad2d:

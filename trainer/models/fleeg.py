@@ -26,9 +26,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from torch import Tensor, nn
+
 from neurofed.trainer.models.bn import BNMode, make_bn
 from neurofed.trainer.models.eegnet import EEGNet
-from torch import Tensor, nn
 
 #: state-dict prefix of the per-device module
 LOCAL_PREFIX = "local."

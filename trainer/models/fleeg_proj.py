@@ -32,12 +32,13 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
+from torch import Tensor, nn
+
 from neurofed.trainer.data.config import SENSORIMOTOR_21
 from neurofed.trainer.data.profiles import interpolation_matrix
 from neurofed.trainer.models.bn import BNMode
 from neurofed.trainer.models.eegnet import EEGNet
 from neurofed.trainer.models.fleeg import LOCAL_PREFIX
-from torch import Tensor, nn
 
 
 class ChannelMap(nn.Module):

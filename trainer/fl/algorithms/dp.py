@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from neurofed.trainer.fl.api import Algorithm, Component, Param, StateAggregator
 from torch import Tensor
+
+from neurofed.trainer.fl.api import Algorithm, Component, Param, StateAggregator
 
 
 def dp_epsilon(noise: float, sample_rate: float, rounds: int, delta: float) -> float:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from torch import Tensor, nn
+
 from neurofed.trainer.attacks import pgd
 from neurofed.trainer.fl.api import Algorithm, LocalHook, Param, RoundInputs, ScalarComponent
 from neurofed.trainer.perturb import frozen_bn_stats
-from torch import Tensor, nn
 
 
 class _PgdHook(LocalHook):

@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from neurofed.trainer.fl.api import Algorithm, Component, Param, ServerRound
 from torch import Tensor
+
+from neurofed.trainer.fl.api import Algorithm, Component, Param, ServerRound
 
 
 class _MomentumRound(ServerRound):

@@ -48,12 +48,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from neurofed.trainer.concepts import ConceptError, ConceptStats, load_concepts
 from neurofed.trainer.fl.api import Algorithm, Component, LocalHook, Param, RoundInputs, ServerRound
 from neurofed.trainer.models.bn import bn_modules
 from neurofed.trainer.models.heads import ConceptHead
 from neurofed.trainer.perturb import frozen_bn_stats
-from torch import Tensor, nn
 
 CLS = "fedbm_cls"
 GEN = "fedbm_gen"

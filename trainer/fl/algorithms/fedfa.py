@@ -31,6 +31,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch import Tensor, nn
+
 from neurofed.trainer.fl.aggregate import WeightedSum
 from neurofed.trainer.fl.api import (
     Algorithm,
@@ -42,7 +44,6 @@ from neurofed.trainer.fl.api import (
     TensorSpec,
 )
 from neurofed.trainer.models.bn import bn_modules
-from torch import Tensor, nn
 
 EPS = 1e-6
 MOMENTUM = 0.99

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from neurofed.trainer.fl.api import Algorithm, LocalHook, Param, RoundInputs, ScalarComponent
 from torch import Tensor, nn
+
+from neurofed.trainer.fl.api import Algorithm, LocalHook, Param, RoundInputs, ScalarComponent
 
 
 class _ProxHook(LocalHook):

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch import Tensor, nn
+
 from neurofed.trainer.fl.api import (
     Algorithm,
     Component,
@@ -34,7 +36,6 @@ from neurofed.trainer.fl.api import (
     RoundInputs,
     TensorSpec,
 )
-from torch import Tensor, nn
 
 GAP = "ga.gap"
 WEIGHT = "ga_w"

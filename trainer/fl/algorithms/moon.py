@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from neurofed.trainer.fl.api import Algorithm, Component, LocalHook, Param, RoundInputs
 from torch import Tensor, nn
+
+from neurofed.trainer.fl.api import Algorithm, Component, LocalHook, Param, RoundInputs
 
 
 def _frozen_copy(model: nn.Module, state: Mapping[str, Tensor]) -> nn.Module:

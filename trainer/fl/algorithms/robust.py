@@ -32,9 +32,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
+
 from neurofed.trainer.fl.aggregate import WeightedSum
 from neurofed.trainer.fl.api import Algorithm, Component, Param, StateAggregator
-from torch import Tensor
 
 logger = logging.getLogger("neurofed.trainer")
 RULES = ("mean", "median", "trimmed_mean", "krum", "multi_krum")

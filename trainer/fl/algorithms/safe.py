@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from torch import Tensor, nn
+
 from neurofed.trainer.attacks import fgsm
 from neurofed.trainer.fl.api import Algorithm, LocalHook, Param, ScalarComponent
 from neurofed.trainer.perturb import awp_perturbation, frozen_bn_stats
-from torch import Tensor, nn
 
 
 class _FatHook(LocalHook):

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch import Tensor, nn
+
 from neurofed.trainer.fl.aggregate import WeightedSum
 from neurofed.trainer.fl.api import (
     Algorithm,
@@ -18,7 +20,6 @@ from neurofed.trainer.fl.api import (
     param_specs,
     strip,
 )
-from torch import Tensor, nn
 
 
 def momentum_displacement(k_steps: int, momentum: float) -> float:
