@@ -97,7 +97,7 @@ def start_coordinator(url: str, config: Path, out: Path, log: Path, env: dict[st
 
 def write_toml(path: Path, fed: str, rounds: int = 3, fraction: float = 0.5, min_clients: int = 4,
                deadline: float = 60.0, strategy: str = "fedbs", local: str = "batch_size = 16\nlocal_epochs = 1",
-               extra: str = "") -> Path:
+               extra: str = "", federation_extra: str = "") -> Path:
     path.write_text(f"""[federation]
 name = "{fed}"
 rounds = {rounds}
@@ -107,7 +107,7 @@ min_clients = {min_clients}
 join_timeout_s = 120
 round_deadline_s = {deadline}
 strategy = "{strategy}"
-
+{federation_extra}
 [preprocess]
 channels = "sensorimotor21"
 resample = 80.0
