@@ -21,9 +21,9 @@ import typer
 from neurofed import __version__
 from neurofed.demo import DEFAULT_HELDOUT, DEFAULT_SUBJECTS, HELDOUT_RULE, LOCAL, DemoConfig
 from neurofed.demo_run import run_demo
-from neurofed.options import parse_int_list, parse_name_list, parse_subjects
 from neurofed.trainer.data.profiles import ProfileError, get_profile
 from neurofed.trainer.errors import NeuroFedError, run_cli
+from neurofed.trainer.options import parse_int_list, parse_name_list, parse_subjects
 
 # The benchmarks' optional parts (onnx tooling, Mosquitto clients, LSL): a missing one leaves its command out.
 try:

@@ -1,7 +1,7 @@
 """Commands that trainer/ adds to ``neurofed``: simulate, algorithms, combine, data, report, classical, grid, sweep,
 ensemble, and the data/training benchmarks.
 
-Typer adapters only: options are parsed here (with :mod:`neurofed.options`) and the work is done by the lab's plain
+Typer adapters only: options are parsed here (with :mod:`neurofed.trainer.options`) and the work is done by the lab's plain
 functions (:mod:`neurofed.trainer.experiments`, :mod:`neurofed.trainer.report`, :mod:`neurofed.trainer.bench`).
 """
 
@@ -24,19 +24,6 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from neurofed.options import (
-    algorithm_help,
-    build_sim_config,
-    console,
-    parse_attacks,
-    parse_int_list,
-    parse_name_list,
-    parse_subjects,
-    preprocess_from_options,
-    preset_help,
-    print_results,
-    with_strategy_options,
-)
 from neurofed.trainer import bench as trainer_bench
 from neurofed.trainer import report as trainer_report
 from neurofed.trainer.checkpoint import combine_checkpoints
@@ -57,6 +44,19 @@ from neurofed.trainer.experiments.grid import (
 from neurofed.trainer.experiments.simulate import run_simulation
 from neurofed.trainer.experiments.sweep import run_jobs, sweep_plot, sweep_runs, sweep_table, write_json
 from neurofed.trainer.fl.strategies import ALGORITHMS, PARAMS, docs_tables
+from neurofed.trainer.options import (
+    algorithm_help,
+    build_sim_config,
+    console,
+    parse_attacks,
+    parse_int_list,
+    parse_name_list,
+    parse_subjects,
+    preprocess_from_options,
+    preset_help,
+    print_results,
+    with_strategy_options,
+)
 
 
 def simulate(

@@ -163,7 +163,7 @@ def test_integer_lists_parse_and_a_bad_one_is_named():
     import pytest
     import typer
 
-    from neurofed.options import parse_int_list
+    from neurofed.trainer.options import parse_int_list
 
     assert parse_int_list("2", "--seeds") == [2]
     assert parse_int_list("0, 1,,2", "--seeds") == [0, 1, 2]

@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_schema_is_simulate_options_with_its_defaults():
     """One field per ``neurofed simulate`` option (strategy parameters included), with the command's defaults."""
-    from neurofed.options import with_strategy_options
     from neurofed.trainer.cli import simulate
+    from neurofed.trainer.options import with_strategy_options
 
     params = inspect.signature(with_strategy_options(simulate)).parameters
     fields = SimOptions.model_fields
