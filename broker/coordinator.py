@@ -34,6 +34,7 @@ from neurofed.broker.protocol import (
     StatusMsg,
     TaskMsg,
     Topics,
+    body_cap,
     decode,
     delta_reference,
     encode,
@@ -142,6 +143,11 @@ class Coordinator:
             check_compatible(cfg, self.strategy, self.model)
         if resume:
             self._resume()
+        # issue 54: the largest body a client may send (an update: the full state, every profile's modules, plus
+        # every profile's upload extras; a masked secure-aggregation vector is at most the state's size), so a
+        # header declaring more is refused before its body costs memory (neurofed.broker.protocol.decode)
+        self.max_body = body_cap(self.server.global_state,
+                                 *(self.strategy.upload_specs(self.models[p]) for p in sorted(self.models)))
         will = (self.topics.status(COORDINATOR_ID), self._status("offline"))
         # a probe on a topic of its own lets the transport notice a session that stopped delivering (and
         # re-establish it) instead of this coordinator waiting out its join timeout on an empty queue
@@ -251,7 +257,7 @@ class Coordinator:
             if kind == "update" and self.current is not None:
                 info = self.registry.clients.get(cid or "")
                 ref = self._update_refs.get(info.profile if info is not None else "", b"")
-            msg, tensors = decode(item.payload, self.max_bytes, reference=ref)
+            msg, tensors = decode(item.payload, self.max_bytes, reference=ref, max_body=self.max_body)
             if kind == "error" and msg.sender == COORDINATOR_ID:
                 return  # our own reply to a client, echoed by an MQTT 3.1.1 broker (v5 subscribes no-local)
             check_envelope(kind, cid, msg, self.fed.name)

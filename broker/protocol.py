@@ -16,10 +16,12 @@ import copy
 import hashlib
 import json
 import lzma
+import math
 import struct
 import time
 import uuid
 import zlib
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import numpy as np
@@ -45,6 +47,14 @@ FLAGS = FLAG_LZMA | FLAG_DELTA | FLAG_SHUFFLE | FLAG_HEADER
 _PREFIX = struct.Struct(">2sBBI")
 MAX_HEADER_BYTES = 1 << 20
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+#: Cap on a body's declared (decoded) length for callers that do not know the federation's model: a body
+#: never decodes past this, whatever its header declares (see :func:`decode`'s ``max_body``, :func:`body_cap`)
+DEFAULT_MAX_BODY_BYTES = 64 << 20
+#: Safetensors header allowance of :func:`body_cap`: per tensor (its JSON entry: name, dtype, shape, offsets)
+#: and per body (the framing of the JSON, the 8-byte length, alignment padding)
+BODY_CAP_PER_TENSOR = 512
+BODY_CAP_SLACK = 64 << 10
+_UNSHUFFLE_CHUNK_WORDS = 1 << 18  # unshuffle's scratch (8 bytes per bit) is 8 x 4 x this, not 8 x the body
 COORDINATOR_ID = "coordinator"
 NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,64}$"
 HEX64 = r"^([0-9a-f]{64})?$"
@@ -591,14 +601,30 @@ def shuffle(data: bytes) -> bytes:
 
 
 def unshuffle(data: bytes) -> bytes:
-    """Inverse of :func:`shuffle`."""
+    """Inverse of :func:`shuffle`, chunk by chunk of words (the bit matrix of the whole body would cost 8 x its size)."""
     start, end = _shuffle_span(data)
     if end == start:
         return bytes(data)
-    n = (end - start) // 4
-    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8, count=end - start, offset=start)).reshape(32, n)
-    words = np.ascontiguousarray(np.packbits(bits.T, axis=1)).view(">u4").ravel().astype("<u4")
-    return bytes(data[:start]) + words.tobytes() + bytes(data[end:])
+    n = (end - start) // 4  # a multiple of 8: each bit plane is n / 8 whole bytes
+    planes = np.frombuffer(data, dtype=np.uint8, count=end - start, offset=start).reshape(32, n // 8)
+    out = np.empty(n, dtype="<u4")
+    step = _UNSHUFFLE_CHUNK_WORDS  # a multiple of 8
+    for a in range(0, n, step):
+        b = min(a + step, n)
+        bits = np.unpackbits(planes[:, a // 8:b // 8], axis=1)  # (32, b - a), bit 31 first
+        out[a:b] = np.ascontiguousarray(np.packbits(bits.T, axis=1)).view(">u4").ravel()
+    return bytes(data[:start]) + out.tobytes() + bytes(data[end:])
+
+
+def body_cap(*tensor_sets: Mapping[str, Any]) -> int:
+    """The largest legitimate body for tensors of these shapes and dtypes (tensors or ``TensorSpec``s, one
+    body's sets together, e.g. an update's state and extras): their data bytes, plus
+    :data:`BODY_CAP_PER_TENSOR` per tensor and :data:`BODY_CAP_SLACK` for the safetensors header."""
+    total = BODY_CAP_SLACK
+    for tensors in tensor_sets:
+        for t in tensors.values():
+            total += math.prod(t.shape) * t.dtype.itemsize + BODY_CAP_PER_TENSOR
+    return total
 
 
 #: Body compression (flag bit 0): a raw LZMA2 stream (no container; the header has length and hash). lc=lp=pb=0
@@ -662,11 +688,17 @@ def encode(msg: _Msg, tensors: dict[str, Tensor] | None = None, compress: bool =
 
 
 def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-           reference: bytes | None = None) -> tuple[Any, dict[str, Tensor] | None]:
+           reference: bytes | None = None,
+           max_body: int | Callable[[Any], int] | None = None) -> tuple[Any, dict[str, Tensor] | None]:
     """Parse and verify a framed message: ``(message model, tensors or None)``.
 
     ``reference``: the bytes a delta-coded body (flag bit 1) was coded against; such a body without
     a reference is refused. Header fields left out are filled with their defaults.
+    ``max_body``: the largest body (decoded length) the caller accepts, or a function of the validated header
+    (per message kind) giving it; None is :data:`DEFAULT_MAX_BODY_BYTES`. A header declaring more is refused
+    before any decompression, and the body is never decompressed past its declared length (a compression
+    bomb costs at most the cap, not what its header claims). The header is capped at :data:`MAX_HEADER_BYTES`,
+    compressed and inflated.
 
     Raises
     ------
@@ -705,6 +737,12 @@ def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         raise ProtocolError(f"header fails the schema at {where or '<root>'}: {first.get('msg')}") from None
+    cap = max_body(msg) if callable(max_body) else max_body
+    cap = DEFAULT_MAX_BODY_BYTES if cap is None else int(cap)
+    if msg.body_len > cap:
+        raise ProtocolError(f"{msg.kind} body declared as {msg.body_len} bytes exceeds the cap of {cap}")
+    if msg.body_len and BODY_REQUIRED[msg.kind] is False:
+        raise ProtocolError(f"a {msg.kind} message must not carry a body")
     if flags & FLAG_LZMA:
         body = decompress_body(body, msg.body_len)
     if len(body) != msg.body_len:
@@ -737,6 +775,7 @@ def new_id() -> str:
 
 __all__ = [
     "COORDINATOR_ID",
+    "DEFAULT_MAX_BODY_BYTES",
     "SCHEMA_VERSION",
     "ErrorMsg",
     "JoinMsg",
@@ -756,6 +795,7 @@ __all__ = [
     "TaskMsg",
     "Topics",
     "UpdateMsg",
+    "body_cap",
     "bytes_to_tensors",
     "decode",
     "delta_reference",

@@ -61,6 +61,7 @@ from neurofed.trainer.fl.secagg import (
     decode_update_sum,
     graph_params,
     masked_keys,
+    max_weight_sum,
     neighbour_graph,
     unb64,
     unb64_records,
@@ -336,8 +337,11 @@ class SecAggRound(RoundState):
             delta, loss, w = decode_update_sum(total, self.spec.bound)
         except SecAggError as exc:
             return self._fail(str(exc), now)
-        if w > 1 + 1e-6:  # sum n_k <= n_ref for honest clients: a larger weight means a lie or a garbled input
-            return self._fail(f"the unmasked weight sum {w:.6f} exceeds 1 (n_samples or masked inputs inconsistent)", now)
+        # sum n_k <= n_ref for honest clients, up to half a fixed-point quantum of rounding per client
+        # (trainer/fl/secagg.py max_weight_sum: the proof): a larger weight means a lie or a garbled input
+        if w > max_weight_sum(len(masked), self.spec.bound):
+            return self._fail(f"the unmasked weight sum {w:.9f} exceeds 1 by more than the rounding of "
+                              f"{len(masked)} clients (n_samples or masked inputs inconsistent)", now)
         g = self.rules.global_state
         state, off = dict(g), 0
         for k in masked_keys(g):

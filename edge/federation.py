@@ -24,6 +24,7 @@ from torch import Tensor
 
 from neurofed.broker.protocol import (
     COORDINATOR_ID,
+    DEFAULT_MAX_BODY_BYTES,
     SECAGG_DOWN,
     ErrorMsg,
     JoinMsg,
@@ -34,6 +35,7 @@ from neurofed.broker.protocol import (
     TaskMsg,
     Topics,
     UpdateMsg,
+    body_cap,
     decode,
     delta_reference,
     encode,
@@ -67,6 +69,8 @@ from neurofed.trainer.models import build_model
 DataLoader = Callable[[ModelSpec], SubjectData]
 #: ``() -> (channel names, sampling rate in Hz)`` of the client's device (its recording / stream, before preprocessing)
 Montage = Callable[[], tuple[Sequence[str], float]]
+#: a task's body (strategy extras) is at most this many copies of the model we hold (issue 54; SCAFFOLD: one)
+TASK_BODY_MODEL_COPIES = 4
 
 
 @dataclass
@@ -397,6 +401,15 @@ class EdgeClient:
         elif msg.run_id != self.run_id and msg.state == "online":
             self._new_run_seen()  # a new run replaced ours: its model tells us what to do
 
+    def _body_cap(self, msg: Any) -> int:
+        """The largest body we accept for ``msg`` (issue 54): a task's extras (server-side strategy state such as
+        SCAFFOLD's control variate, per parameter) are bounded by a few copies of the model we hold; a model or the
+        cached extras (e.g. FedBM's generator, not sized by our model) by :data:`DEFAULT_MAX_BODY_BYTES`, as is
+        everything before we hold a model. Bodiless kinds are refused by ``decode`` whatever the cap."""
+        if msg.kind == "task" and self.global_state:
+            return min(DEFAULT_MAX_BODY_BYTES, TASK_BODY_MODEL_COPIES * body_cap(self.global_state))
+        return DEFAULT_MAX_BODY_BYTES
+
     def handle(self, item: Incoming) -> None:
         if item.event == "connected":
             self._announce()
@@ -405,7 +418,7 @@ class EdgeClient:
             return
         try:
             kind, who = self.topics.parse(item.topic)
-            msg, tensors = decode(item.payload)
+            msg, tensors = decode(item.payload, max_body=self._body_cap)
             if msg.sender == self.cid and kind == "error":
                 return  # our own report, echoed by an MQTT 3.1.1 broker
             if msg.sender != COORDINATOR_ID:

@@ -325,3 +325,115 @@ def test_model_and_update_bodies_shrink_and_decode_exactly():
     assert len(up) - 8 - struct.unpack(">I", up[4:8])[0] < 0.8 * len(zlib.compress(raw, 6))
     with pytest.raises(ProtocolError, match="SHA-256"):  # decoded against another model: caught by the body hash
         decode(up, reference=delta_reference(trained))
+
+
+# ----------------------------------------------------------------------------- issue 54: bounded bodies
+def bomb(msg, declared: int, zeros: int, flags: int | None = None) -> bytes:
+    """A frame whose header declares a ``declared``-byte body and whose body is ``zeros`` zero bytes, bit-shuffled
+    and LZMA2-compressed (a compression bomb: 256 MiB is a 39 kB frame); the hash is of nothing it decodes to."""
+    from neurofed.broker.protocol import (
+        _PREFIX,
+        FLAG_HEADER,
+        FLAG_LZMA,
+        FLAG_SHUFFLE,
+        MAGIC,
+        _deflate_header,
+        compress_body,
+    )
+
+    header = _deflate_header(encode_header(msg.model_copy(update={"body_len": declared, "body_sha256": "0" * 64})))
+    f = FLAG_HEADER | FLAG_LZMA | FLAG_SHUFFLE if flags is None else flags
+    return _PREFIX.pack(MAGIC, SCHEMA_VERSION, f, len(header)) + header + compress_body(bytes(zeros))
+
+
+def test_a_declared_body_over_the_cap_is_refused_before_any_decompression(monkeypatch):
+    import neurofed.broker.protocol as proto
+
+    def no_decompression(*a, **k):
+        raise AssertionError("decompressed a body whose declared length exceeds the cap")
+
+    monkeypatch.setattr(proto, "decompress_body", no_decompression)
+    for declared in (256 << 20, proto.DEFAULT_MAX_BODY_BYTES + 1, 2**62):
+        with pytest.raises(ProtocolError, match="exceeds the cap of"):
+            decode(bomb(_update(), declared, 1 << 16))  # the default cap (a caller that does not know the model)
+    with pytest.raises(ProtocolError, match=r"update body declared as 4097 bytes exceeds the cap of 4096"):
+        decode(bomb(_update(), 4097, 1 << 16), max_body=4096)
+    caps = {"update": 10_000}
+    with pytest.raises(ProtocolError, match="exceeds the cap of 10000"):
+        decode(bomb(_update(), 10_001, 100), max_body=lambda m: caps[m.kind])
+    # a bodiless kind declaring a body is refused before decompression too
+    with pytest.raises(ProtocolError, match="must not carry a body"):
+        decode(bomb(StatusMsg(federation="fed", sender="S001", state="online"), 1000, 1000))
+
+
+def test_a_body_decompressing_past_its_small_declared_length_stops_at_the_cap():
+    import tracemalloc
+
+    frame = bomb(_update(), 1000, 64 << 20)  # says 1 kB, inflates to 64 MiB
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProtocolError, match="expands beyond its declared length"):
+            decode(frame, max_body=1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak  # the decompressor stopped at 1001 bytes (the frame itself is 10 kB)
+
+
+def test_garbage_and_nested_compression_is_refused_cleanly():
+    from neurofed.broker.protocol import FLAG_HEADER, FLAG_LZMA, compress_body
+
+    good = encode(_update(), {"state.w": torch.ones(4096)}, compress=True)
+    hlen = struct.unpack(">I", good[4:8])[0]
+    head = good[:8 + hlen]
+    inner = compress_body(bytes(32 << 20))  # a bomb inside the (honestly sized) body: decoded once, never again
+    nested = compress_body(inner)
+    for body in (nested, b"\xff" * 4000, bytes(4000), compress_body(b"x" * 100) + b"trailing", inner[:-10]):
+        with pytest.raises(ProtocolError):
+            decode(head + body, max_body=1 << 20)
+    honest_len = decode(good)[0].body_len
+    payload = head[:3] + bytes([FLAG_HEADER | FLAG_LZMA]) + head[4:] + nested
+    with pytest.raises(ProtocolError):  # declared length honest-looking, content a nested bomb: hash or length fails
+        decode(payload, max_body=honest_len)
+
+
+def test_many_small_bomb_frames_each_cost_at_most_the_cap():
+    import time
+    import tracemalloc
+
+    frame = bomb(_update(), 1 << 30, 1 << 24)  # each declares 1 GiB, inflates to 16 MiB
+    small = bomb(_update(), 1 << 19, 1 << 24)  # declares 512 kB (under the cap), inflates to 16 MiB
+    t0 = time.perf_counter()
+    tracemalloc.start()
+    try:
+        for _ in range(200):
+            with pytest.raises(ProtocolError, match="exceeds the cap"):
+                decode(frame, max_body=1 << 20)
+        for _ in range(20):
+            with pytest.raises(ProtocolError, match="expands beyond"):
+                decode(small, max_body=1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    assert time.perf_counter() - t0 < 20
+
+
+def test_body_cap_bounds_the_real_update_and_unshuffle_is_chunked():
+    from neurofed.broker.protocol import body_cap, shuffle, tensors_to_bytes, unshuffle
+    from neurofed.trainer.fl.api import tensor_specs
+    from neurofed.trainer.models import build_model
+
+    state = build_model("eegnet", 22, 4, 481, 160.0, "standard").state_dict()
+    body = tensors_to_bytes(pack({"state": state, "extra": {"c": torch.zeros(3, 5)}}))
+    cap = body_cap(state, tensor_specs({"c": torch.zeros(3, 5)}))
+    assert len(body) <= cap < len(body) + (128 << 10)
+    msg, got = decode(encode(_update(), pack({"state": state}), compress=True), max_body=cap)
+    assert got.keys() == pack({"state": state}).keys()
+    import numpy as np
+
+    import neurofed.broker.protocol as proto
+
+    x = (0).to_bytes(8, "little") + np.random.default_rng(1).integers(
+        0, 256, 4 * proto._UNSHUFFLE_CHUNK_WORDS * 2 + 4 * 40 + 3, dtype=np.uint8).tobytes()
+    assert unshuffle(shuffle(x)) == x  # several chunks and a partial one
