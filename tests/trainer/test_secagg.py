@@ -182,3 +182,48 @@ def test_one_clients_row_is_its_row_of_the_graph():
         assert all(neighbours_of(n, k, seed, c) == g[c] for c in range(1, n + 1))
     with pytest.raises(SecAggError, match="not in 1..5"):
         neighbours_of(5, 2, 0, 6)
+
+
+# ----------------------------------------------------------------------------- issue 54 (D3): weight sum tolerance
+def _weight_sum(n: list[int], n_ref: int, bound: float, delta_dim: int = 3) -> tuple[float, np.ndarray]:
+    """The unmasked sum of honest encode_update vectors (the masks cancel: unmask returns exactly this sum)."""
+    from neurofed.trainer.fl.secagg import decode_update_sum, encode_update
+
+    rng = np.random.default_rng(len(n))
+    total = np.zeros(delta_dim + 2, np.uint32)
+    for n_k in n:
+        v, _ = encode_update(rng.uniform(-bound, bound, delta_dim), 0.5, n_k, n_ref, bound)
+        total += v  # uint32, mod 2^32 like the masked sum
+    return decode_update_sum(total, bound)[2], total
+
+
+@pytest.mark.parametrize("clients", [1000, 5000])
+@pytest.mark.parametrize("bound", [8.0, 1.0, 0.01, 1024.0])
+def test_the_weight_sum_of_any_honest_fleet_passes_and_a_lie_is_refused(clients, bound):
+    from neurofed.trainer.fl.secagg import decode, frac_bits_for, max_weight_sum
+
+    q = 1 << frac_bits_for(bound)
+    limit = max_weight_sum(clients, bound)
+    worst = 1.0
+    # one trial each (the bench: `--clients 1000` gave 1.000002 at bound 8), and n_ref chosen so that every
+    # client's weight rounds up by nearly half a quantum (the proof's worst case), and uneven fleets
+    for n, n_ref in [([1] * clients, clients),
+                     ([1] * clients, min((r for r in range(clients, 3 * clients) if (q % r) * 2 >= r),
+                                         key=lambda r: -((q % r) / r), default=clients)),
+                     (list(np.random.default_rng(3).integers(1, 200, clients)), 0)]:
+        n_ref = n_ref or int(sum(n))
+        w, total = _weight_sum([int(x) for x in n], n_ref, bound)
+        assert w <= limit, (w, limit)
+        worst = max(worst, w)
+    if bound == 8.0:
+        assert worst > 1 + 1e-6  # the old fixed tolerance refused this honest fleet
+    assert limit - 1 <= (clients // 2 + 2) / q  # about half a quantum per client, no more
+    # a lying client: all the fleet's trials, one more trial than it has (weight 1 / n_ref more: detectable when
+    # that is more than the fleet's rounding, i.e. unless the bound leaves under ~n/2 quanta per trial), or one
+    # quantum past the proof's bound
+    assert _weight_sum([clients] + [1] * (clients - 1), clients, bound)[0] > limit
+    if q / clients > clients // 2 + 1:
+        assert _weight_sum([2] + [1] * (clients - 1), clients, bound)[0] > limit
+    forged = total.copy()
+    forged[-1] = np.uint32(q + clients // 2 + 2 + (clients * q >> 52))
+    assert float(decode(forged[-1:], frac_bits_for(bound))[0]) > limit

@@ -444,10 +444,13 @@ def reveal_share(s: Shares, sender_survived: bool) -> Shares:
 
 # ----------------------------------------------------------------------------- the update vector on the wire
 def frac_bits_for(bound: float) -> int:
-    """Fractional bits of :func:`encode_update` for coordinates clamped to ``[-bound, bound]`` (sum < 2^30)."""
+    """Fractional bits of :func:`encode_update` for coordinates clamped to ``[-bound, bound]`` (sum < 2^30).
+
+    The weight coordinate is up to 1 whatever the bound (weights sum to 1), so a bound under 1 scales as 1 does
+    (issue 54: ``bound`` 0.01 gave 36 bits and the weights' sum 2^36 wrapped around 2^32)."""
     if not 0 < bound <= 2**20:
         raise SecAggError(f"secure aggregation bound must be in (0, 2^20], got {bound}")
-    return 30 - int(np.ceil(np.log2(bound)))
+    return 30 - max(0, int(np.ceil(np.log2(bound))))
 
 
 def encode_update(delta: np.ndarray, loss: float, n_samples: int, n_ref: int, bound: float) -> tuple[np.ndarray, int]:
@@ -467,6 +470,27 @@ def encode_update(delta: np.ndarray, loss: float, n_samples: int, n_ref: int, bo
     w = n_samples / n_ref
     x = np.concatenate([np.clip(d, -bound, bound) * w, [min(max(float(loss), -bound), bound) * w, w]])
     return encode(x, f), clamped
+
+
+def max_weight_sum(n_clients: int, bound: float) -> float:
+    """The largest unmasked weight sum that honest :func:`encode_update` vectors of ``n_clients`` clients give.
+
+    Proof. Let ``f = frac_bits_for(bound)``, ``q = 2^f``, ``w_k = n_k / n_ref`` (exact). Client k sends
+    ``Q_k = rint(c_k)`` with ``c_k = fl(n_k / n_ref) * q``: the division is rounded (relative error
+    <= 2^-53, ``w_k <= 1``), the scaling by a power of two is exact, so ``c_k <= w_k q + q 2^-53``, and
+    rounding to the nearest integer adds at most 1/2: ``Q_k <= w_k q + 1/2 + q 2^-53``. Honest clients have
+    ``sum n_k <= n_ref`` (the task's n_ref is their trials), i.e. ``sum w_k <= 1``, hence
+    ``sum Q_k <= q + n/2 + x`` with ``x = n q 2^-53``. The sum is an integer (the uint32 sum is exact: no
+    wrap-around below 2^30), so ``sum Q_k <= q + floor(n/2) + floor(1/2 + x) <= q + floor(n/2) + 1 + floor(2x)``,
+    and decoding divides by ``q`` exactly: the weight sum is at most
+    ``1 + (floor(n/2) + 1 + floor(n q 2^-52)) / q``. The old fixed ``1 + 1e-6`` is below that once n/2 quanta pass
+    1e-6 (1,000 clients at bound 8, f = 27: 500 * 2^-27 = 3.7e-6). A sum more than that many quanta over 1 (a
+    client claiming more trials than it has, or a garbled input) is still refused.
+    """
+    if n_clients < 1:
+        raise SecAggError(f"a weight sum over {n_clients} clients")
+    q = 1 << frac_bits_for(bound)
+    return 1.0 + (n_clients // 2 + 1 + (n_clients * q >> 52)) / q
 
 
 def decode_update_sum(total: np.ndarray, bound: float) -> tuple[np.ndarray, float, float]:
