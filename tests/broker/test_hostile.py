@@ -406,3 +406,64 @@ def test_broker_listeners_outside_loopback_without_tls_warn(tmp_path):
     finally:
         p.kill()
         p.wait(10)
+
+
+@pytest.mark.slow
+def test_compression_bombs_from_a_client_cost_the_coordinator_no_memory_and_no_time(mosquitto, fed_name, tmp_path):
+    """Issue 54 (D1): a 39 kB frame declaring a 256 MiB body (once took the coordinator from 0.32 to 3.49 GB RSS and
+    the round from 3 s to 60 s), one declaring a small body that inflates to 256 MiB, and a flood of small bombs,
+    from a joined client and from one that never joined, during a real round over Mosquitto: each is refused as
+    ``bad_message`` before its body costs memory, and the round closes at once with both honest updates."""
+    import gc
+
+    import psutil
+
+    from tests.broker.test_protocol import bomb
+
+    url = mosquitto.url
+    coord = Coordinator(make_cfg(fed_name, tmp_path / "out", rounds=1, min_clients=2), url)
+    ct = Bg(coord.run)
+    p = Puppet(url, fed_name, ["S001", "S002"])
+    p.join()
+    t0 = p.next("task")
+    hdr = UpdateMsg(federation=fed_name, sender="S002", round=t0.round, task_id=t0.task_id, n_samples=45,
+                    base_sha256=p.base(t0), run_id=p.run_id)
+    outsider = hdr.model_copy(update={"sender": "X999"})
+    big = bomb(hdr, 256 << 20, 256 << 20)          # declares 256 MiB, inflates to it (the issue's frame)
+    liar = bomb(hdr, 4096, 256 << 20)              # declares 4 kB, inflates to 256 MiB
+    small = bomb(outsider, 1 << 30, 8 << 20)       # not joined: declares 1 GiB, a 2 kB frame
+    honest1, honest2 = p.update(t0, "S001", p.honest(1))[1], p.update(t0, "S002", p.honest(2))[1]
+    assert len(big) < 64 << 10 and len(liar) < 64 << 10
+    gc.collect()
+    proc = psutil.Process()
+    base, peak, stop = proc.memory_info().rss, [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], proc.memory_info().rss)
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t_send = time.monotonic()
+    for _ in range(3):
+        p.send("S002", big)
+        p.send("S002", liar)
+    for _ in range(50):
+        p.send("X999", small)
+    p.send("S001", honest1)
+    p.send("S002", honest2)
+    ct.result(90)
+    elapsed = time.monotonic() - t_send
+    stop.set()
+    sampler.join()
+    p.t.close()
+
+    growth = peak[0] - base
+    print(f"bomb test: RSS {base / 2**20:.0f} MiB -> peak {peak[0] / 2**20:.0f} MiB (+{growth / 2**20:.1f} MiB), "
+          f"round closed {elapsed:.2f} s after the first bomb, round {coord.metrics[0]['seconds']:.2f} s")
+    (r0,) = coord.metrics
+    assert r0["participants"] == ["S001", "S002"]
+    assert coord.rejections["bad_message"] == 56, coord.rejections
+    assert growth < 200 << 20, growth / 2**20
+    assert elapsed < 20, elapsed
