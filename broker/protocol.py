@@ -617,7 +617,7 @@ def unshuffle(data: bytes) -> bytes:
 
 
 def body_cap(*tensor_sets: Mapping[str, Any]) -> int:
-    """The largest legitimate body for tensors of these shapes and dtypes (tensors or ``TensorSpec``s, one
+    """The largest legitimate body for tensors of these shapes and dtypes (tensors or ``TensorSpec`` objects, one
     body's sets together, e.g. an update's state and extras): their data bytes, plus
     :data:`BODY_CAP_PER_TENSOR` per tensor and :data:`BODY_CAP_SLACK` for the safetensors header."""
     total = BODY_CAP_SLACK

@@ -100,6 +100,9 @@ class RoundAggregator:
     (SCAFFOLD's control variate, server momentum ...) accumulates its extras alongside and edits
     the result.
 
+    Each update's weight is its trial count unless a component reweights (GA: per-client weights the
+    server keeps, so :meth:`add` then needs the client's id).
+
     Parameters
     ----------
     server : ServerState
@@ -109,9 +112,6 @@ class RoundAggregator:
         Clients known to the federation (SCAFFOLD's ``|S|/N``).
     rounds_total : int
         Rounds of the whole run (GA's step decay; 0 = unknown, refused by rules that need it).
-
-    Each update's weight is its trial count unless a component reweights (GA: per-client weights the
-    server keeps, so :meth:`add` then needs the client's id).
     """
 
     def __init__(self, server: ServerState, strategy: Strategy, n_clients_total: int, rounds_total: int = 0) -> None:

@@ -1,0 +1,358 @@
+"""Pages of the documentation site that are generated from the code at build time (docs/README.md).
+
+* the command-line reference: every command of every typer app named in pyproject.toml's ``[project.scripts]``,
+  one sphinxcontrib-typer directive per command (so the page names each command; each shows its ``--help``);
+* the ``federation.toml`` reference: every key of :class:`neurofed.broker.config.FederationConfig` (pydantic),
+  with its type, default, bounds and description;
+* the ONNX metadata reference: every field of the model card embedded in exported graphs
+  (:class:`neurofed.export.runtime.OnnxModelMeta`);
+* the studies index: a toctree of whatever ``studies/*/README.md`` exist (none is fine).
+
+The generators are plain functions (tests/test_docs.py calls them without Sphinx); :func:`setup` writes their
+pages into ``docs/_generated/`` (not tracked) when Sphinx starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import typer
+
+ROOT = Path(__file__).resolve().parents[2]
+GENERATED = ROOT / "docs" / "_generated"
+
+
+# ---- command-line reference --------------------------------------------------------------------------------------
+
+def script_apps(root: Path = ROOT) -> dict[str, Any]:
+    """The click command of each console script in ``[project.scripts]`` (``"pkg.mod:main"`` -> ``pkg.mod.app``)."""
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    apps = {}
+    for name, target in sorted(scripts.items()):
+        mod = importlib.import_module(target.split(":", 1)[0])
+        app = getattr(mod, "app", None)
+        if not isinstance(app, typer.Typer):
+            raise RuntimeError(f"[project.scripts] {name} = {target!r}: its module has no typer app named `app`")
+        apps[name] = typer.main.get_command(app)
+    return apps
+
+
+def walk_commands(cmd: Any, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
+    """``[(("neurofed", "bench", "e2e"), command), ...]``: every visible command under ``cmd`` (typer's click
+    objects: typer vendors its own click), groups too."""
+    out = [(path, cmd)]
+    if hasattr(cmd, "list_commands"):
+        ctx = cmd.context_class(cmd, info_name=path[-1])
+        for name in cmd.list_commands(ctx):
+            sub = cmd.get_command(ctx, name)
+            if sub is not None and not sub.hidden:
+                out += walk_commands(sub, path + (name,))
+    return out
+
+
+def _attr(path: tuple[str, ...]) -> str:
+    return "cmd_" + "__".join(re.sub(r"\W", "_", p) for p in path)
+
+
+def cli_reference(apps: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The reStructuredText of the CLI reference page and the command objects its directives name (by attribute)."""
+    objects: dict[str, Any] = {}
+    lines = [
+        "Command-line reference",
+        "======================",
+        "",
+        "Generated when the site is built, from the typer apps of the console scripts in ``pyproject.toml``",
+        "(``[project.scripts]``): every command, its options and their defaults, as ``--help`` prints them.",
+        "Errors NeuroFed raises on purpose print one line and exit with status 2.",
+        "",
+    ]
+    for script, root in apps.items():
+        lines += [f"``{script}``", "-" * (len(script) + 4), ""]
+        for path, cmd in walk_commands(root, (script,)):
+            if len(path) > 1:
+                title = f"``{' '.join(path)}``"
+                under = "~" if len(path) == 2 else "^"
+                lines += [title, under * len(title), ""]
+            attr = _attr(path)
+            objects[attr] = cmd
+            lines += [f".. typer:: neurofed_docs.{attr}", f"   :prog: {' '.join(path)}", "   :preferred: text",
+                      "   :width: 100", ""]
+    return "\n".join(lines), objects
+
+
+def undocumented_commands(apps: dict[str, Any]) -> list[str]:
+    """Commands whose help text is empty (the reference would show a bare name)."""
+    return [" ".join(p) for script, root in apps.items() for p, c in walk_commands(root, (script,))
+            if not (c.help or c.short_help or "").strip()]
+
+
+# ---- federation.toml -----------------------------------------------------------------------------------------------
+
+def _type_name(ann: Any) -> str:
+    if ann is None or ann is type(None):
+        return "none"
+    origin = typing.get_origin(ann)
+    if origin is typing.Literal:
+        return " | ".join(f'``"{a}"``' if isinstance(a, str) else f"``{a!r}``" for a in typing.get_args(ann))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(ann))
+    if origin in (list, tuple):
+        args = [a for a in typing.get_args(ann) if a is not Ellipsis]
+        return f"list of {_type_name(args[0])}" if args else "list"
+    if origin is dict:
+        k, v = typing.get_args(ann) or (str, Any)
+        return "table" if v is Any else f"table of {_type_name(v)}"
+    return {str: "string", int: "integer", float: "float", bool: "boolean"}.get(ann, getattr(ann, "__name__", str(ann)))
+
+
+def _toml(value: Any) -> str:
+    if value is None:
+        return "(unset)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def _bounds(field: Any) -> str:
+    out = []
+    for m in field.metadata:
+        for attr, sym in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤"), ("min_length", "length ≥"),
+                          ("max_length", "length ≤"), ("pattern", "matches")):
+            v = getattr(m, attr, None)
+            if v is not None:
+                out.append(f"{sym} ``{v}``")
+    return ", ".join(out)
+
+
+def _cell(text: str) -> str:
+    """One Markdown table cell: one line, reST roles (``:class:`x```) as MyST roles (``{class}`x```)."""
+    text = re.sub(r":(\w+(?::\w+)?):`", r"{\1}`", " ".join(str(text).split()))
+    return text.replace("|", "\\|")
+
+
+def _dataclass_rows(section: str, cls: type, defaults: dict[str, Any]) -> list[tuple[str, ...]]:
+    hints = typing.get_type_hints(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        if f.name in defaults:
+            default = defaults[f.name]
+        elif f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = "(required)"
+        doc = f.metadata.get("doc", "") if f.metadata else ""
+        rows.append((f"``{section}.{f.name}``", _type_name(hints.get(f.name)), f"``{_toml(default)}``", "", doc))
+    return rows
+
+
+def federation_rows() -> list[tuple[str, ...]]:
+    """One row per ``federation.toml`` key: (key, type, default, bounds, description)."""
+    from pydantic import BaseModel
+
+    from neurofed.broker.config import FederationConfig
+    from neurofed.trainer.data.config import PreprocessConfig
+    from neurofed.trainer.fl.local import LocalConfig
+
+    rows: list[tuple[str, ...]] = []
+    for section, field in FederationConfig.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            for key, sub in ann.model_fields.items():
+                default = sub.get_default(call_default_factory=True)
+                rows.append((f"``{section}.{key}``", _type_name(sub.annotation), f"``{_toml(default)}``",
+                             _bounds(sub), _cell(sub.description or "")))
+        elif section == "preprocess":
+            default = field.get_default(call_default_factory=True)
+            rows += _dataclass_rows(section, PreprocessConfig, default)
+        elif section == "local":
+            rows += _dataclass_rows(section, LocalConfig, {})
+        else:  # a new kind of section: still listed, so the table never silently omits a key
+            rows.append((f"``{section}``", _type_name(ann), f"``{_toml(field.get_default(call_default_factory=True))}``",
+                         "", _cell(field.description or "")))
+    return rows
+
+
+def federation_reference() -> str:
+    """The Markdown page of ``federation.toml`` keys (MyST list-table)."""
+    from neurofed.broker.config import FederationConfig
+
+    doc = (FederationConfig.__module__ and importlib.import_module(FederationConfig.__module__).__doc__) or ""
+    example = doc.split("Example::", 1)[1] if "Example::" in doc else ""
+    lines = [
+        "# `federation.toml` keys",
+        "",
+        "Generated when the site is built from the pydantic model that validates the file",
+        "({py:class}`neurofed.broker.config.FederationConfig`): every key, its type, its default and its bounds.",
+        "Unknown keys are errors; `neurofed coordinator --config federation.toml` reads it (all defaults when",
+        "omitted). `[preprocess]` takes the fields of {py:class}`neurofed.trainer.data.config.PreprocessConfig`",
+        "(`channels` may name a preset such as `\"sensorimotor21\"`) and `[local]` those of",
+        "{py:class}`neurofed.trainer.fl.local.LocalConfig`; their defaults are the published protocol.",
+        "",
+        "```{list-table}",
+        ":header-rows: 1",
+        ":widths: 22 14 14 14 36",
+        "",
+        "* - key",
+        "  - type",
+        "  - default",
+        "  - bounds",
+        "  - meaning",
+    ]
+    for row in federation_rows():
+        lines.append(f"* - {row[0]}")
+        lines += [f"  - {c}" if c else "  -" for c in row[1:]]
+    lines += ["```", ""]
+    if example.strip():
+        lines += ["## Example", "", "```toml", *[ln[4:] if ln.startswith("    ") else ln
+                                                for ln in example.strip("\n").splitlines()], "```", ""]
+    return "\n".join(lines)
+
+
+# ---- ONNX metadata --------------------------------------------------------------------------------------------------
+
+def attribute_docs(cls: type) -> dict[str, str]:
+    """Descriptions of a class's fields: its numpy ``Attributes`` section, then ``#:`` comments (via Sphinx)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        text = (klass.__doc__ or "").expandtabs()
+        m = re.search(r"^\s*Attributes\n\s*-+\n(.*?)(?:\n\s*\n\s*\S+\n\s*-+\n|\Z)", text, re.S | re.M)
+        if m:
+            names: list[str] = []
+            for line in m.group(1).splitlines():
+                head = re.match(r"^\s{0,8}(\w+(?:, \w+)*) :", line)
+                if head and not line.startswith(" " * 12):
+                    names = head.group(1).split(", ")
+                elif line.strip():
+                    for n in names:
+                        docs[n] = (docs.get(n, "") + " " + line.strip()).strip()
+        try:
+            from sphinx.pycode import ModuleAnalyzer  # only when Sphinx builds the page
+
+            found = ModuleAnalyzer.for_module(klass.__module__).find_attr_docs()
+        except Exception:  # not Sphinx, or a class made at run time (no source to analyse)
+            found = {}
+        for (qual, name), lines in found.items():
+            if qual == klass.__name__:
+                docs[name] = " ".join(ln.strip() for ln in lines if ln.strip())
+    return docs
+
+
+def _model_table(model: Any, also: tuple[type, ...] = (), widths: str = "22 22 18 38") -> list[str]:
+    docs: dict[str, str] = {}
+    for cls in (*also, model):  # ``also``: classes whose fields the model copies (their descriptions count)
+        docs.update(attribute_docs(cls))
+    lines = ["```{list-table}", ":header-rows: 1", f":widths: {widths}", "",
+             "* - key", "  - type", "  - default", "  - meaning"]
+    for key, field in model.model_fields.items():
+        default = "(required)" if field.is_required() else f"``{_toml(field.get_default(call_default_factory=True))}``"
+        text = field.description or docs.get(key, "")
+        lines += [f"* - ``{key}``", f"  - {_type_name(field.annotation)}", f"  - {default}",
+                  f"  - {_cell(text)}" if text else "  -"]
+    return lines + ["```", ""]
+
+
+def onnx_metadata_reference() -> str:
+    """The Markdown page of the model card every exported ``.onnx`` carries (``metadata_props``)."""
+    from neurofed.export.decoder import StandaloneInfo
+    from neurofed.export.runtime import META_KEY, OnnxModelMeta
+    from neurofed.trainer.model_meta import ModelMeta
+
+    lines = [
+        "# ONNX metadata contract",
+        "",
+        "Generated when the site is built from the pydantic models an app validates an exported graph against",
+        f"before it decodes a window. An exported `.onnx` holds one `metadata_props` entry, `{META_KEY}`, whose value",
+        "is a JSON object with the keys below ({py:class}`neurofed.export.runtime.OnnxModelMeta`: the checkpoint's",
+        "model card, {py:class}`neurofed.trainer.model_meta.ModelMeta`, plus what the export adds). It is written by",
+        "{py:mod}`neurofed.export.metadata` and read by {py:func}`neurofed.export.runtime.read_onnx_meta`; how apps",
+        "use it, and the `model.json` copy for JavaScript runtimes: [](../apps.md).",
+        "",
+        "## The model card",
+        "",
+        *_model_table(OnnxModelMeta, also=(ModelMeta,)),
+        "## `standalone`: the standalone graph (`neurofed export --standalone`)",
+        "",
+        "Present only in a standalone export ({py:class}`neurofed.export.decoder.StandaloneInfo`, no other keys",
+        "allowed): what an app needs to feed the graph raw device windows and carry its state.",
+        "",
+        *_model_table(StandaloneInfo),
+    ]
+    return "\n".join(lines)
+
+
+# ---- studies ------------------------------------------------------------------------------------------------------
+
+def studies_index(root: Path = ROOT) -> str:
+    """A page listing every ``studies/<name>/README.md`` (their own titles in the toctree); none is fine."""
+    readmes = sorted((root / "studies").glob("*/README.md")) if (root / "studies").is_dir() else []
+    lines = ["# Studies", "",
+             "Each study answers one question on the real EEG: its README gives the protocol, the one command",
+             "that reproduces it, the expected results and the verdict (how to re-run one:",
+             "[Reproduce a study](../howto/reproduce-study.md)).", ""]
+    if readmes:
+        lines += ["```{toctree}", ":maxdepth: 1", ""]
+        lines += [f"/studies/{p.parent.name}/README" for p in readmes]
+        lines += ["```", ""]
+    else:
+        lines += ["No study is published in this checkout yet.", ""]
+    return "\n".join(lines)
+
+
+# ---- Sphinx ----------------------------------------------------------------------------------------------------------
+
+def write_if_changed(path: Path, text: str) -> None:
+    """Write ``text`` unless the file already holds it (an unchanged page is not rebuilt)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+
+
+def generate(root: Path = ROOT) -> None:
+    """Write every generated page into ``docs/_generated/``."""
+    out = root / "docs" / "_generated"
+    apps = script_apps(root)
+    missing = undocumented_commands(apps)
+    if missing:
+        raise RuntimeError(f"commands without help text (add a docstring): {', '.join(missing)}")
+    rst, objects = cli_reference(apps)
+    globals().update(objects)  # the names `.. typer:: neurofed_docs.cmd_...` import
+    write_if_changed(out / "cli.rst", rst + "\n")
+    write_if_changed(out / "federation-toml.md", federation_reference())
+    write_if_changed(out / "onnx-metadata.md", onnx_metadata_reference())
+    write_if_changed(out / "studies.md", studies_index(root))
+
+
+def skip_member(app: Any, what: str, name: str, obj: Any, skip: bool, options: Any) -> bool | None:
+    """Leave out what the API reference should not show: scikit-learn's generated ``set_*_request`` methods."""
+    if re.fullmatch(r"set_\w+_request", name):
+        return True
+    return None
+
+
+def orphan_snapshots(app: Any, docname: str, source: list[str]) -> None:
+    """docs/results/ (result snapshots the studies replace, on their way out) are reached only through the
+    benchmarks' links: read them as orphans (in no toctree) rather than list tables without titles."""
+    if docname.startswith("docs/results/") and not source[0].startswith("---"):
+        source[0] = "---\norphan: true\n---\n" + source[0]
+
+
+def setup(app: Any) -> dict[str, Any]:
+    app.connect("config-inited", lambda app, config: generate(ROOT))
+    app.connect("autodoc-skip-member", skip_member)
+    app.connect("source-read", orphan_snapshots)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
