@@ -26,14 +26,15 @@ release = version = neurofed.__version__
 
 root_doc = "docs/index"
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-# Read only the documentation: docs/ (minus the build, the extension, the examples' sources and the benchmarks'
-# JSON) and the studies' READMEs. Every other top-level folder is pruned: code, node_modules and run outputs are
-# never walked. docs/results/ (result snapshots, being replaced by studies/) is read while it exists: the
-# benchmarks link to its pages; the studies page holds them in a hidden toctree.
-include_patterns = ["docs/**", "studies/*/README.md"]
+# Read only the documentation: README.md, docs/ (minus the build, the extension, the examples' sources and the
+# benchmarks' JSON) and the studies' Markdown. Every other top-level folder is pruned: code, node_modules and run
+# outputs are never walked. Pages reached only through links (the README, the studies' reports, docs/results/
+# while it exists) are read as orphans, and repository links are made to work as on GitHub (a folder -> its
+# README): docs/_ext/neurofed_docs.py, read_source.
+include_patterns = ["README.md", "docs/**", "studies/**/*.md"]
 exclude_patterns = sorted(
-    [p.name for p in ROOT.iterdir() if p.name not in ("docs", "studies")]
-    + ["docs/_build", "docs/_ext", "docs/_root", "docs/examples", "docs/bench", "studies/*/*/**"]
+    [p.name for p in ROOT.iterdir() if p.name not in ("README.md", "docs", "studies")]
+    + ["docs/_build", "docs/_ext", "docs/_root", "docs/examples", "docs/bench"]
 )
 
 extensions = [

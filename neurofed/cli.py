@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 import time
+import webbrowser
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +22,7 @@ import typer
 from neurofed import __version__
 from neurofed.demo import DEFAULT_HELDOUT, DEFAULT_SUBJECTS, HELDOUT_RULE, LOCAL, DemoConfig
 from neurofed.demo_run import run_demo
+from neurofed.docsite import build_docs
 from neurofed.trainer.data.profiles import ProfileError, get_profile
 from neurofed.trainer.errors import NeuroFedError, run_cli
 from neurofed.trainer.options import parse_int_list, parse_name_list, parse_subjects
@@ -105,6 +107,20 @@ def demo_cmd(
     res = run_demo(cfg)
     if not res["checks"]["all_ok"]:
         raise NeuroFedError(f"demo finished but checks failed: {res['checks']['failed']} (see {run_dir}/report.md)")
+
+
+def docs_cmd(
+    open_: Annotated[bool, typer.Option("--open", help="Open the built index.html in a web browser, if this "
+                                                       "machine has one.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Output folder (default docs/_build/html in the checkout).")] = None,
+    fresh: Annotated[bool, typer.Option(help="Read every page again (sphinx-build -E), not only the changed ones.")] = False,
+) -> None:
+    """Build the documentation site (Sphinx, warnings are errors, examples executed on $NEUROFED_DATA); print the
+    path of its index.html. Needs a checkout and the docs extra of pyproject.toml (scripts/docs.sh installs it)."""
+    index = build_docs(None, out, fresh)
+    print(index)
+    if open_ and not webbrowser.open(index.as_uri()):
+        print(f"no web browser found here: open {index.as_uri()} yourself", file=sys.stderr)
 
 
 def bench_e2e(
@@ -194,6 +210,7 @@ for _mod in COMMAND_MODULES:
     except ImportError as _exc:  # a broken optional part must not take the other commands down
         print(f"warning: commands of {_mod.split('.')[0]}/ unavailable ({_exc})", file=sys.stderr)
 app.command("demo")(demo_cmd)
+app.command("docs")(docs_cmd)
 if run_standalone_bench is not None:
     bench.command("standalone")(bench_standalone)
 else:

@@ -15,7 +15,9 @@ pages into ``docs/_generated/`` (not tracked) when Sphinx starts.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import importlib
+import os
 import re
 import tomllib
 import types
@@ -304,12 +306,60 @@ def studies_index(root: Path = ROOT) -> str:
              "Each study answers one question on the real EEG: its README gives the protocol, the one command",
              "that reproduces it, the expected results and the verdict (how to re-run one:",
              "[Reproduce a study](../howto/reproduce-study.md)).", ""]
+    if (root / "studies" / "README.md").is_file():
+        lines += ["How a study is laid out, and how to work with one: [the studies' overview](../../studies/README.md).",
+                  ""]
     if readmes:
         lines += ["```{toctree}", ":maxdepth: 1", ""]
         lines += [f"/studies/{p.parent.name}/README" for p in readmes]
         lines += ["```", ""]
     else:
         lines += ["No study is published in this checkout yet.", ""]
+    return "\n".join(lines)
+
+
+# ---- pages in no toctree -------------------------------------------------------------------------------------------
+
+_TOCTREE = re.compile(r"^```\{toctree\}[^\n]*\n(?P<body>.*?)^```", re.S | re.M)
+
+
+def toctree_entries(page: Path, root: Path = ROOT) -> list[str]:
+    """The document patterns the toctrees of a Markdown page list, as docnames from ``root`` (globs kept)."""
+    out, page = [], page.resolve()
+    for m in _TOCTREE.finditer(page.read_text(errors="replace")):
+        for line in m.group("body").splitlines():
+            line = line.strip()
+            if not line or line.startswith(":"):
+                continue
+            target = re.sub(r"^.*<(.+)>$", r"\1", line).strip()
+            if re.match(r"^[a-zA-Z][\w+.-]*:", target):  # an external link in a toctree
+                continue
+            base = root if target.startswith("/") else page.parent
+            full = (base / target.lstrip("/")).with_suffix("") if target.endswith(".md") else base / target.lstrip("/")
+            out.append(Path(os.path.normpath(full)).relative_to(root).as_posix())
+    return out
+
+
+def uncovered_pages(root: Path = ROOT) -> list[str]:
+    """docs/ pages that no hand-written toctree lists (a page another change added without a place in the
+    contents): the site lists them on a generated page rather than fail on Sphinx's 'not in any toctree'."""
+    docs = root / "docs"
+    skip = ("docs/_", "docs/auto_examples/", "docs/examples/", "docs/bench/", "docs/results/")
+    pages = {p.relative_to(root).with_suffix("").as_posix() for p in docs.rglob("*") if p.suffix in (".md", ".rst")}
+    pages = {p for p in pages if not p.startswith(skip) and p != "docs/index"}
+    patterns = [e for page in docs.rglob("*.md") if not page.relative_to(root).as_posix().startswith(skip)
+                for e in toctree_entries(page, root)]
+    return sorted(p for p in pages if not any(fnmatch.fnmatchcase(p, pat) for pat in patterns))
+
+
+def more_pages(root: Path = ROOT) -> str:
+    """The page that gives the uncovered pages (:func:`uncovered_pages`) a place in the contents."""
+    pages = uncovered_pages(root)
+    lines = ["# More pages", "", "Pages of docs/ that no section lists yet (found when the site was built).", ""]
+    if pages:
+        lines += ["```{toctree}", ":maxdepth: 1", "", *[f"/{p}" for p in pages], "```", ""]
+    else:
+        lines += ["None: every page has its place in the sections.", ""]
     return "\n".join(lines)
 
 
@@ -335,6 +385,7 @@ def generate(root: Path = ROOT) -> None:
     write_if_changed(out / "federation-toml.md", federation_reference())
     write_if_changed(out / "onnx-metadata.md", onnx_metadata_reference())
     write_if_changed(out / "studies.md", studies_index(root))
+    write_if_changed(out / "more.md", more_pages(root))
 
 
 def skip_member(app: Any, what: str, name: str, obj: Any, skip: bool, options: Any) -> bool | None:
@@ -344,15 +395,62 @@ def skip_member(app: Any, what: str, name: str, obj: Any, skip: bool, options: A
     return None
 
 
-def orphan_snapshots(app: Any, docname: str, source: list[str]) -> None:
-    """docs/results/ (result snapshots the studies replace, on their way out) are reached only through the
-    benchmarks' links: read them as orphans (in no toctree) rather than list tables without titles."""
-    if docname.startswith("docs/results/") and not source[0].startswith("---"):
+#: Pages read but in no toctree, reached through links only: the repository's README, the studies' overview and
+#: their sub-pages (``report.md``, ``table.md`` of each run), and docs/results/ (snapshots on their way out).
+ORPHANS = re.compile(r"README|studies/README|studies/[^/]+/.+/.+|studies/[^/]+/(?!README$)[^/]+|docs/results/.+")
+_LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)\)")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def rewrite_links(text: str, doc_dir: Path, is_source: Any) -> str:
+    """Make a page's repository links work in the site as they do on GitHub, outside code fences.
+
+    A link to a folder goes to its ``README.md`` (as GitHub shows it), or, when the folder has none that is a page
+    of the site, becomes its text; a link to an existing ``.md`` file that is not a page (outside the site's
+    sources) becomes a download of that file. Links to missing files are left as they are, so Sphinx reports them.
+    """
+    def fix(m: re.Match) -> str:
+        target = m.group("target")
+        if re.match(r"^[a-zA-Z][\w+.-]*:|^#|^/", target):  # a URL, a scheme (path:, inv:), an anchor, absolute
+            return m.group(0)
+        path, _, anchor = target.partition("#")
+        full = (doc_dir / path).resolve()
+        if full.is_dir():
+            readme = full / "README.md"
+            if readme.is_file() and is_source(readme):
+                return f"[{m.group('text')}]({path.rstrip('/')}/README.md{'#' + anchor if anchor else ''})"
+            return m.group("text")
+        if full.is_file() and full.suffix == ".md" and not is_source(full):
+            return f"[{m.group('text')}](path:{path})"
+        return m.group(0)
+
+    out, fenced = [], False
+    for line in text.splitlines(keepends=True):
+        if _FENCE.match(line):
+            fenced = not fenced
+            out.append(line)
+        else:
+            out.append(line if fenced else _LINK.sub(fix, line))
+    return "".join(out)
+
+
+def read_source(app: Any, docname: str, source: list[str]) -> None:
+    """``source-read``: repository links made to work (:func:`rewrite_links`); orphan pages marked as such."""
+    env = app.env
+    if not env.doc2path(docname).suffix == ".md":
+        return
+
+    def is_source(path: Path) -> bool:
+        name = env.path2doc(str(path))
+        return name is not None and name in env.found_docs
+
+    source[0] = rewrite_links(source[0], Path(env.doc2path(docname)).parent, is_source)
+    if ORPHANS.fullmatch(docname) and not source[0].startswith("---"):
         source[0] = "---\norphan: true\n---\n" + source[0]
 
 
 def setup(app: Any) -> dict[str, Any]:
     app.connect("config-inited", lambda app, config: generate(ROOT))
     app.connect("autodoc-skip-member", skip_member)
-    app.connect("source-read", orphan_snapshots)
+    app.connect("source-read", read_source)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
