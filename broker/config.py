@@ -67,17 +67,20 @@ class _Frozen(BaseModel):
 
 
 class FederationSection(_Frozen):
-    name: str = Field(default="neurofed", pattern=NAME_PATTERN)
-    rounds: int = Field(default=3, ge=1, le=100_000)
-    fraction: float = Field(default=0.5, gt=0, le=1)
-    seed: int = Field(default=0, ge=0)
-    min_clients: int = Field(default=2, ge=1)
-    join_timeout_s: float = Field(default=300.0, gt=0)
-    round_deadline_s: float = Field(default=120.0, gt=0)
-    min_updates: int = Field(default=1, ge=1)
-    max_round_retries: int = Field(default=3, ge=0)
-    strategy: str = "fedbs"
-    strategy_overrides: dict[str, bool | int | float | str] = Field(default_factory=dict)
+    name: str = Field(default="neurofed", pattern=NAME_PATTERN, description="topic namespace neurofed/<name>/...")
+    rounds: int = Field(default=3, ge=1, le=100_000, description="communication rounds")
+    fraction: float = Field(default=0.5, gt=0, le=1, description="clients per round = max(1, floor(fraction x joined))")
+    seed: int = Field(default=0, ge=0, description="client selection and local-training seeds (as neurofed simulate --seeds)")
+    min_clients: int = Field(default=2, ge=1, description="clients that must join before round 1")
+    join_timeout_s: float = Field(default=300.0, gt=0, description="how long to wait for them (s)")
+    round_deadline_s: float = Field(default=120.0, gt=0, description="a round closes at its deadline with the updates received (s)")
+    min_updates: int = Field(default=1, ge=1, description="fewer updates by the deadline: the round is re-issued")
+    max_round_retries: int = Field(default=3, ge=0, description="re-issues of a round before giving up")
+    strategy: str = Field(default="fedbs", description="a registered algorithm (`neurofed algorithms`): fedavg, fedprox, "
+                          "scaffold, moon, fedbn, fedbs, safe, ...")
+    strategy_overrides: dict[str, bool | int | float | str] = Field(
+        default_factory=dict, description="the strategy's parameters for ablations and compositions, e.g. "
+        "{sam_rho = 0.0}, {prox_mu = 1.0} (the strategy options of neurofed simulate --help)")
     compress: bool = Field(default=True, description="bit-shuffle and LZMA2-compress tensor bodies (lossless; docs/protocol.md)")
     aggregation: Literal["exact", "streaming"] = Field(
         default="exact", description="exact: server_update over all updates sorted by id (bit-reproducible); "
@@ -103,16 +106,19 @@ class FederationSection(_Frozen):
 
 
 class ModelSection(_Frozen):
-    name: Literal[MODEL_NAMES] = "eegnet"  # type: ignore[valid-type]  # the registry's names (neurofed.trainer.models)
-    classes: list[str] = Field(default_factory=lambda: ["left_fist", "right_fist"], min_length=2)
+    name: Literal[MODEL_NAMES] = Field(  # type: ignore[valid-type]  # the registry's names (neurofed.trainer.models)
+        default="eegnet", description="architecture; the fleeg_* models need federation.profiles")
+    classes: list[str] = Field(default_factory=lambda: ["left_fist", "right_fist"], min_length=2,
+                               description="class names in logit order")
     source_sfreq: float = Field(default=160.0, gt=0, description="recording rate, used when preprocess.resample is unset")
-    test_batch_size: int = Field(default=8, ge=1)
+    test_batch_size: int = Field(default=8, ge=1, description="batch size of batch-specific BN at evaluation and inference")
 
 
 class ValidationSection(_Frozen):
-    max_message_mb: float = Field(default=16.0, gt=0)
-    norm_bound: float = Field(default=0.0, ge=0)
-    norm_action: Literal["clip", "reject"] = "clip"
+    max_message_mb: float = Field(default=16.0, gt=0, description="larger messages are rejected")
+    norm_bound: float = Field(default=0.0, ge=0, description="L2 bound on (update - global); 0 = off")
+    norm_action: Literal["clip", "reject"] = Field(default="clip", description="what happens to an update beyond "
+                                                   "norm_bound")
     max_update_ratio: float = Field(
         default=10.0, ge=0, description="reject an update whose L2 distance from the global model exceeds this "
         "multiple of the global model's L2 norm (floating entries; 0 = off). Honest EEGNet updates measure "
@@ -129,8 +135,9 @@ class SecAggSection(_Frozen):
 
 
 class OutputSection(_Frozen):
-    dir: str = "runs/federation"
-    checkpoint_every: int = Field(default=1, ge=1)
+    dir: str = Field(default="runs/federation", description="checkpoints, metrics.json and the final model "
+                     "(neurofed coordinator --out overrides it)")
+    checkpoint_every: int = Field(default=1, ge=1, description="rounds between server-state checkpoints (atomic)")
 
 
 class FederationConfig(_Frozen):

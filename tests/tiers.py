@@ -75,10 +75,12 @@ FILE_TIERS: dict[str, str] = {
     "tests/neurofed/test_bench_e2e.py": "e2e",                # 1 integration (bad options) marked
     "tests/neurofed/test_bench_secagg.py": "unit",
     "tests/neurofed/test_demo.py": "e2e",
+    "tests/neurofed/test_docsite.py": "unit",
     "tests/neurofed/test_preflight.py": "unit",
     "tests/neurofed/test_supervise.py": "integration",
     "tests/neurofed/test_wiretap.py": "integration",          # 1 unit test marked
     # repository-wide
+    "tests/test_docs.py": "unit",                             # the site's generated pages, without Sphinx
     "tests/test_import_contract.py": "unit",                  # 2 integration in TEST_TIERS
     "tests/test_lint.py": "integration",                      # runs ruff as a process
     "tests/test_packaging.py": "integration",                 # pip, git, clean venvs (its tests carry their marks)

@@ -26,6 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from pydantic import BaseModel
+
+from neurofed.broker.config import FederationConfig
+from neurofed.export.decoder import StandaloneInfo
+from neurofed.export.runtime import META_KEY, OnnxModelMeta
+from neurofed.trainer.data.config import PreprocessConfig
+from neurofed.trainer.fl.local import LocalConfig
+from neurofed.trainer.model_meta import ModelMeta
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATED = ROOT / "docs" / "_generated"
@@ -142,11 +150,12 @@ def _bounds(field: Any) -> str:
 def _cell(text: str) -> str:
     """One Markdown table cell: one line, reST roles (``:class:`x```) as MyST roles (``{class}`x```)."""
     text = re.sub(r":(\w+(?::\w+)?):`", r"{\1}`", " ".join(str(text).split()))
-    return text.replace("|", "\\|")
+    parts = re.split(r"(`+[^`]*`+)", text)  # outside code spans, "<name>" is text, not an HTML tag
+    return "".join(p if p.startswith("`") else p.replace("<", "\\<") for p in parts).replace("|", "\\|")
 
 
 def _dataclass_rows(section: str, cls: type, defaults: dict[str, Any]) -> list[tuple[str, ...]]:
-    hints = typing.get_type_hints(cls)
+    hints, docs = typing.get_type_hints(cls), attribute_docs(cls)
     rows = []
     for f in dataclasses.fields(cls):
         if f.name in defaults:
@@ -157,19 +166,13 @@ def _dataclass_rows(section: str, cls: type, defaults: dict[str, Any]) -> list[t
             default = f.default_factory()
         else:
             default = "(required)"
-        doc = f.metadata.get("doc", "") if f.metadata else ""
-        rows.append((f"``{section}.{f.name}``", _type_name(hints.get(f.name)), f"``{_toml(default)}``", "", doc))
+        rows.append((f"``{section}.{f.name}``", _type_name(hints.get(f.name)), f"``{_toml(default)}``", "",
+                     _cell(docs.get(f.name, ""))))
     return rows
 
 
 def federation_rows() -> list[tuple[str, ...]]:
     """One row per ``federation.toml`` key: (key, type, default, bounds, description)."""
-    from pydantic import BaseModel
-
-    from neurofed.broker.config import FederationConfig
-    from neurofed.trainer.data.config import PreprocessConfig
-    from neurofed.trainer.fl.local import LocalConfig
-
     rows: list[tuple[str, ...]] = []
     for section, field in FederationConfig.model_fields.items():
         ann = field.annotation
@@ -191,8 +194,6 @@ def federation_rows() -> list[tuple[str, ...]]:
 
 def federation_reference() -> str:
     """The Markdown page of ``federation.toml`` keys (MyST list-table)."""
-    from neurofed.broker.config import FederationConfig
-
     doc = (FederationConfig.__module__ and importlib.import_module(FederationConfig.__module__).__doc__) or ""
     example = doc.split("Example::", 1)[1] if "Example::" in doc else ""
     lines = [
@@ -232,14 +233,15 @@ def attribute_docs(cls: type) -> dict[str, str]:
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         text = (klass.__doc__ or "").expandtabs()
-        m = re.search(r"^\s*Attributes\n\s*-+\n(.*?)(?:\n\s*\n\s*\S+\n\s*-+\n|\Z)", text, re.S | re.M)
-        if m:
+        for m in re.finditer(r"^\s*(?:Attributes|Parameters)\n\s*-+\n(.*?)(?=\n\s*\n\s*\S+\n\s*-+\n|\Z)",
+                             text, re.S | re.M):
+            lines = [ln for ln in m.group(1).splitlines() if ln.strip()]
+            indent = min((len(ln) - len(ln.lstrip()) for ln in lines), default=0)
             names: list[str] = []
-            for line in m.group(1).splitlines():
-                head = re.match(r"^\s{0,8}(\w+(?:, \w+)*) :", line)
-                if head and not line.startswith(" " * 12):
-                    names = head.group(1).split(", ")
-                elif line.strip():
+            for line in lines:
+                if len(line) - len(line.lstrip()) == indent:  # "name[, name] : type": a new entry
+                    names = [n.strip() for n in line.split(" : ", 1)[0].split(",")]
+                else:
                     for n in names:
                         docs[n] = (docs.get(n, "") + " " + line.strip()).strip()
         try:
@@ -270,10 +272,6 @@ def _model_table(model: Any, also: tuple[type, ...] = (), widths: str = "22 22 1
 
 def onnx_metadata_reference() -> str:
     """The Markdown page of the model card every exported ``.onnx`` carries (``metadata_props``)."""
-    from neurofed.export.decoder import StandaloneInfo
-    from neurofed.export.runtime import META_KEY, OnnxModelMeta
-    from neurofed.trainer.model_meta import ModelMeta
-
     lines = [
         "# ONNX metadata contract",
         "",
@@ -454,3 +452,14 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("autodoc-skip-member", skip_member)
     app.connect("source-read", read_source)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":  # python docs/_ext/neurofed_docs.py federation|onnx|cli: one generated page on stdout
+    import sys
+
+    pages = {"federation": federation_reference, "onnx": onnx_metadata_reference,
+             "cli": lambda: cli_reference(script_apps())[0], "studies": studies_index}
+    which = sys.argv[1] if len(sys.argv) > 1 else ""
+    if which not in pages:
+        sys.exit(f"usage: python docs/_ext/neurofed_docs.py {'|'.join(pages)}")
+    print(pages[which]())
