@@ -25,6 +25,7 @@ copyright = "2026, NeuroFed contributors"
 release = version = neurofed.__version__
 
 root_doc = "docs/index"
+smartquotes = False  # command lines stay as typed: --seeds, not an en dash
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 # Read only the documentation: README.md, docs/ (minus the build, the extension, the examples' sources and the
 # benchmarks' JSON) and the studies' Markdown. Every other top-level folder is pruned: code, node_modules and run
@@ -34,7 +35,7 @@ source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 include_patterns = ["README.md", "docs/**", "studies/**/*.md"]
 exclude_patterns = sorted(
     [p.name for p in ROOT.iterdir() if p.name not in ("README.md", "docs", "studies")]
-    + ["docs/_build", "docs/_ext", "docs/_root", "docs/examples", "docs/bench"]
+    + ["docs/_build", "docs/_ext", "docs/_root", "docs/_static", "docs/examples", "docs/bench"]
 )
 
 extensions = [
@@ -97,7 +98,8 @@ html_theme_options = {
     "footer_end": [],
 }
 html_sidebars = {"**": ["sidebar-nav-bs"]}
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["neurofed.css"]  # a wider article: the reference's tables and --help boxes
 html_extra_path = [str(HERE / "_root")]  # index.html at the site's root -> docs/index.html
 html_show_sourcelink = False
 html_copy_source = False

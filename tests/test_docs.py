@@ -56,7 +56,10 @@ def test_federation_reference_has_every_key_with_a_meaning(nd):
     assert rows["federation.rounds"][2] == "``3``" and rows["preprocess.resample"][2] == "``80.0``"
     assert "lr" in {k.split(".")[1] for k in rows if k.startswith("local.")}
     page = nd.federation_reference()
-    assert page.count("* - ``") == len(rows) and "```toml" in page  # the table and the docstring's example
+    for key in rows:
+        assert f"\n``{key}`` (" in page, key
+    assert "```toml" in page  # and the docstring's example
+    assert "``federation.fraction`` (float, default ``0.5``, > ``0``, ≤ ``1``)\n: clients per round" in page
 
 
 def test_onnx_metadata_reference_covers_the_model_card(nd):
@@ -65,7 +68,7 @@ def test_onnx_metadata_reference_covers_the_model_card(nd):
 
     page = nd.onnx_metadata_reference()
     for key in [*OnnxModelMeta.model_fields, *StandaloneInfo.model_fields]:
-        assert f"* - ``{key}``" in page, key
+        assert f"\n``{key}`` (" in page, key
     assert "Class names in logit order." in page  # ModelMeta's numpy docstring reaches the table
 
 

@@ -93,7 +93,7 @@ def cli_reference(apps: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             attr = _attr(path)
             objects[attr] = cmd
             lines += [f".. typer:: neurofed_docs.{attr}", f"   :prog: {' '.join(path)}", "   :preferred: text",
-                      "   :width: 100", ""]
+                      "   :width: 90", ""]
     return "\n".join(lines), objects
 
 
@@ -193,7 +193,7 @@ def federation_rows() -> list[tuple[str, ...]]:
 
 
 def federation_reference() -> str:
-    """The Markdown page of ``federation.toml`` keys (MyST list-table)."""
+    """The Markdown page of ``federation.toml`` keys: one definition per key, a heading per section."""
     doc = (FederationConfig.__module__ and importlib.import_module(FederationConfig.__module__).__doc__) or ""
     example = doc.split("Example::", 1)[1] if "Example::" in doc else ""
     lines = [
@@ -206,20 +206,14 @@ def federation_reference() -> str:
         "(`channels` may name a preset such as `\"sensorimotor21\"`) and `[local]` those of",
         "{py:class}`neurofed.trainer.fl.local.LocalConfig`; their defaults are the published protocol.",
         "",
-        "```{list-table}",
-        ":header-rows: 1",
-        ":widths: 22 14 14 14 36",
-        "",
-        "* - key",
-        "  - type",
-        "  - default",
-        "  - bounds",
-        "  - meaning",
     ]
-    for row in federation_rows():
-        lines.append(f"* - {row[0]}")
-        lines += [f"  - {c}" if c else "  -" for c in row[1:]]
-    lines += ["```", ""]
+    section = None
+    for key, kind, default, bounds, meaning in federation_rows():
+        name = key.strip("`")
+        if name.split(".")[0] != section:
+            section = name.split(".")[0]
+            lines += [f"## `[{section}]`", ""]
+        lines += [_entry(key, kind, default, bounds, meaning)]
     if example.strip():
         lines += ["## Example", "", "```toml", *[ln[4:] if ln.startswith("    ") else ln
                                                 for ln in example.strip("\n").splitlines()], "```", ""]
@@ -256,18 +250,23 @@ def attribute_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _model_table(model: Any, also: tuple[type, ...] = (), widths: str = "22 22 18 38") -> list[str]:
+def _entry(key: str, kind: str, default: str, bounds: str, meaning: str) -> str:
+    """One key as a MyST definition: the key with its type, default and bounds, then what it means."""
+    facts = ", ".join(f for f in (kind, f"default {default}", bounds) if f)
+    return f"{key} ({facts})\n: {meaning or '—'}\n"
+
+
+def _model_entries(model: Any, also: tuple[type, ...] = ()) -> list[str]:
+    """Every field of a pydantic model as :func:`_entry` definitions."""
     docs: dict[str, str] = {}
     for cls in (*also, model):  # ``also``: classes whose fields the model copies (their descriptions count)
         docs.update(attribute_docs(cls))
-    lines = ["```{list-table}", ":header-rows: 1", f":widths: {widths}", "",
-             "* - key", "  - type", "  - default", "  - meaning"]
+    lines = []
     for key, field in model.model_fields.items():
-        default = "(required)" if field.is_required() else f"``{_toml(field.get_default(call_default_factory=True))}``"
-        text = field.description or docs.get(key, "")
-        lines += [f"* - ``{key}``", f"  - {_type_name(field.annotation)}", f"  - {default}",
-                  f"  - {_cell(text)}" if text else "  -"]
-    return lines + ["```", ""]
+        default = "required" if field.is_required() else f"``{_toml(field.get_default(call_default_factory=True))}``"
+        lines.append(_entry(f"``{key}``", _type_name(field.annotation), default, "",
+                            _cell(field.description or docs.get(key, ""))).replace("default required", "required"))
+    return lines
 
 
 def onnx_metadata_reference() -> str:
@@ -284,13 +283,13 @@ def onnx_metadata_reference() -> str:
         "",
         "## The model card",
         "",
-        *_model_table(OnnxModelMeta, also=(ModelMeta,)),
+        *_model_entries(OnnxModelMeta, also=(ModelMeta,)),
         "## `standalone`: the standalone graph (`neurofed export --standalone`)",
         "",
         "Present only in a standalone export ({py:class}`neurofed.export.decoder.StandaloneInfo`, no other keys",
         "allowed): what an app needs to feed the graph raw device windows and carry its state.",
         "",
-        *_model_table(StandaloneInfo),
+        *_model_entries(StandaloneInfo),
     ]
     return "\n".join(lines)
 
