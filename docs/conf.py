@@ -55,10 +55,9 @@ myst_heading_anchors = 4  # GitHub-style anchors: the pages' links such as proto
 suppress_warnings: list[str] = []
 
 # ---- API reference (autodoc, numpy docstrings) -------------------------------------------------------------------
-autodoc_default_options = {"members": True, "show-inheritance": False, "member-order": "bysource"}
+autodoc_default_options = {"members": True, "member-order": "bysource"}
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
-autodoc_class_signature = "separated"
 autodoc_preserve_defaults = True
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
