@@ -109,3 +109,10 @@ def test_orphans_are_the_pages_reached_by_links_only(nd):
     assert orphan("README") and orphan("studies/README") and orphan("studies/table46/report/report")
     assert orphan("studies/fleeg/table") and orphan("docs/results/x/report")
     assert not orphan("studies/fleeg/README") and not orphan("docs/methods")
+
+
+def test_optional_toctree_entries_appear_once_their_page_exists(nd, tmp_path):
+    (tmp_path / "there.md").write_text("# t\n")
+    text = "```{toctree}\n:maxdepth: 1\n\nfirst\n?there\n?not_yet\n```\n?not_a_toctree_line\n"
+    out = nd.optional_entries(text, tmp_path, lambda p: p.with_suffix(".md").is_file())
+    assert out == "```{toctree}\n:maxdepth: 1\n\nfirst\nthere\n```\n?not_a_toctree_line\n"

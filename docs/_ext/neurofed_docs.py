@@ -328,7 +328,7 @@ def toctree_entries(page: Path, root: Path = ROOT) -> list[str]:
             line = line.strip()
             if not line or line.startswith(":"):
                 continue
-            target = re.sub(r"^.*<(.+)>$", r"\1", line).strip()
+            target = re.sub(r"^.*<(.+)>$", r"\1", line).strip().lstrip("?")
             if re.match(r"^[a-zA-Z][\w+.-]*:", target):  # an external link in a toctree
                 continue
             base = root if target.startswith("/") else page.parent
@@ -431,11 +431,30 @@ def rewrite_links(text: str, doc_dir: Path, is_source: Any) -> str:
     return "".join(out)
 
 
+def optional_entries(text: str, doc_dir: Path, exists: Any) -> str:
+    """Toctree entries written ``?page`` are kept (as ``page``) when that page exists, else dropped: a section
+    names where a page another change adds belongs (e.g. ``?../architecture``) before the page is there."""
+    def fix(m: re.Match) -> str:
+        body = "".join(
+            (ln.replace("?", "", 1) if exists(doc_dir / ln.strip()[1:]) else "")
+            if ln.strip().startswith("?") else ln
+            for ln in m.group("body").splitlines(keepends=True))
+        return m.group(0).replace(m.group("body"), body, 1)
+
+    return _TOCTREE.sub(fix, text)
+
+
 def read_source(app: Any, docname: str, source: list[str]) -> None:
-    """``source-read``: repository links made to work (:func:`rewrite_links`); orphan pages marked as such."""
+    """``source-read``: optional toctree entries resolved (:func:`optional_entries`), repository links made to
+    work (:func:`rewrite_links`), orphan pages marked as such."""
     env = app.env
     if not env.doc2path(docname).suffix == ".md":
         return
+
+    def is_page(path: Path) -> bool:
+        return any(path.with_suffix(suffix).is_file() for suffix in (".md", ".rst"))
+
+    source[0] = optional_entries(source[0], Path(env.doc2path(docname)).parent, is_page)
 
     def is_source(path: Path) -> bool:
         name = env.path2doc(str(path))
