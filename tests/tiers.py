@@ -105,11 +105,13 @@ FILE_TIERS: dict[str, str] = {
     "tests/trainer/test_models.py": "unit",
     "tests/trainer/test_partition.py": "unit",
     "tests/trainer/test_profiles.py": "unit",
+    "tests/trainer/test_raw.py": "unit",
     "tests/trainer/test_registry.py": "unit",
     "tests/trainer/test_report.py": "unit",
     "tests/trainer/test_robust.py": "unit",
     "tests/trainer/test_secagg.py": "unit",
     "tests/trainer/test_spec.py": "unit",
+    "tests/trainer/test_studies.py": "unit",
     "tests/trainer/test_strategy_regression.py": "e2e",       # a whole `neurofed simulate` at the reference commit
     "tests/trainer/test_sweep.py": "unit",                    # 1 integration (process pool) marked
 }
@@ -142,5 +144,6 @@ LSL_FILES = frozenset({
 #: files whose tests share an expensive module-scoped set-up: one xdist group each, so ``-n`` runs the set-up
 #: once (on one worker) rather than once per worker
 SHARED_SETUP_FILES = {
+    "tests/trainer/test_studies.py": "unit",
     "tests/trainer/test_strategy_regression.py": "strategy_regression",  # the reference commit's runs (~15 s)
 }
