@@ -5,7 +5,7 @@
 #   bash studies/demo_sizing/demo_capture_check.sh [OUT_DIR]        (~1-2 min; add CPU load to stress it)
 set -u
 out=${1:-$(mktemp -d /tmp/capcheck.XXXX)}
-data=${NEUROFED_DATA:-$(cd "$(dirname "$0")/../.." && pwd)/shared/data}
+data=${NEUROFED_DATA:-$(cd "$(dirname "$0")/../../.." && pwd)/shared/data}
 mkdir -p "$out/stores" "$out/logs"
 subj="1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,24,25,26,27,28,29,30,31,32,33,34,35,36"
 name="capcheck$$"

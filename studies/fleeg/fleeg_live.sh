@@ -12,7 +12,7 @@
 # 4. live latency, each profile's headset-sim stream decoded by edge-client infer choosing from the folder
 #    -> docs/bench/e2e_profiles.json (load averages recorded in both).
 set -euo pipefail
-HERE="$(cd "$(dirname "$0")/.." && pwd)"
+HERE="$(cd "$(dirname "$0")/../.." && pwd)"
 WORK="${1:-$(mktemp -d)}"
 PROFILES="lab64 research21 cyton_daisy16 unicorn8"
 export PYTHONPATH="$HERE" NEUROFED_DATA="${NEUROFED_DATA:-$(cd "$HERE/.." && pwd)/shared/data}" OMP_NUM_THREADS=1

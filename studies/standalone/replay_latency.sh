@@ -11,7 +11,7 @@
 # prints the decoder's final `done: {...}` line (latency_ms_* = emission - arrival of each window's last
 # sample; before the change: LSL clock at emission - the replayed stream's own stamp, hence negative).
 set -euo pipefail
-HERE="$(cd "$(dirname "$0")/.." && pwd)"
+HERE="$(cd "$(dirname "$0")/../.." && pwd)"
 SRC="$(cd "${1:-$HERE}" && pwd)"
 export NEUROFED_DATA="${NEUROFED_DATA:-$(cd "$HERE/.." && pwd)/shared/data}" OMP_NUM_THREADS=1
 TMP="$(mktemp -d)"

@@ -32,6 +32,6 @@ for strat in ("fedavg", "fedbs"):
             rows.append({"strategy": strat, "local": local or "default", "subject": subj,
                          "ratio": update_norm(upd.state, g) / max(state_norm(g), 1.0)})
             print(rows[-1], flush=True)
-out = Path(__file__).parent / "results" / "update_norm_ratio.json"
+out = Path(__file__).parent / "update_norm_ratio.json"
 out.write_text(json.dumps({"command": "python studies/update_norms/update_norm_ratio.py", "rows": rows,
                            "max": max(r["ratio"] for r in rows), "limit": 10.0}, indent=1))
