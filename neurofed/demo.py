@@ -45,7 +45,7 @@ class DemoConfig:
     lr : float
         Client SGD learning rate. Batch size, local epochs and lr default to the published protocol's
         single definition (:class:`neurofed.trainer.fl.local.LocalConfig`): 0.05, not the papers' 0.005, which with
-        45 trials per client leaves the model at chance for 100 rounds (docs/BENCHMARKS.md).
+        45 trials per client leaves the model at chance for 100 rounds (studies/table30/README.md).
     speed : float
         Playback speed of the training headsets (capture phase).
     live_speed : float

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 19: the per-profile FLEEG models on a live headset of their profile (docs/BENCHMARKS.md, "Mixed devices").
+# Issue 19: the per-profile FLEEG models on a live headset of their profile (docs/BENCHMARKS.md, "Standalone decoder graph"; studies/fleeg).
 #
 #   studies/fleeg/fleeg_live.sh [WORK]      WORK: scratch folder (default: a fresh mktemp -d)
 #

@@ -11,7 +11,7 @@ once, so the round's states are buffered (memory O(clients x model): ~12 kB per 
   for FedAvg, FedBS, SAFE and the baselines (measured: ``python studies/update_norms/update_norms.py ALGORITHMS``,
   studies/update_norms/update_norms_algorithms.json), so k = 1.5 does not touch an honest round; k = 3 (the default
   until 2026-11-24) let 20 % of clients sending 10x updates keep 3x an honest weight and cost 5.9 points on
-  three folds, k = 1.5 none (docs/BENCHMARKS.md). ``--clip-mult 0`` turns it
+  three folds, k = 1.5 none (studies/byzantine_dp). ``--clip-mult 0`` turns it
   off (and gives back the pure streaming O(model) mean). With DP-FedAvg (``dp_clip`` > 0) DP's own
   fixed clip replaces it.
 * **median**: coordinate-wise median of the states (``numpy.median``: the mean of the two middle
