@@ -144,6 +144,5 @@ LSL_FILES = frozenset({
 #: files whose tests share an expensive module-scoped set-up: one xdist group each, so ``-n`` runs the set-up
 #: once (on one worker) rather than once per worker
 SHARED_SETUP_FILES = {
-    "tests/trainer/test_studies.py": "unit",
     "tests/trainer/test_strategy_regression.py": "strategy_regression",  # the reference commit's runs (~15 s)
 }
