@@ -140,6 +140,14 @@ def test_grid_cli_reads_and_extends_a_study_raw_file(env, monkeypatch):
     trainer_cli.grid(study / "spec.toml", group="g", results=None, only=None, backend="pool", address=None,
                      workers=1, reproduce=False, seeds=None, scratch=None, match=None)
     assert calls == []
+    # a re-run that only re-summarises leaves the committed file alone; files that are not a grid's stay out
+    before = (study / raw.RAW_NAME).read_bytes()
+    local = env / "runs" / "studies" / "results" / "g" / "a"
+    (local / "sweep").mkdir()
+    (local / "sweep" / "seed0_fold00.json").write_text("{}")
+    trainer_cli.grid(study / "spec.toml", group="g", results=None, only=None, backend="pool", address=None,
+                     workers=1, reproduce=False, seeds=None, scratch=None, match=None)
+    assert (study / raw.RAW_NAME).read_bytes() == before
     # the report reads the raw file directly, like the run folders
     direct = load_runs([Path(f"{study / raw.RAW_NAME}:g/b")])
     unpacked = load_runs([env / "runs" / "studies" / "results" / "g" / "b"])

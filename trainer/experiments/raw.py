@@ -101,14 +101,28 @@ def write(out: Path, entries: Iterable[tuple[str, Any]]) -> int:
 
 
 def add_runs(raw: Path, root: Path, run_dirs: Iterable[Path]) -> int:
-    """Add (or update) every ``*.json`` under ``run_dirs`` (folders inside the results ``root``) in ``raw``, keeping
-    its other entries; returns how many entries were added or changed."""
+    """Add what a grid finished in ``run_dirs`` (folders inside the results ``root``) to ``raw``, keeping its other
+    entries; returns how many entries were added or changed.
+
+    A run's new or changed ``jobs/*.json`` are added, and with them its ``config.json`` and ``results.json``; a run
+    none of whose jobs changed is left as the raw file has it (a re-run that only re-summarises a finished run does
+    not rewrite its committed summary). Other files in a run folder (a sweep's, an attack's) are not a grid's and
+    stay out."""
     entries = read(raw) if raw.is_file() else {}
     n = 0
-    for d in run_dirs:
-        for p in sorted(Path(d).rglob("*.json")) if Path(d).is_dir() else []:
-            rel = p.relative_to(root).as_posix()
-            obj = json.loads(p.read_text())
+    for d in map(Path, run_dirs):
+        jobs = sorted((d / "jobs").glob("*.json")) if (d / "jobs").is_dir() else []
+        changed = []
+        for p in jobs:
+            rel, obj = p.relative_to(root).as_posix(), json.loads(p.read_text())
+            if entries.get(rel) != obj:
+                changed.append((rel, obj))
+        if not changed:
+            continue
+        for name in ("config.json", "results.json"):
+            if (d / name).is_file():
+                changed.append(((d / name).relative_to(root).as_posix(), json.loads((d / name).read_text())))
+        for rel, obj in changed:
             if entries.get(rel) != obj:
                 entries[rel] = obj
                 n += 1
