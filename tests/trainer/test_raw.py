@@ -148,6 +148,8 @@ def test_grid_cli_reads_and_extends_a_study_raw_file(env, monkeypatch):
     trainer_cli.grid(study / "spec.toml", group="g", results=None, only=None, backend="pool", address=None,
                      workers=1, reproduce=False, seeds=None, scratch=None, match=None)
     assert (study / raw.RAW_NAME).read_bytes() == before
+    assert raw.add_tree(study / raw.RAW_NAME, env / "runs" / "studies" / "results", [local / "sweep"]) == 1
+    assert "g/a/sweep/seed0_fold00.json" in raw.read(study / raw.RAW_NAME)
     # the report reads the raw file directly, like the run folders
     direct = load_runs([Path(f"{study / raw.RAW_NAME}:g/b")])
     unpacked = load_runs([env / "runs" / "studies" / "results" / "g" / "b"])

@@ -131,6 +131,23 @@ def add_runs(raw: Path, root: Path, run_dirs: Iterable[Path]) -> int:
     return n
 
 
+def add_tree(raw: Path, root: Path, dirs: Iterable[Path]) -> int:
+    """Add (or update) every ``*.json`` under ``dirs`` (folders inside the results ``root``) in ``raw``: what a
+    non-grid command wrote (``neurofed classical``, ``sweep``, ``ensemble``, an attack script); returns how many
+    entries were added or changed."""
+    entries = read(raw) if raw.is_file() else {}
+    n = 0
+    for d in map(Path, dirs):
+        for p in sorted(d.rglob("*.json")) if d.is_dir() else []:
+            rel, obj = p.relative_to(root).as_posix(), json.loads(p.read_text())
+            if entries.get(rel) != obj:
+                entries[rel] = obj
+                n += 1
+    if n:
+        write(raw, entries.items())
+    return n
+
+
 def unpack(raw: Path, dest: Path, overwrite: bool = False) -> int:
     """Write ``raw``'s files under ``dest`` (files already there are kept unless ``overwrite``); returns how many
     were written."""
@@ -173,5 +190,5 @@ def run_results(ref: Path | str) -> list[tuple[str, dict]]:
     return chosen
 
 
-__all__ = ["RAW_NAME", "STUDIES", "WORK", "add_runs", "is_raw", "iter_entries", "pack", "read", "run_results", "split_ref",
+__all__ = ["RAW_NAME", "STUDIES", "WORK", "add_runs", "add_tree", "is_raw", "iter_entries", "pack", "read", "run_results", "split_ref",
            "unpack", "unpack_studies", "write"]
