@@ -390,13 +390,16 @@ def _progress() -> Progress:
 
 
 def grid(
-    spec: Annotated[Path, typer.Argument(help="grid spec: lines 'NAME <neurofed simulate options>'")],
-    group: Annotated[str | None, typer.Option(help="results sub-folder (default: the spec's name)")] = None,
+    spec: Annotated[Path, typer.Argument(help="grid spec: a study's spec.toml, or lines 'NAME <neurofed simulate "
+                                              "options>' (.txt)")],
+    group: Annotated[str | None, typer.Option(help="a .toml spec: only this grid; a .txt spec: the results sub-folder "
+                                                   "(default: the spec's name)")] = None,
     results: Annotated[Path | None, typer.Option(help="results root, or a study's raw.jsonl.gz (unpacked into "
                                                  "runs/studies/results, finished jobs added back into it); default: "
                                                  "the raw.jsonl.gz beside the spec if there is one, else runs/grid")]
     = None,
-    only: Annotated[str | None, typer.Option(help="only these runs, e.g. 'fedbs,safe'")] = None,
+    only: Annotated[str | None, typer.Option(help="only these runs, e.g. 'fedbs,safe' (several grids: 'table46/safe')")]
+    = None,
     backend: Annotated[str, typer.Option(help="auto (Ray if installed), ray, or pool")] = "auto",
     address: Annotated[str | None, typer.Option(help="Ray cluster address, e.g. 10.0.0.1:6379 (default: local Ray)")]
     = None,
@@ -415,9 +418,9 @@ def grid(
 ) -> None:
     """Run a grid of simulate runs as one task per (run, seed, fold); re-running resumes it.
 
-    A study's spec (``studies/NAME/spec.toml``) reads and extends the study's committed ``raw.jsonl.gz``: its jobs
-    are unpacked into runs/studies/results first, so finished jobs are skipped (and ``--reproduce`` checks re-runs
-    against them); jobs finished by this run are added back into the raw file."""
+    A study's spec (studies/NAME/spec.toml) reads and extends the study's committed raw.jsonl.gz: its jobs are
+    unpacked into runs/studies/results first, so finished jobs are skipped (and --reproduce checks re-runs against
+    them); jobs finished by this run are added back into the raw file."""
     raw_file = None
     if results is None:
         beside = spec.parent / study_raw.RAW_NAME
