@@ -428,10 +428,11 @@ def grid(
     if study_raw.is_raw(results):
         raw_file, _ = study_raw.split_ref(results)
         results = study_raw.WORK / "results"
+    runs = parse_spec(spec, results, group, parse_name_list(only) or None)  # a bad spec fails before any unpacking
+    if raw_file is not None:
         # --reproduce compares against the committed jobs: unpack them over any local copy
         study_raw.unpack(raw_file, results, overwrite=reproduce)
         console.print(f"{raw_file}: unpacked into {results}")
-    runs = parse_spec(spec, results, group, parse_name_list(only) or None)
     if (scratch or match) and not reproduce:
         raise NeuroFedError("--scratch and --match go with --reproduce")
     chosen = parse_int_list(seeds, "--seeds") if seeds else None
