@@ -1,0 +1,173 @@
+"""The federation through a CLUSTERED MQTT broker (issue 54): three RabbitMQ nodes with the MQTT plugin on loopback
+(scripts/rabbitmq_cluster.sh), the coordinator on one node and the edge clients spread over all three.
+
+What the cluster keeps and what it does not (docs/brokers.md, "More than one broker") is asserted here too: QoS 1
+delivery, last wills and client-id takeover work across nodes; a retained message is kept only by the node it was
+published through (RabbitMQ 3.10's retained store is node-local), which the federation does not rely on.
+
+``NEUROFED_RABBITMQ_URLS="mqtt://host:port ..."`` runs it against a cluster already running instead.
+Skipped when the distribution's rabbitmq-server is not installed (Debian: ``apt-get install rabbitmq-server``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from neurofed.broker.embedded import port_open
+from neurofed.broker.transport import Incoming, MqttTransport
+from tests.broker.conftest import child_env, kill_all, start_coordinator, start_edge, wait_all
+from tests.broker.test_equivalence import assert_equals_simulation, federation_toml
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "rabbitmq_cluster.sh"
+RABBITMQ = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+NODES = 3
+
+
+class RabbitCluster:
+    """A cluster started by scripts/rabbitmq_cluster.sh (its own directory, ports, epmd and Erlang cookie)."""
+
+    def __init__(self, base_port: int) -> None:
+        self.base_port = base_port
+        self.dir: Path | None = None
+        self.urls: list[str] = []
+        self.start_seconds = 0.0
+
+    def _run(self, *args: str, timeout: float = 240) -> str:
+        env = dict(os.environ, RMQ_BASE_PORT=str(self.base_port), RMQ_NODES=str(NODES))
+        p = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout)
+        if p.returncode != 0:
+            raise RuntimeError(f"rabbitmq_cluster.sh {' '.join(args)}: {p.stderr.strip()[-1500:]}")
+        return p.stdout
+
+    def start(self) -> RabbitCluster:
+        out = dict(line.split("=", 1) for line in self._run("start").splitlines() if "=" in line)
+        self.dir, self.urls = Path(out["DIR"]), out["MQTT_URLS"].split()
+        self.start_seconds = float(out["START_SECONDS"])
+        return self
+
+    def stop(self) -> None:
+        if self.dir is not None:
+            self._run("stop", str(self.dir), timeout=120)
+            self.dir = None
+
+
+def free_base_port() -> int:
+    """A base port whose whole block (MQTT, AMQP, distribution, epmd, CLI: base+1 .. base+49) is free, below the
+    ephemeral range that free_port() hands out."""
+    rng = random.Random()
+    for _ in range(50):
+        base = rng.randrange(20_000, 30_000, 50)
+        if not any(port_open("127.0.0.1", base + k, timeout=0.05) for k in range(1, 50)):
+            return base
+    raise RuntimeError("no free block of 50 ports in 20000-30000")
+
+
+@pytest.fixture(scope="module")
+def rabbit_cluster():
+    """The cluster of scripts/rabbitmq_cluster.sh, started for this module; or, with ``NEUROFED_RABBITMQ_URLS``
+    (space-separated ``mqtt://`` URLs, one per node), a cluster already running (not started or stopped here)."""
+    if urls := os.environ.get("NEUROFED_RABBITMQ_URLS", "").split():
+        cluster = RabbitCluster(0)
+        cluster.urls = urls
+        yield cluster
+        return
+    if not RABBITMQ.exists():
+        pytest.skip("rabbitmq-server is not installed (Debian: apt-get install rabbitmq-server)")
+    cluster = RabbitCluster(free_base_port())
+    try:
+        cluster.start()
+    except Exception:
+        cluster.stop()
+        raise
+    yield cluster
+    cluster.stop()
+
+
+def _collect(t: MqttTransport, seconds: float, topic: str | None = None) -> list[Incoming]:
+    got, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        item = t.get(0.05)
+        if item is not None and item.event == "message" and (topic is None or item.topic == topic):
+            got.append(item)
+    return got
+
+
+@pytest.mark.timeout(300)  # the cluster's start (about 30 s on 2 loaded cores) is this module's first setup
+def test_what_holds_across_the_cluster_nodes(rabbit_cluster, fed_name):
+    """QoS 1 messages, last wills and client-id takeover cross nodes; retained messages stay on their node."""
+    u1, u2, u3 = rabbit_cluster.urls
+    root = f"neurofed/{fed_name}"
+    pub = MqttTransport(u1, f"{fed_name}-pub").connect()
+    subs = [MqttTransport(u, f"{fed_name}-sub{i}").connect() for i, u in enumerate((u1, u2, u3), 1)]
+    try:
+        assert pub.mqtt_version == "3.1.1"  # RabbitMQ 3.10 refuses MQTT 5; the transport falls back
+        # QoS 1, live, to subscribers on every node
+        for s in subs:
+            s.subscribe(f"{root}/live")
+            s.publish(f"{root}/fence", b"", wait=10)  # the broker acknowledged a later packet: the SUBSCRIBE is in
+        pub.publish(f"{root}/live", b"x" * 300_000, wait=10)
+        for s in subs:
+            got = _collect(s, 3.0, f"{root}/live")
+            assert [len(m.payload) for m in got] == [300_000], s.client_id
+        # retained via node 1: a new subscriber on node 1 gets it, on nodes 2 and 3 it does not (node-local store)
+        pub.publish(f"{root}/model", b"retained", retain=True, wait=10)
+        seen = []
+        for i, u in enumerate((u1, u2, u3), 1):
+            late = MqttTransport(u, f"{fed_name}-late{i}").connect()
+            late.subscribe(f"{root}/model")
+            seen.append([m.payload for m in _collect(late, 2.0, f"{root}/model")])
+            late.close()
+        assert seen == [[b"retained"], [], []], seen
+        pub.publish(f"{root}/model", b"", retain=True, wait=10)  # clear it
+        # last will of a client on node 2 that vanishes reaches a subscriber on node 3
+        subs[2].subscribe(f"{root}/status/w")
+        subs[2].publish(f"{root}/fence", b"", wait=10)
+        w = MqttTransport(u2, f"{fed_name}-w", will=(f"{root}/status/w", b"offline"), keepalive=2).connect()
+        w._client.socket().close()  # gone without DISCONNECT
+        got = _collect(subs[2], 8.0, f"{root}/status/w")
+        assert [m.payload for m in got][:1] == [b"offline"]
+        w._client.loop_stop()
+        # one session per client id over the whole cluster: a second connection on node 3 takes over node 1's
+        first = MqttTransport(u1, f"{fed_name}-dup", reconnect_max_s=60).connect()
+        second = MqttTransport(u3, f"{fed_name}-dup").connect()
+        end = time.monotonic() + 10
+        while first.connected and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not first.connected and second.connected
+        first.close()
+        second.close()
+    finally:
+        for t in (pub, *subs):
+            t.close()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # three real rounds of 4 training clients, after the cluster's start
+@pytest.mark.parametrize("case", ["safe+fedbm", "fedavg+secagg"])
+def test_federation_through_the_cluster_matches_in_process(rabbit_cluster, subjects4, fed_name, tmp_path, case):
+    """`neurofed coordinator` on node 1 and 4 `edge-client join` processes on nodes 2, 3, 1, 2 give the in-process
+    simulation's model (max |diff| <= 1e-6): tests/broker/test_equivalence.py's real-process case, clustered."""
+    cfg = federation_toml(tmp_path, fed_name, case)
+    env = child_env(os.environ.get("NEUROFED_CACHE") and Path(os.environ["NEUROFED_CACHE"]))
+    out, urls = tmp_path / "out", rabbit_cluster.urls
+    t0 = time.monotonic()
+    coord = start_coordinator(urls[0], cfg, out, tmp_path / "coord.log", env)
+    edges = [start_edge(urls[k % NODES], fed_name, s, tmp_path / "state", tmp_path / f"edge{s}.log", env)
+             for k, s in enumerate((1, 2, 3, 4), 1)]
+    try:
+        codes = wait_all([coord], 300)
+        assert codes == [0], (tmp_path / "coord.log").read_text()[-3000:]
+        assert wait_all(edges, 30) == [0, 0, 0, 0], [(tmp_path / f"edge{s}.log").read_text()[-1500:] for s in (1, 2, 3, 4)]
+    finally:
+        kill_all([coord, *edges])
+    print(f"{case}: federation through the cluster in {time.monotonic() - t0:.1f} s "
+          f"(cluster started in {rabbit_cluster.start_seconds:.1f} s)")
+    assert_equals_simulation(load_file(str(out / "global_model.safetensors")), subjects4, cfg, case)
