@@ -4,6 +4,7 @@
 #   bash scripts/rabbitmq_cluster.sh start [DIR]   start it; prints DIR=..., MQTT_URLS=..., START_SECONDS=...
 #   bash scripts/rabbitmq_cluster.sh status DIR    the cluster's members and each node's MQTT listener
 #   bash scripts/rabbitmq_cluster.sh stop DIR      stop the nodes and the epmd this script started; remove DIR
+#   bash scripts/rabbitmq_cluster.sh ctl DIR ARGS  rabbitmqctl ARGS against node 1 (e.g. add_user, set_topic_permissions)
 #
 # Uses the distribution's rabbitmq-server (Debian: apt-get install rabbitmq-server; RabbitMQ 3.10, Erlang 25).
 # Everything is private to DIR (default: a new /tmp/neurofed-rmq.XXXXXX): node names rabbit1..N@localhost, their
@@ -172,5 +173,6 @@ case "${1:-}" in
   start) start "${2:-}" ;;
   status) status "${2:-}" ;;
   stop) stop "${2:-}" ;;
-  *) fail "usage: $0 start [DIR] | status DIR | stop DIR" ;;
+  ctl) d=${2:?usage: ctl DIR ARGS...}; shift 2; load_settings "$d"; ctl "$d" 1 "$@" ;;
+  *) fail "usage: $0 start [DIR] | status DIR | stop DIR | ctl DIR ARGS..." ;;
 esac

@@ -5,23 +5,26 @@ What the cluster keeps and what it does not (docs/brokers.md, "More than one bro
 delivery, last wills and client-id takeover work across nodes; a retained message is kept only by the node it was
 published through (RabbitMQ 3.10's retained store is node-local), which the federation does not rely on.
 
-``NEUROFED_RABBITMQ_URLS="mqtt://host:port ..."`` runs it against a cluster already running instead.
+``NEUROFED_RABBITMQ_DIR=DIR`` runs it against a cluster the script already started in DIR (``start DIR``).
 Skipped when the distribution's rabbitmq-server is not installed (Debian: ``apt-get install rabbitmq-server``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
 from neurofed.broker.embedded import port_open
-from neurofed.broker.transport import Incoming, MqttTransport
+from neurofed.broker.transport import Incoming, MqttTransport, TransportError
 from tests.broker.conftest import child_env, kill_all, start_coordinator, start_edge, wait_all
 from tests.broker.test_equivalence import assert_equals_simulation, federation_toml
 
@@ -38,6 +41,7 @@ class RabbitCluster:
         self.dir: Path | None = None
         self.urls: list[str] = []
         self.start_seconds = 0.0
+        self.attached = False
 
     def _run(self, *args: str, timeout: float = 240) -> str:
         env = dict(os.environ, RMQ_BASE_PORT=str(self.base_port), RMQ_NODES=str(NODES))
@@ -52,8 +56,34 @@ class RabbitCluster:
         self.start_seconds = float(out["START_SECONDS"])
         return self
 
+    def attach(self, cluster_dir: Path) -> RabbitCluster:
+        """A cluster the script started earlier (``start DIR``), left running by :meth:`stop`."""
+        env = dict(line.split("=", 1) for line in (cluster_dir / "cluster.env").read_text().split())
+        self.base_port = int(env["RMQ_BASE_PORT"])
+        self.urls = [f"mqtt://127.0.0.1:{self.base_port + i}" for i in range(1, int(env["RMQ_NODES"]) + 1)]
+        self.dir, self.attached = cluster_dir, True
+        return self
+
+    def ctl(self, *args: str) -> str:
+        """``rabbitmqctl ARGS`` against node 1."""
+        assert self.dir is not None
+        return self._run("ctl", str(self.dir), *args, timeout=60)
+
+    def import_definitions(self, defs: dict) -> None:
+        """``rabbitmqctl import_definitions`` of ``defs`` (written in the cluster's directory, which the nodes' user
+        owns: the CLI runs as that user)."""
+        assert self.dir is not None
+        path = self.dir / f"definitions-{uuid.uuid4().hex}.json"
+        path.write_text(json.dumps(defs))
+        owner = self.dir.stat()
+        os.chown(path, owner.st_uid, owner.st_gid) if os.geteuid() == 0 else None
+        try:
+            self.ctl("import_definitions", str(path))
+        finally:
+            path.unlink()
+
     def stop(self) -> None:
-        if self.dir is not None:
+        if self.dir is not None and not self.attached:
             self._run("stop", str(self.dir), timeout=120)
             self.dir = None
 
@@ -71,12 +101,10 @@ def free_base_port() -> int:
 
 @pytest.fixture(scope="module")
 def rabbit_cluster():
-    """The cluster of scripts/rabbitmq_cluster.sh, started for this module; or, with ``NEUROFED_RABBITMQ_URLS``
-    (space-separated ``mqtt://`` URLs, one per node), a cluster already running (not started or stopped here)."""
-    if urls := os.environ.get("NEUROFED_RABBITMQ_URLS", "").split():
-        cluster = RabbitCluster(0)
-        cluster.urls = urls
-        yield cluster
+    """The cluster of scripts/rabbitmq_cluster.sh, started for this module; or, with ``NEUROFED_RABBITMQ_DIR``, the
+    one the script started in that directory (not stopped here)."""
+    if running := os.environ.get("NEUROFED_RABBITMQ_DIR"):
+        yield RabbitCluster(0).attach(Path(running))
         return
     if not RABBITMQ.exists():
         pytest.skip("rabbitmq-server is not installed (Debian: apt-get install rabbitmq-server)")
@@ -171,3 +199,67 @@ def test_federation_through_the_cluster_matches_in_process(rabbit_cluster, subje
     print(f"{case}: federation through the cluster in {time.monotonic() - t0:.1f} s "
           f"(cluster started in {rabbit_cluster.start_seconds:.1f} s)")
     assert_equals_simulation(load_file(str(out / "global_model.safetensors")), subjects4, cfg, case)
+
+
+@pytest.mark.timeout(300)
+def test_per_client_topic_permissions_on_the_cluster(rabbit_cluster, fed_name):
+    """`neurofed broker-config --rabbitmq`'s users and ACL (broker/secure.py rabbitmq_definitions) on the cluster:
+    a client reads the task but not the result, publishes its own update but not another client's, on any node.
+    Unlike Mosquitto (which grants a refused SUBSCRIBE and delivers nothing), RabbitMQ 3.10 closes the connection of
+    a refused subscribe or publish; and unlike Mosquitto's use_username_as_clientid, a client CAN take over another
+    client's session under its client id (a documented gap)."""
+    from neurofed.broker.protocol import Topics
+    from neurofed.broker.secure import SecureBrokerSpec, rabbitmq_definitions
+
+    t = Topics(fed_name)
+    users = {u: f"pw-{uuid.uuid4().hex}" for u in ("coordinator", "A1", "B2")}
+    for u in users:  # left over from an interrupted run on an attached cluster
+        with contextlib.suppress(RuntimeError):
+            rabbit_cluster.ctl("delete_user", u)
+    rabbit_cluster.import_definitions(rabbitmq_definitions(SecureBrokerSpec(fed_name, ["A1", "B2"]), users))
+    u1, u2, u3 = rabbit_cluster.urls
+
+    def url(u: str, user: str) -> str:
+        return u.replace("mqtt://", f"mqtt://{user}:{users[user]}@")
+
+    coord = MqttTransport(url(u1, "coordinator"), f"{fed_name}-coordinator", protocol="3.1.1").connect()
+    a1 = MqttTransport(url(u2, "A1"), f"{fed_name}-A1", protocol="3.1.1").connect()
+    try:
+        coord.subscribe(t.any_client("update"))
+        a1.subscribe(t.task)
+        a1.publish(t.status("A1"), b"fence", wait=10)
+        coord.publish(t.status("coordinator"), b"fence", wait=10)
+        coord.publish(t.task, b"task", wait=10)
+        assert [(m.topic, m.payload) for m in _collect(a1, 2.0)] == [(t.task, b"task")]
+        a1.publish(t.update("A1"), b"mine", wait=10)
+        assert [(m.topic, m.payload) for m in _collect(coord, 2.0)] == [(t.update("A1"), b"mine")]
+        a1._client.publish(t.update("B2"), b"forged", qos=1)  # refused: RabbitMQ 3.10 closes A1's connection
+        assert _collect(coord, 2.0) == []
+        a1.close()
+        # reading the result (per-round participants) is refused: the connection is closed, nothing arrives
+        snoop = MqttTransport(url(u2, "A1"), f"{fed_name}-A1", protocol="3.1.1", reconnect_max_s=60).connect()
+        snoop.subscribe(t.result)
+        coord.publish(t.result, b"result", wait=10)
+        events, end = [], time.monotonic() + 3.0
+        while time.monotonic() < end:
+            if (item := snoop.get(0.05)) is not None:
+                events.append(item.event)
+        assert "message" not in events and "disconnected" in events, events
+        snoop.close()
+        # another user's credentials are refused under a wrong password
+        with pytest.raises(TransportError):
+            MqttTransport(u3.replace("mqtt://", "mqtt://B2:wrong@"), f"{fed_name}-B2", protocol="3.1.1").connect()
+        # the gap: A1's credentials under B2's client id take over B2's session
+        b2 = MqttTransport(url(u3, "B2"), f"{fed_name}-B2", protocol="3.1.1", reconnect_max_s=60).connect()
+        thief = MqttTransport(url(u1, "A1"), f"{fed_name}-B2", protocol="3.1.1").connect()
+        end = time.monotonic() + 10
+        while b2.connected and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not b2.connected and thief.connected
+        b2.close()
+        thief.close()
+    finally:
+        coord.close()
+        a1.close()
+        for u in users:
+            rabbit_cluster.ctl("delete_user", u)
