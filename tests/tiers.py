@@ -144,4 +144,5 @@ LSL_FILES = frozenset({
 #: once (on one worker) rather than once per worker
 SHARED_SETUP_FILES = {
     "tests/trainer/test_strategy_regression.py": "strategy_regression",  # the reference commit's runs (~15 s)
+    "tests/broker/test_cluster.py": "rabbitmq_cluster",  # a 3-node RabbitMQ cluster (~30 s to start)
 }
