@@ -8,6 +8,7 @@ processes (`neurofed coordinator`, `edge-client join`): the integration test of 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -53,6 +54,11 @@ CASES = {"fedbs": ("fedbs", 0.5, {}), "ga": ("ga", 1.0, {}), "fedfa": ("fedfa", 
          # refuses the adaptive clip (it needs single updates), so the clip is off here and in the simulation
          "fedavg+secagg": ("fedavg", 1.0, {"clip_mult": 0.0})}
 SECURE = {"fedavg+secagg"}
+
+
+def round_seconds(out: Path) -> list[float]:
+    """Seconds of each round of a finished coordinator run (its metrics.json)."""
+    return [round(r["seconds"], 2) for r in json.loads((out / "metrics.json").read_text())["rounds"]]
 
 
 def overrides_toml(overrides: dict) -> str:
@@ -125,4 +131,5 @@ def test_real_processes_over_mosquitto_match_in_process(subjects4, mosquitto, fe
         assert wait_all(edges, 30) == [0, 0, 0, 0], [(tmp_path / f"edge{s}.log").read_text()[-1500:] for s in (1, 2, 3, 4)]
     finally:
         kill_all([coord, *edges])
+    print(f"{case} over Mosquitto: {round_seconds(out)}")  # docs/brokers.md compares them with the cluster's
     assert_equals_simulation(load_file(str(out / "global_model.safetensors")), subjects4, cfg, case)
