@@ -16,6 +16,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -262,4 +263,32 @@ def test_per_client_topic_permissions_on_the_cluster(rabbit_cluster, fed_name):
         coord.close()
         a1.close()
         for u in users:
+            rabbit_cluster.ctl("delete_user", u)
+
+
+@pytest.mark.timeout(300)
+def test_broker_config_writes_rabbitmq_definitions_the_cluster_accepts(rabbit_cluster, fed_name, tmp_path):
+    """`neurofed broker-config --rabbitmq`: rabbitmq-definitions.json (mode 600, hashed passwords) loads into the
+    cluster, and a client logs in with its password from credentials.json."""
+    out = tmp_path / "broker"
+    cmd = [sys.executable, "-c", "from neurofed.cli import main; main()", "broker-config", "--out", str(out),
+           "--federation", fed_name, "--clients", "Q1", "--rabbitmq"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    defs_file = out / "rabbitmq-definitions.json"
+    assert defs_file.stat().st_mode & 0o777 == 0o600
+    creds, defs = json.loads((out / "credentials.json").read_text()), json.loads(defs_file.read_text())
+    assert sorted(u["name"] for u in defs["users"]) == sorted(creds) == ["Q1", "coordinator"]
+    assert not any(pw in defs_file.read_text() for pw in creds.values())  # hashes only
+    for u in creds:  # a cluster attached by NEUROFED_RABBITMQ_DIR may hold them from an interrupted run
+        with contextlib.suppress(RuntimeError):
+            rabbit_cluster.ctl("delete_user", u)
+    rabbit_cluster.import_definitions(defs)
+    try:
+        url = rabbit_cluster.urls[1].replace("mqtt://", f"mqtt://Q1:{creds['Q1']}@")
+        client = MqttTransport(url, f"{fed_name}-Q1", protocol="3.1.1").connect()
+        client.publish(f"neurofed/{fed_name}/status/Q1", b"online", wait=10)
+        client.close()
+    finally:
+        for u in creds:
             rabbit_cluster.ctl("delete_user", u)
