@@ -76,14 +76,19 @@ start() {
   local dir=${1:-}
   local t0
   t0=$(date +%s%N)
-  if [ -z "$dir" ]; then dir=$(mktemp -d /tmp/neurofed-rmq.XXXXXX); else mkdir -p "$dir"; fi
+  local made=""
+  if [ -z "$dir" ]; then dir=$(mktemp -d /tmp/neurofed-rmq.XXXXXX); made=1; else mkdir -p "$dir"; fi
   dir=$(cd "$dir" && pwd)
   # never disturb anything already there: every port of ours must be free
   local p
   for p in $(seq $((BASE + 1)) $((BASE + NODES))) $(seq $((BASE + 11)) $((BASE + 10 + NODES))) \
            $(seq $((BASE + 21)) $((BASE + 20 + NODES))) $((BASE + 30)) $(seq $((BASE + 40)) $((BASE + 49))); do
-    port_free "$p" || fail "port 127.0.0.1:$p is in use (set RMQ_BASE_PORT to another range)"
+    port_free "$p" || { [ -z "$made" ] || rmdir "$dir"; fail "port 127.0.0.1:$p is in use (set RMQ_BASE_PORT to another range)"; }
   done
+  if ! port_free 4369 || ! port_free 5672; then  # e.g. the distribution's service: rabbit@localhost
+    say "note: a RabbitMQ / epmd already runs on this machine (4369 or 5672 in use); it is left alone: this cluster" \
+        "has its own node names, ports, epmd and Erlang cookie" >&2
+  fi
   STARTING=$dir
   mkdir -p "$dir/home"
   printf 'RMQ_NODES=%s\nRMQ_BASE_PORT=%s\n' "$NODES" "$BASE" > "$dir/cluster.env"
