@@ -66,11 +66,11 @@ class FederationError(NeuroFedError):
     """The federation cannot go on (not enough clients, rounds failing repeatedly)."""
 
 
-#: rejections never answered on ``error/<id>``: the message is malformed, forged or a replay, so the
-#: client the topic names is probably not its author (a forger must not make us pester an innocent client)
 #: clients ask for the retained model / extras again (status ``idle``) when their broker node did not deliver it (a
 #: clustered broker keeps a retained message on the node it was published through): re-published at most this often
 REPUBLISH_MIN_S = 1.0
+#: rejections never answered on ``error/<id>``: the message is malformed, forged or a replay, so the
+#: client the topic names is probably not its author (a forger must not make us pester an innocent client)
 NO_REPLY_CODES = frozenset({"bad_message", "wrong_kind", "wrong_federation", "spoofed_sender", "replay", "duplicate"})
 
 
