@@ -58,6 +58,9 @@ def broker_config_cmd(
     tls_cert: Annotated[Path | None, typer.Option(help="Server certificate (enables TLS).")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="Server key.")] = None,
     tls_ca: Annotated[Path | None, typer.Option(help="CA file.")] = None,
+    rabbitmq: Annotated[bool, typer.Option(
+        help="Also write rabbitmq-definitions.json: the same users and ACL for RabbitMQ's MQTT plugin "
+             "(`rabbitmqctl import_definitions`; docs/brokers.md).")] = False,
 ) -> None:
     """Write a locked-down mosquitto.conf, password file and per-client ACL for a federation."""
     import os
@@ -77,6 +80,17 @@ def broker_config_cmd(
     spec = SecureBrokerSpec(federation, ids, port=port, bind=bind, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
                             profiles=profiles)
     files = write_broker_config(spec, out, given)
+    if rabbitmq:
+        import json
+
+        from neurofed.broker.secure import rabbitmq_definitions  # lazy, as above
+
+        creds = json.loads(files.credentials.read_text())
+        defs = out / "rabbitmq-definitions.json"
+        fd = os.open(defs, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # password hashes: owner only
+        with os.fdopen(fd, "w") as f:
+            json.dump(rabbitmq_definitions(spec, creds), f, indent=1)
+        typer.echo(f"wrote {defs} (load it with: rabbitmqctl import_definitions {defs})")
     if (warn := cleartext_warning(bind, tls=tls_cert is not None, auth=True)) is not None:
         logger.warning(warn)
     typer.echo(f"wrote {files.conf}, {files.passwd}, {files.acl}; credentials in {files.credentials} (mode 600)")

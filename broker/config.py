@@ -122,7 +122,7 @@ class ValidationSection(_Frozen):
     max_update_ratio: float = Field(
         default=10.0, ge=0, description="reject an update whose L2 distance from the global model exceeds this "
         "multiple of the global model's L2 norm (floating entries; 0 = off). Honest EEGNet updates measure "
-        "0.003-0.38 x (experiments/update_norm_ratio.py); this catches absurd (e.g. 1000x scaled) updates without per-round buffering")
+        "0.003-0.38 x (studies/update_norms/update_norm_ratio.py); this catches absurd (e.g. 1000x scaled) updates without per-round buffering")
 
 
 class SecAggSection(_Frozen):

@@ -66,6 +66,9 @@ class FederationError(NeuroFedError):
     """The federation cannot go on (not enough clients, rounds failing repeatedly)."""
 
 
+#: clients ask for the retained model / extras again (status ``idle``) when their broker node did not deliver it (a
+#: clustered broker keeps a retained message on the node it was published through): re-published at most this often
+REPUBLISH_MIN_S = 1.0
 #: rejections never answered on ``error/<id>``: the message is malformed, forged or a replay, so the
 #: client the topic names is probably not its author (a forger must not make us pester an innocent client)
 NO_REPLY_CODES = frozenset({"bad_message", "wrong_kind", "wrong_federation", "spoofed_sender", "replay", "duplicate"})
@@ -137,6 +140,7 @@ class Coordinator:
         self._profile_payloads: dict[str, bytes] = {}  # retained topic -> payload of each profile's model
         self._extras_payload: bytes | None = None  # retained cached extras (Strategy.cached_prefixes)
         self._extras_sha = ""
+        self._asked, self._republished_at = False, float("-inf")  # a client asked for the retained state again
         self.max_bytes = int(cfg.validation.max_message_mb * (1 << 20))
         self.fingerprint = cfg.model_dump_json()
         if self.fed.secure_aggregation:
@@ -214,14 +218,28 @@ class Coordinator:
         if self.connects > 1:
             logger.info("reconnected to the broker (#%d): re-publishing status, model and open task", self.connects - 1)
         self._pub(self.topics.status(COORDINATOR_ID), self._status("online"), retain=True, wait=None)
+        self._republish(task=True)
+
+    def _republish(self, task: bool) -> None:
+        """Publish the retained model(s), extras (and with ``task`` the open task) again."""
         if self._model_payload is not None:
             self._pub(self.topics.model, self._model_payload, retain=True, wait=None)
         for topic, payload in self._profile_payloads.items():
             self._pub(topic, payload, retain=True, wait=None)
         if self._extras_payload is not None:
             self._pub(self.topics.extras, self._extras_payload, retain=True, wait=None)
-        if self._task_payload is not None:
+        if task and self._task_payload is not None:
             self._pub(self.topics.task, self._task_payload, retain=True, wait=None)
+
+    def _republish_if_asked(self) -> None:
+        """Clients asked for the retained model / extras again (status ``idle``: their node of a clustered broker
+        never had the retained copy): publish them again, at most every REPUBLISH_MIN_S seconds however many ask.
+        Not the task: every joined client is subscribed to it when it is published, and a repeated task would
+        make its selected clients re-key a secure-aggregation round."""
+        if self._asked and time.monotonic() - self._republished_at >= REPUBLISH_MIN_S:
+            self._asked, self._republished_at = False, time.monotonic()
+            logger.info("a client did not get the retained model/extras from its broker node: publishing them again")
+            self._republish(task=False)
 
     # ------------------------------------------------------------------ messages in
     def _reject(self, sender: str, code: str, detail: str) -> None:
@@ -275,6 +293,7 @@ class Coordinator:
                                 f", profile {msg.profile}" if msg.profile else "", len(self.registry))
             elif kind == "status":
                 self.registry.set_online(msg.sender, msg.state != "offline")
+                self._asked = self._asked or msg.state == "idle"
                 if self.current is not None and msg.state == "offline":
                     self.current.offline.add(msg.sender)
                 elif self.current is not None:
@@ -330,6 +349,7 @@ class Coordinator:
             item = self.transport.get(min(left, 0.2))
             if item is not None:
                 self.handle(item)
+            self._republish_if_asked()
         return True
 
     def _publish_cached_extras(self, cached: dict[str, torch.Tensor], r: int) -> int:

@@ -19,9 +19,12 @@ to user ``mosquitto``, so the password and ACL files are chowned to it.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import subprocess
@@ -89,6 +92,55 @@ def acl_text(spec: SecureBrokerSpec) -> str:
         lines += [f"topic read {t.profile_model(spec.profiles[c])}"] if c in spec.profiles else []
         lines.append("")
     return "\n".join(lines)
+
+
+def _routing_key(topic: str) -> str:
+    """RabbitMQ's MQTT plugin routes an MQTT topic as an AMQP routing key: ``/`` and ``.`` swapped."""
+    return topic.translate(str.maketrans({"/": ".", ".": "/"}))
+
+
+def _one_of(topics: list[str]) -> str:
+    """An anchored regex matching exactly these MQTT topics' routing keys."""
+    return "^(" + "|".join(re.escape(_routing_key(t)) for t in topics) + ")$"
+
+
+def rabbitmq_password_hash(password: str, salt: bytes | None = None) -> str:
+    """RabbitMQ's ``rabbit_password_hashing_sha256``: base64(salt + SHA-256(salt + password)), 4 random salt bytes."""
+    salt = secrets.token_bytes(4) if salt is None else salt
+    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+
+def rabbitmq_definitions(spec: SecureBrokerSpec, passwords: dict[str, str], vhost: str = "/") -> dict:
+    """RabbitMQ definitions (``rabbitmqctl import_definitions FILE``) giving RabbitMQ's MQTT plugin the ACL of
+    :func:`acl_text` (issue 54); passwords only as salted hashes, never on a command line.
+
+    One RabbitMQ user per Mosquitto user (the coordinator, each client), with the same topics: topic permissions on
+    ``amq.topic`` (the plugin's exchange) whose write / read regexes match exactly the topics the Mosquitto ACL
+    lets that user publish / subscribe to (routing keys: ``/`` and ``.`` swapped), and resource permissions on
+    ``amq.topic`` and the user's own subscription queues only (``mqtt-subscription-<fed>-<id>qos0|1``: the MQTT
+    client id the coordinator and ``edge-client join`` use). Differences from Mosquitto: RabbitMQ 3.10 closes the
+    connection of a refused SUBSCRIBE or PUBLISH (Mosquitto grants it and delivers nothing), and it has no
+    ``use_username_as_clientid``: a client holding valid credentials can take over (disconnect) another client's
+    session by its client id, though not read or publish its topics.
+    """
+    t = Topics(spec.federation)
+    users: dict[str, tuple[str, str]] = {}
+    everything = "^" + re.escape(_routing_key(t.all()[:-2])) + r"\..+$"  # neurofed/<fed>/...
+    users[spec.coordinator] = (everything, everything)
+    for c in spec.clients:
+        read = [t.task, t.model, t.extras, t.status(spec.coordinator), t.error(c), t.secagg_down(c)]
+        read += [t.profile_model(spec.profiles[c])] if c in spec.profiles else []
+        users[c] = (_one_of([t.join(c), t.status(c), t.update(c), t.error(c), t.secagg(c)]), _one_of(read))
+    defs: dict[str, list] = {"users": [], "permissions": [], "topic_permissions": []}
+    for u, (write, read) in users.items():
+        queues = rf"mqtt-subscription-{re.escape(spec.federation)}-{re.escape(u)}qos[01]"
+        defs["users"].append({"name": u, "password_hash": rabbitmq_password_hash(passwords[u]),
+                              "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ""})
+        defs["permissions"].append({"user": u, "vhost": vhost, "configure": f"^{queues}$",
+                                    "write": rf"^(amq\.topic|{queues})$", "read": rf"^(amq\.topic|{queues})$"})
+        defs["topic_permissions"].append({"user": u, "vhost": vhost, "exchange": "amq.topic", "write": write,
+                                          "read": read})
+    return defs
 
 
 def conf_text(spec: SecureBrokerSpec, passwd: Path, acl: Path) -> str:

@@ -26,6 +26,7 @@ TIERS = ("unit", "integration", "e2e")
 #: file (relative to the repository) -> the tier of its tests that carry no explicit tier mark
 FILE_TIERS: dict[str, str] = {
     # broker/
+    "tests/broker/test_cluster.py": "integration",            # a 3-node RabbitMQ cluster (skips without it)
     "tests/broker/test_coordinator_cli.py": "integration",   # 2 unit tests marked in the file
     "tests/broker/test_equivalence.py": "unit",               # the real-process case is marked integration
     "tests/broker/test_fedbm_wire.py": "integration",
@@ -107,11 +108,13 @@ FILE_TIERS: dict[str, str] = {
     "tests/trainer/test_models.py": "unit",
     "tests/trainer/test_partition.py": "unit",
     "tests/trainer/test_profiles.py": "unit",
+    "tests/trainer/test_raw.py": "unit",
     "tests/trainer/test_registry.py": "unit",
     "tests/trainer/test_report.py": "unit",
     "tests/trainer/test_robust.py": "unit",
     "tests/trainer/test_secagg.py": "unit",
     "tests/trainer/test_spec.py": "unit",
+    "tests/trainer/test_studies.py": "unit",
     "tests/trainer/test_strategy_regression.py": "e2e",       # a whole `neurofed simulate` at the reference commit
     "tests/trainer/test_sweep.py": "unit",                    # 1 integration (process pool) marked
 }
@@ -145,4 +148,5 @@ LSL_FILES = frozenset({
 #: once (on one worker) rather than once per worker
 SHARED_SETUP_FILES = {
     "tests/trainer/test_strategy_regression.py": "strategy_regression",  # the reference commit's runs (~15 s)
+    "tests/broker/test_cluster.py": "rabbitmq_cluster",  # a 3-node RabbitMQ cluster (~30 s to start)
 }
