@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pylsl
+from neurofed_runtime.channels import lsl_channels
 from pylsl.util import LostError
 from pylsl.util import TimeoutError as LslTimeout
 
@@ -128,15 +129,8 @@ def check_marker_stream(meta: StreamMeta) -> None:
 
 
 def _meta(info) -> StreamMeta:
-    names, units = [], []
-    ch = info.desc().child("channels").child("channel")
-    while not ch.empty():
-        names.append(ch.child_value("label"))
-        units.append(ch.child_value("unit"))
-        ch = ch.next_sibling("channel")
-    n = info.channel_count()
-    if len(names) != n:  # no (or partial) channel description
-        names, units = [f"ch{i + 1}" for i in range(n)], [""] * n
+    ch = lsl_channels(info)  # desc/channels: the runtime's reading (one rule for every consumer)
+    names, units, n = ch.ch_names, ch.units, info.channel_count()
     return StreamMeta(info.name(), info.type(), info.source_id(), float(info.nominal_srate()), n, names, units,
                       int(info.channel_format()), info.hostname(), info.uid())
 
