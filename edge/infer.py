@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from neurofed_runtime.model import open_model
 
 from neurofed.edge.guard import GuardConfig, GuardResult, check_window
 from neurofed.edge.stream import StreamLayout, match_stream
@@ -322,16 +323,10 @@ def check_stream(meta: OnnxModelMeta, ch_names: Sequence[str], sfreq: float,
     return layout
 
 
-def pick_model(models: Sequence[str | Path], ch_names: Sequence[str], sfreq: float) -> Path:
-    """The exported model to decode a stream with, among ``models`` (files or folders of ``.onnx`` files).
-
-    One model with no device profile in its metadata decodes any stream that has its channels (as
-    before). Otherwise the stream (channel names in order, rate) must match exactly one model's
-    device profile (:func:`neurofed.trainer.data.profiles.match_profile`, as an edge client's recorded data
-    must to join a federation of profiles); a stream matching none, several models of one profile,
-    or a mix of models with and without a profile are each refused with one line.
-    """
-
+def model_files(models: Sequence[str | Path]) -> list[Path]:
+    """The ``.onnx`` files among ``models`` (files or folders), each loaded and checked against its metadata by the
+    runtime (:func:`neurofed_runtime.model.open_model`): a missing, unreadable or inconsistent model is one line,
+    before anything waits for a stream."""
     files: list[Path] = []
     for m in map(Path, models):
         if m.is_dir():
@@ -343,6 +338,22 @@ def pick_model(models: Sequence[str | Path], ch_names: Sequence[str], sfreq: flo
             files.append(m)
     if not files:
         raise NeuroFedError("no model given (--model FILE or FOLDER)")
+    for f in files:
+        open_model(f)
+    return files
+
+
+def pick_model(models: Sequence[str | Path], ch_names: Sequence[str], sfreq: float) -> Path:
+    """The exported model to decode a stream with, among ``models`` (files or folders of ``.onnx`` files).
+
+    One model with no device profile in its metadata decodes any stream that has its channels (as
+    before). Otherwise the stream (channel names in order, rate) must match exactly one model's
+    device profile (:func:`neurofed.trainer.data.profiles.match_profile`, as an edge client's recorded data
+    must to join a federation of profiles); a stream matching none, several models of one profile,
+    or a mix of models with and without a profile are each refused with one line.
+    """
+
+    files = model_files(models)
     metas = {f: read_onnx_meta(f) for f in files}
     plain = [f for f, m in metas.items() if m.profile is None]
     if len(files) == 1 and plain:

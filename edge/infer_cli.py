@@ -222,6 +222,7 @@ def infer(
     from neurofed.edge.infer import (  # lazy: onnx, onnxruntime (keeps --help fast)
         InferenceEngine,
         StandaloneStep,
+        model_files,
         pick_model,
     )
     from neurofed.edge.lsl_io import (  # lazy: pylsl (keeps --help fast)
@@ -231,18 +232,22 @@ def infer(
         find_stream,
     )
     from neurofed.export.decoder import StandaloneModel  # lazy: onnx, onnxruntime (keeps --help fast)
-    from neurofed.export.runtime import OnnxModel, load_model  # lazy: onnx, onnxruntime (keeps --help fast)
+    from neurofed.export.runtime import (  # lazy: onnx, onnxruntime (keeps --help fast)
+        OnnxModel,
+        read_onnx_meta,
+    )
 
     console = Console()
     if mode not in ("cue", "sliding"):
         raise typer.BadParameter(f"mode {mode!r}: use cue or sliding")
+    model = model_files(model)  # every model loaded and checked against its metadata before waiting for a stream
     eeg = Inlet(find_stream(name=stream, source_id=source_id, timeout=timeout, unique=False))
     mk = transport = None
     # every inlet and connection opened here is closed on any exit, errors included: an inlet left to the garbage
     # collector while its stream's outlet is destroyed crashed liblsl (a segfault in CI)
     try:
         chosen = pick_model(model, eeg.meta.ch_names, eeg.meta.sfreq)
-        standalone = bool(load_model(chosen)[1].standalone)
+        standalone = bool(read_onnx_meta(chosen).standalone)
         om = StandaloneModel(chosen, threads=threads) if standalone else OnnxModel(chosen, threads=threads)
         ref = None
         if ea_reference is not None:

@@ -50,6 +50,11 @@ class OnnxModelMeta(ModelCard):  # type: ignore[misc, valid-type]
     #: fewest windows one run of a plain graph of a batch-specific-BN model must get (None: no minimum; a
     #: standalone graph decodes one window at a time with its context in the state)
     min_batch: int | None = None
+    #: the rate the network was trained at (= sfreq) and the rate of the samples the graph's input takes (plain:
+    #: the same; standalone: the device's); ``rates_note`` says so in the card itself. None: an older export
+    training_rate_hz: float | None = None
+    input_rate_hz: float | None = None
+    rates_note: str | None = None
 
     @field_validator("test_batch_size")
     @classmethod

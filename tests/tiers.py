@@ -61,12 +61,17 @@ FILE_TIERS: dict[str, str] = {
     # export/
     "tests/export/test_apps.py": "e2e",                       # Node and a real browser; 1 unit test marked
     "tests/export/test_bench.py": "unit",
-    "tests/export/test_evaluate.py": "unit",
+    "tests/export/test_evaluate.py": "unit",                  # 1 integration (CLI process) marked
     "tests/export/test_export.py": "unit",                    # 1 integration (CLI process) marked
     "tests/export/test_import_rule.py": "unit",
     "tests/export/test_profiles_export.py": "unit",           # 1 integration (LSL + CLI) marked
     "tests/export/test_quantize.py": "unit",
     "tests/export/test_standalone.py": "unit",
+    # runtime/ (the neurofed-runtime distribution)
+    "tests/runtime/test_model.py": "unit",
+    "tests/runtime/test_decode.py": "unit",
+    "tests/runtime/test_lsl.py": "integration",               # live LSL, mne-lsl's StreamLSL, CLIs
+    "tests/runtime/test_venv.py": "e2e",                      # a fresh venv with the runtime alone (no torch)
     # firmware_sim/
     "tests/firmware_sim/test_cli.py": "integration",
     "tests/firmware_sim/test_player.py": "integration",       # LSL; 3 unit tests marked
@@ -134,7 +139,7 @@ LSL_FILES = frozenset({
     "tests/edge/test_capture.py", "tests/edge/test_capture_cli.py", "tests/edge/test_capture_mnelsl.py",
     "tests/edge/test_infer_lsl.py", "tests/edge/test_lsl_bench.py", "tests/edge/test_lsl_buffer.py",
     "tests/edge/test_lsl_config.py", "tests/edge/test_record_profiles.py",
-    "tests/export/test_profiles_export.py",
+    "tests/export/test_profiles_export.py", "tests/runtime/test_lsl.py",
     "tests/firmware_sim/test_cli.py", "tests/firmware_sim/test_player.py", "tests/firmware_sim/test_profile.py",
     "tests/neurofed/test_bench_e2e.py", "tests/neurofed/test_demo.py",
 })
