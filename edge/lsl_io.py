@@ -258,14 +258,18 @@ class Inlet:
 
 def irregular_outlet(
     name: str, stype: str, labels: list[str], source_id: str, fmt: str = "float32",
-    extra_desc: dict[str, str | list[str]] | None = None,
+    extra_desc: dict[str, str | list[str]] | None = None, units: Sequence[str] | None = None,
+    types: Sequence[str] | None = None,
 ):
-    """An irregular-rate outlet (e.g. decoded predictions), channels labelled in ``desc/channels``.
+    """An irregular-rate outlet (e.g. decoded predictions), channels described in ``desc/channels`` (the XDF
+    meta-data convention: ``label``, and ``unit``/``type`` when given).
 
     Parameters
     ----------
     fmt : str
         ``float32``, ``double64`` or ``string``.
+    units, types : sequence of str, optional
+        Per channel, its unit and type.
     extra_desc : dict, optional
         More ``desc`` entries: a string value becomes ``<key>value</key>``; a list becomes
         ``<key><item>v</item>...</key>`` with the singular of key (``classes`` -> ``class``).
@@ -276,8 +280,13 @@ def irregular_outlet(
     cf = formats[fmt]
     info = pylsl.StreamInfo(name, stype, len(labels), pylsl.IRREGULAR_RATE, cf, source_id)
     chans = info.desc().append_child("channels")
-    for lab in labels:
-        chans.append_child("channel").append_child_value("label", lab)
+    for i, lab in enumerate(labels):
+        ch = chans.append_child("channel")
+        ch.append_child_value("label", lab)
+        if units is not None:
+            ch.append_child_value("unit", units[i])
+        if types is not None:
+            ch.append_child_value("type", types[i])
     for key, value in (extra_desc or {}).items():
         if isinstance(value, str):
             info.desc().append_child_value(key, value)

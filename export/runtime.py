@@ -13,11 +13,11 @@ import json
 import os
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import onnx
 from neurofed_runtime import model as _rt
-from neurofed_runtime.card import INPUT_NAME, META_KEY, OUTPUT_NAME
+from neurofed_runtime.card import INPUT_NAME, META_KEY, OUTPUT_NAME, check_graph, parse_card
 from neurofed_runtime.errors import ModelError
 from neurofed_runtime.model import make_session
 from pydantic import ConfigDict, ValidationError, create_model, field_validator
@@ -84,10 +84,32 @@ def meta_from_json(text: str | None, source: str = "model") -> OnnxModelMeta:
         raise ModelError(f"{source}: invalid NeuroFed metadata ({' '.join(first[:3])})") from None
 
 
+class _Arg(NamedTuple):
+    """A graph input or output as onnxruntime's ``NodeArg`` shows it (``name``, ``shape``)."""
+
+    name: str
+    shape: list[int | str | None]
+
+
+def graph_args(model: onnx.ModelProto) -> tuple[list[_Arg], list[_Arg]]:
+    """The graph's real inputs (initializers excluded) and outputs with their static dimensions."""
+    inits = {t.name for t in model.graph.initializer}
+
+    def args(values) -> list[_Arg]:
+        return [_Arg(v.name, [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                              for d in v.type.tensor_type.shape.dim]) for v in values if v.name not in inits]
+
+    return args(model.graph.input), args(model.graph.output)
+
+
 def meta_from_model(model: onnx.ModelProto, source: str = "model") -> OnnxModelMeta:
-    """Parse and validate the NeuroFed metadata of an in-memory ONNX model."""
+    """Parse and validate the NeuroFed metadata of an in-memory ONNX model, and check that it describes the graph
+    (the runtime's rule: :func:`neurofed_runtime.card.check_graph`, one line on a mismatch)."""
     props = {p.key: p.value for p in model.metadata_props}
-    return meta_from_json(props.get(META_KEY), source)
+    meta = meta_from_json(props.get(META_KEY), source)
+    ins, outs = graph_args(model)
+    check_graph(parse_card(props[META_KEY], source), ins, outs, source)
+    return meta
 
 
 def read_onnx_meta(path: str | os.PathLike) -> OnnxModelMeta:

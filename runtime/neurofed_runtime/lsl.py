@@ -28,7 +28,9 @@ def open_inlet(name: str, timeout: float = 5.0):
     if not found:
         raise DataError(f"no LSL stream named {name!r} found within {timeout:g} s")
     inlet = pylsl.StreamInlet(found[0], max_buflen=60, processing_flags=pylsl.proc_clocksync)
-    return inlet, inlet.info(timeout=timeout)
+    info = inlet.info(timeout=timeout)
+    inlet.open_stream(timeout=timeout)  # connected now: samples pushed from here on are received
+    return inlet, info
 
 
 def decode_stream(model: str | os.PathLike | StandaloneModel, name: str,

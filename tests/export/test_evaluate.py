@@ -169,3 +169,21 @@ def test_black_box_attacks_query_the_onnx_graph_itself(eegnet_bs, data_dir, monk
     assert 0.0 <= res["per_subject"]["S003"]["bca_attacked"] <= res["per_subject"]["S003"]["bca"] + 1e-9
     with pytest.raises(NeuroFedError, match="not a black-box attack"):
         query_attack_batches(om, X, y, "fgsm", 0.1, 8)
+
+
+@pytest.mark.integration  # the CLI as a process: its exit code and its whole stderr
+def test_graph_metadata_mismatch_is_one_line_through_the_cli(eegnet_bs, data_dir, tmp_path):
+    """Issue 53/54 (D5): a model whose metadata declares 8 channels on a 21-channel graph is refused by
+    `neurofed evaluate` in one line, exit 2 (it used to be a 58-line onnxruntime traceback)."""
+    import subprocess
+    import sys
+
+    from tests.runtime.conftest import eight_channel_card
+
+    bad = eight_channel_card(eegnet_bs[1], tmp_path / "bad.onnx")
+    r = subprocess.run([sys.executable, "-m", "neurofed.cli", "evaluate", "--model", str(bad), "--data-dir",
+                        str(data_dir), "--subjects", "3"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "bad.onnx" in lines[0] and "metadata declares 8 channels" in lines[0], r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
