@@ -32,6 +32,10 @@ try:
 except ImportError as _exc:
     run_standalone_bench, BENCH_DIR, _standalone_exc = None, Path("docs/bench"), _exc
 try:
+    from neurofed.bench_runtime import bench_runtime as run_runtime_bench
+except ImportError as _exc:
+    run_runtime_bench, _runtime_exc = None, _exc
+try:
     from neurofed.bench_secagg import bench_secagg as run_secagg_bench
 except ImportError as _exc:
     run_secagg_bench, _secagg_exc = None, _exc
@@ -169,6 +173,25 @@ def bench_standalone(
     run_standalone_bench(checkpoint, parse_subjects(subjects, data_dir), data_dir, reps, warmup, out_dir, browser, name)
 
 
+def bench_runtime(
+    checkpoint: Annotated[Path | None, typer.Option(help="trained .safetensors checkpoint (exported to a standalone "
+                                                         "graph at 160 Hz)")] = None,
+    model: Annotated[Path | None, typer.Option(help="or: a standalone .onnx at 160 Hz")] = None,
+    subject: Annotated[int, typer.Option(help="EEGMMIDB subject whose sessions are decoded and streamed")] = 3,
+    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None,
+    live_seconds: Annotated[float, typer.Option(help="seconds of real-time LSL streaming per decoder")] = 30.0,
+    venv_dir: Annotated[Path | None, typer.Option(help="where to build the runtime-only venv (default: a temp dir)")]
+    = None,
+    out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
+    name: Annotated[str, typer.Option(help="result name: OUT_DIR/NAME.json")] = "runtime",
+) -> None:
+    """neurofed-runtime alone in a fresh venv (no torch) vs the full package: installed size, import time,
+    per-window latency, peak RSS decoding a live LSL stream."""
+    res = run_runtime_bench(checkpoint, model, subject, data_dir, live_seconds, venv_dir, out_dir, name)
+    typer.echo(json.dumps({k: res[k] for k in ("installed_size_mb", "import_ms_median_of_5", "latency_per_window",
+                                               "live_lsl_rss_mb", "targets")}, indent=1))
+
+
 def bench_lsl(
     seconds: Annotated[float, typer.Option(help="Streaming time per run (real time).")] = 10.0,
     headsets: Annotated[int, typer.Option(help="Simultaneous headsets in the loss test.")] = 8,
@@ -194,6 +217,10 @@ for _mod in COMMAND_MODULES:
     except ImportError as _exc:  # a broken optional part must not take the other commands down
         print(f"warning: commands of {_mod.split('.')[0]}/ unavailable ({_exc})", file=sys.stderr)
 app.command("demo")(demo_cmd)
+if run_runtime_bench is not None:
+    bench.command("runtime")(bench_runtime)
+else:
+    print(f"warning: runtime benchmark unavailable ({_runtime_exc})", file=sys.stderr)
 if run_standalone_bench is not None:
     bench.command("standalone")(bench_standalone)
 else:
