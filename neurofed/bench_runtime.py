@@ -132,7 +132,7 @@ def _live(rec, name: str, cmd: list[str], env: dict | None, timeout: float) -> t
         PlayerConfig,
     )
 
-    player = HeadsetPlayer(rec, PlayerConfig(name=name, speed=1.0, markers=True, wait_consumers=60.0, linger=1.0,
+    player = HeadsetPlayer(rec, PlayerConfig(name=name, speed=1.0, markers=False, wait_consumers=60.0, linger=1.0,
                                              loop=True))
     player.start()
     try:

@@ -114,6 +114,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/trainer/test_report.py": "unit",
     "tests/trainer/test_robust.py": "unit",
     "tests/trainer/test_secagg.py": "unit",
+    "tests/trainer/test_sklearn_honest.py": "unit",
     "tests/trainer/test_spec.py": "unit",
     "tests/trainer/test_strategy_regression.py": "e2e",       # a whole `neurofed simulate` at the reference commit
     "tests/trainer/test_sweep.py": "unit",                    # 1 integration (process pool) marked
