@@ -145,7 +145,8 @@ class PythonDecoder:
                           else state.context, state.seen + 1)
         if self.ea:
             batch = apply_ea(batch, self.ea_matrix(nxt))
-        logits = self.model.forward(batch.astype(np.float32))[-1].astype(np.float64)
+        # InferenceEngine said once (a log line) that early windows get a partial BN context
+        logits = self.model.forward(batch.astype(np.float32), check_batch=False)[-1].astype(np.float64)
         p = np.exp(logits - logits.max())
         return p / p.sum(), nxt
 
@@ -270,6 +271,15 @@ class InferenceEngine:
                 f"samples, but the model expects {m.n_times} ({m.sfreq} Hz x {m.window} s)"
             )
         self.batch = int(context or m.test_batch_size)
+        need = int(getattr(model, "min_windows", 1))
+        if decoder is None and need > 1:  # the batch-1 trap of a plain batch-specific-BN export, said once
+            logger.warning(
+                "%s: a plain export of a batch-specific-BN model normalises each window with its batch: %s; "
+                "for one-window decoding use the standalone graph (neurofed export --standalone)",
+                getattr(model, "path", "model"),
+                f"--context {self.batch} is below its minimum batch {need}, so every window is decoded with too "
+                "few" if self.batch < need else
+                f"the first {need - 1} windows of a session get fewer than the {need} it needs")
         self.decoder: DecoderStep = decoder or PythonDecoder(model, self.stream_sfreq, self.batch, ea_reference,
                                                              ea_min_windows)
         self.state = self.decoder.init_state()

@@ -187,3 +187,20 @@ def test_graph_metadata_mismatch_is_one_line_through_the_cli(eegnet_bs, data_dir
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "bad.onnx" in lines[0] and "metadata declares 8 channels" in lines[0], r.stderr
     assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_fewer_trials_than_the_minimum_batch_is_one_log_line(eegnet_bs, data_dir, caplog):
+    """The batch-1 trap in `neurofed evaluate`: a subject with fewer trials than the plain export's minimum batch
+    (metadata min_batch 8), and --batch-size below it, are each said in one line."""
+    import logging
+
+    _, onnx_path = eegnet_bs
+    meta = read_onnx_meta(onnx_path)
+    assert meta.min_batch == 8 and meta.training_rate_hz == meta.input_rate_hz == 80.0
+    X, y = load_eegmmidb_for(meta, [3], data_dir)["S003"]
+    with caplog.at_level(logging.WARNING, logger="neurofed.export"):
+        res = evaluate(onnx_path, {"S003": (X[:3], y[:3])}, batch_size=1)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any("--batch-size 1 is below the model's minimum batch 8" in m for m in msgs)
+    assert any(m.startswith("S003: 3 trials, fewer than the model's minimum batch 8") for m in msgs)
+    assert all("\n" not in m for m in msgs) and res["per_subject"]["S003"]["n_trials"] == 3
