@@ -118,3 +118,20 @@ def test_plain_batch_specific_graph_warns_below_its_minimum_batch(eegnet_bs, dat
     with pytest.raises(NeuroFedError, match="needs >= 8"):
         strict.logits(x[:3])
     assert strict.logits(x).shape == (8, 2)
+
+
+def test_the_card_names_both_rates_and_the_graph_describes_itself(eegnet_bs, standalone_model):
+    """ONNX metadata other tools read: a real model_version (not the exporter's 2**63 - 1), a doc_string, and the
+    training rate vs the input rate named (80 Hz network, 160 Hz device for the standalone graph)."""
+    import onnx
+
+    sa, plain = StandaloneModel(standalone_model), PlainModel(eegnet_bs[1])
+    assert (sa.card.training_rate_hz, sa.card.input_rate_hz, sa.info.rate) == (80.0, 160.0, 160.0)
+    assert (plain.card.training_rate_hz, plain.card.input_rate_hz) == (80.0, 80.0)
+    assert "training_rate_hz" in sa.card.rates_note and "input_rate_hz" in sa.card.rates_note
+    assert plain.card.min_batch == 8 and sa.card.min_batch is None
+    for path, words in ((standalone_model, "Standalone decoder"), (eegnet_bs[1], "feed at least 8 windows")):
+        proto = onnx.load(str(path), load_external_data=False)
+        assert proto.model_version == 1 and words in proto.doc_string and "left_fist" in proto.doc_string
+        meta = sa.session.get_modelmeta() if path == standalone_model else plain.session.get_modelmeta()
+        assert meta.version == 1 and meta.description == proto.doc_string
