@@ -38,16 +38,22 @@ def decode_stream(model: str | os.PathLike | StandaloneModel, name: str,
                   max_seconds: float | None = None, timeout: float = 5.0) -> int:
     """Decode the live stream ``name`` until ``max_windows`` windows or ``max_seconds``; returns the windows.
 
-    The model is loaded and checked before the stream is looked for (a bad model fails at once)."""
+    The model is loaded and checked before the stream is looked for (a bad model fails at once). A stream that
+    sends nothing for ``timeout`` seconds (disconnected, or its device stopped) is a :class:`DataError`."""
     m = model if isinstance(model, StandaloneModel) else StandaloneModel(model)
     inlet, info = open_inlet(name, timeout)
     dec = Decoder.from_lsl(m, info)
     n, end = 0, None if max_seconds is None else time.monotonic() + max_seconds
+    last = time.monotonic()
     try:
         while (max_windows is None or n < max_windows) and (end is None or time.monotonic() < end):
             chunk, ts = inlet.pull_chunk(timeout=0.05)
             if not ts:
+                if time.monotonic() - last > timeout:
+                    raise DataError(f"stream {name!r}: no samples for {timeout:g} s after {n} window(s) "
+                                    "(disconnected, or its device stopped)")
                 continue
+            last = time.monotonic()
             for res in dec.stream(chunk):
                 on_result(res)
                 n += 1
@@ -63,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("stream")
     ap.add_argument("--windows", type=int, default=None, help="stop after this many windows")
     ap.add_argument("--seconds", type=float, default=None, help="stop after this many seconds")
-    ap.add_argument("--timeout", type=float, default=5.0, help="seconds to find the stream")
+    ap.add_argument("--timeout", type=float, default=5.0,
+                    help="seconds to find the stream, and of silence before it counts as lost")
     args = ap.parse_args(argv)
 
     def show(res: Result | WindowRejected) -> None:

@@ -171,3 +171,19 @@ def test_mne_lsl_reads_the_prediction_label_and_cue_streams(rec):
     cue = got[f"{headset}-markers"]
     assert cue["type"] == "Markers" and cue["names"] == ["cue"] and cue["types"] == ["Markers"]
     assert cue["classes"] == sorted({label for _, label in rec.markers}) and cue["classes"]
+
+
+def test_a_stream_that_stops_mid_session_is_one_line(rec, standalone_model):
+    """The headset stops after 6 s (max_samples): the runtime CLI has decoded what came, then says so in one line."""
+    name = unique_name("rt-lost")
+    player = HeadsetPlayer(rec, PlayerConfig(name=name, speed=10.0, markers=False, wait_consumers=30.0,
+                                             max_samples=160 * 6, linger=0.0))
+    player.start()
+    try:
+        r = _cli(["-m", "neurofed_runtime.lsl", str(standalone_model), name, "--windows", "100", "--timeout", "3"])
+    finally:
+        player.stop()
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and f"stream '{name}': no samples for 3 s after" in lines[0], r.stderr
+    assert 1 <= len(r.stdout.splitlines()) <= 5  # 6 s of EEG: windows at 4, 4.5, ... 6 s
