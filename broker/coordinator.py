@@ -91,6 +91,27 @@ def initial_models(cfg: FederationConfig) -> dict[str, torch.nn.Module]:
     return out
 
 
+def update_body_cap(state: dict[str, torch.Tensor], strategy: Any, models: dict[str, torch.nn.Module]) -> int:
+    """The largest body a client may send (issue 54): an update carries the full state (every profile's modules)
+    and every profile's upload extras; a masked secure-aggregation vector is at most the state's size."""
+    return body_cap(state, *(strategy.upload_specs(models[p]) for p in sorted(models)))
+
+
+def largest_body(cfg: FederationConfig) -> int:
+    """The largest body any message of this federation legitimately carries, either way: a client's update
+    (:func:`update_body_cap`) plus the server's strategy extras from set-up (FedBM's head and generator), all in
+    one bound. A model message carries at most the state, a task the strategy's downlink extras (set-up extras,
+    or server tensors shaped like the clients' upload extras, e.g. SCAFFOLD's ``c``). Sizes the broker's
+    limits (``neurofed broker-config --config``)."""
+    models = initial_models(cfg)
+    strategy = cfg.strategy()
+    extras: dict[str, torch.Tensor] = {}
+    for p in sorted(models):
+        extras = strategy.setup(models[p]) or extras
+    state = init_server_state(models, strategy.group_prefixes)
+    return update_body_cap(state, strategy, models) + body_cap(extras)
+
+
 class Coordinator:
     """Runs one federation to completion (or resumes it).
 
@@ -143,11 +164,9 @@ class Coordinator:
             check_compatible(cfg, self.strategy, self.model)
         if resume:
             self._resume()
-        # issue 54: the largest body a client may send (an update: the full state, every profile's modules, plus
-        # every profile's upload extras; a masked secure-aggregation vector is at most the state's size), so a
-        # header declaring more is refused before its body costs memory (neurofed.broker.protocol.decode)
-        self.max_body = body_cap(self.server.global_state,
-                                 *(self.strategy.upload_specs(self.models[p]) for p in sorted(self.models)))
+        # issue 54: a header declaring a body larger than a client may send is refused before the body costs
+        # memory (neurofed.broker.protocol.decode)
+        self.max_body = update_body_cap(self.server.global_state, self.strategy, self.models)
         will = (self.topics.status(COORDINATOR_ID), self._status("offline"))
         # a probe on a topic of its own lets the transport notice a session that stopped delivering (and
         # re-establish it) instead of this coordinator waiting out its join timeout on an empty queue

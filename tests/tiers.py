@@ -29,6 +29,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/broker/test_coordinator_cli.py": "integration",   # 2 unit tests marked in the file
     "tests/broker/test_equivalence.py": "unit",               # the real-process case is marked integration
     "tests/broker/test_fedbm_wire.py": "integration",
+    "tests/broker/test_fleet_broker.py": "integration",       # 1 unit test marked in the file
     "tests/broker/test_fuzz.py": "integration",
     "tests/broker/test_hostile.py": "integration",            # 1 unit test marked in the file
     "tests/broker/test_memory_broker.py": "unit",
