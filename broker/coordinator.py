@@ -46,7 +46,14 @@ from neurofed.broker.registry import Registry
 from neurofed.broker.rounds import RoundState, SeenIds
 from neurofed.broker.secagg_round import SecAggRound, check_compatible, secagg_spec
 from neurofed.broker.transport import Incoming, MqttTransport, TransportError
-from neurofed.broker.validation import Rejected, UpdateRules, check_envelope, check_join, tensor_specs
+from neurofed.broker.validation import (
+    ClientBudget,
+    Rejected,
+    UpdateRules,
+    check_envelope,
+    check_join,
+    tensor_specs,
+)
 from neurofed.trainer.atomic import atomic_write_bytes
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.fl.api import GROUP_MARK
@@ -167,6 +174,11 @@ class Coordinator:
         # issue 54: a header declaring a body larger than a client may send is refused before the body costs
         # memory (neurofed.broker.protocol.decode)
         self.max_body = update_body_cap(self.server.global_state, self.strategy, self.models)
+        # issue 54: per-client message and byte budgets per round, charged before anything is decoded
+        v = cfg.validation
+        mb = v.max_client_mb
+        self.budget = ClientBudget(v.max_client_messages,
+                                   4 * self.max_body + (1 << 20) if mb is None else int(mb * (1 << 20)))
         will = (self.topics.status(COORDINATOR_ID), self._status("offline"))
         # a probe on a topic of its own lets the transport notice a session that stopped delivering (and
         # re-establish it) instead of this coordinator waiting out its join timeout on an empty queue
@@ -270,6 +282,12 @@ class Coordinator:
             return
         if kind in ("task", "model", "result", "extras") or cid == COORDINATOR_ID or not item.payload:
             return
+        was_cut = (cid or "?") in self.budget.cut
+        try:
+            self.budget.charge(cid or "?", len(item.payload))
+        except Rejected as exc:
+            self._over_budget(cid or "?", exc, was_cut)
+            return
         msg = None
         try:
             ref = None
@@ -318,6 +336,18 @@ class Coordinator:
                 self._tell(cid, exc, msg.msg_id)
         except Exception as exc:  # noqa: BLE001 - a malformed message must never stop the federation
             self._reject(cid or "?", "internal", f"{type(exc).__name__}: {exc}")
+
+    def _over_budget(self, cid: str, exc: Rejected, was_cut: bool) -> None:
+        """A message over its client's budget (:class:`ClientBudget`): the one that crossed it is a rejection of
+        the round and cuts the client off (not waited for); later ones are only counted (a flood costs no list)."""
+        if was_cut:
+            self.rejections[exc.code] += 1
+            return
+        self._reject(cid, exc.code, exc.detail)
+        if self.current is not None:
+            self.current.cut_off.add(cid)
+        logger.warning("client %s cut off for the rest of round %s: %s", cid[:64],
+                       self.current.index if self.current is not None else "(joining)", exc.detail)
 
     def _tell(self, cid: str, exc: Rejected, reply_to: str) -> None:
         """Tell a client why its message was rejected: once per client and round, naming the message.
@@ -400,6 +430,7 @@ class Coordinator:
         # hash) and derives the downlink itself, so only the selected clients download weights this round
         self._task_payload = encode(task, pack({"extra": extras}) if extras else None, compress=self.fed.compress)
         self._replied.clear()
+        self.budget.reset()
         # updates are delta-coded against the model their client holds (its profile's view)
         self._update_refs = {p: delta_reference(v) for p, v in views.items()} or {
             "": delta_reference(self.server.global_state)}
@@ -445,7 +476,7 @@ class Coordinator:
             self.registry.clients[cid].rounds_done += 1
         loss = [u.metrics.get("loss") for _, u in updates if "loss" in u.metrics]
         m = {"round": self.server.round, "selected": rs.selected, "participants": [c for c, _ in updates],
-             "stragglers": rs.missing(), "rejected": rejected, "bytes_down": rs.bytes_down,
+             "stragglers": rs.missing(), "rejected": rejected, "cut_off": sorted(rs.cut_off), "bytes_down": rs.bytes_down,
              "bytes_up": rs.bytes_up, "bytes_extras": rs.bytes_extras, "seconds": time.monotonic() - t0,
              "loss": float(sum(loss) / len(loss)) if loss else None}
         if (clipped := clipped_in_round(before, self.server)) is not None:

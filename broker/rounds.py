@@ -51,6 +51,7 @@ class RoundState:
     arrival: dict[str, float] = field(default_factory=dict)
     rejected: list[tuple[str, str, str]] = field(default_factory=list)
     offline: set[str] = field(default_factory=set)
+    cut_off: set[str] = field(default_factory=set)  # over their message / byte budget: not waited for (issue 54)
     bytes_up: int = 0
     bytes_down: int = 0
     bytes_extras: dict[str, int] = field(default_factory=dict)  # strategy extras sent this round, per component
@@ -92,7 +93,7 @@ class RoundState:
         missing = self.missing()
         if not missing:
             return True
-        if len(self.updates) >= min_updates and all(c in self.offline for c in missing):
+        if len(self.updates) >= min_updates and all(c in self.offline or c in self.cut_off for c in missing):
             return True
         return now >= self.deadline
 

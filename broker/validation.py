@@ -18,7 +18,7 @@ from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.fl.api import TensorSpec, tensor_specs
 from neurofed.trainer.fl.client import ClientUpdate
 
-__all__ = ["Rejected", "TensorSpec", "UpdateRules", "check_envelope", "check_join", "check_update", "tensor_specs",
+__all__ = ["ClientBudget", "Rejected", "TensorSpec", "UpdateRules", "check_envelope", "check_join", "check_update", "tensor_specs",
            "update_norm"]
 
 #: kinds each topic may carry, and who may send them
@@ -32,6 +32,58 @@ class Rejected(NeuroFedError):
     def __init__(self, code: str, detail: str) -> None:
         super().__init__(f"{code}: {detail}")
         self.code, self.detail = code, detail
+
+
+class ClientBudget:
+    """Messages and payload bytes each client may send in one window (a round attempt, or the join phase before
+    the first round), issue 54.
+
+    Counted on the client id of the topic a message arrived on, before anything is decoded: under the
+    generated ACL a client can publish only under its own id, so a client with valid credentials that floods
+    costs the coordinator a dict update per message, not a decode. Over a budget the client is cut off for the
+    rest of the window (every further message refused unread): ``rate_limited`` (messages) or
+    ``volume_limited`` (bytes). 0 turns a budget off.
+
+    Parameters
+    ----------
+    max_messages, max_bytes : int
+        Per client and window.
+    max_senders : int
+        Distinct client ids counted per window (on an anonymous broker a flood could invent ids); more are
+        refused as ``rate_limited``.
+    """
+
+    def __init__(self, max_messages: int, max_bytes: int, max_senders: int = 100_000) -> None:
+        self.max_messages, self.max_bytes, self.max_senders = max_messages, max_bytes, max_senders
+        self.used: dict[str, list[int]] = {}  # client -> [messages, bytes] this window
+        self.cut: dict[str, Rejected] = {}  # client -> why it is cut off for the rest of this window
+
+    def reset(self) -> None:
+        """A new window (a round opens): every client's budget is whole again."""
+        self.used.clear()
+        self.cut.clear()
+
+    def charge(self, cid: str, nbytes: int) -> None:
+        """Count one message of ``nbytes`` from ``cid``; raises :class:`Rejected` if it is (now) over a budget."""
+        if (why := self.cut.get(cid)) is not None:
+            raise why
+        used = self.used.get(cid)
+        if used is None:
+            if len(self.used) >= self.max_senders:
+                raise Rejected("rate_limited", f"more than {self.max_senders} distinct senders in this round")
+            used = self.used[cid] = [0, 0]
+        used[0] += 1
+        used[1] += nbytes
+        if self.max_messages and used[0] > self.max_messages:
+            why = Rejected("rate_limited", f"{cid} sent more than {self.max_messages} messages in this round: "
+                           "cut off until the next round")
+        elif self.max_bytes and used[1] > self.max_bytes:
+            why = Rejected("volume_limited", f"{cid} sent more than {self.max_bytes} bytes in this round: "
+                           "cut off until the next round")
+        else:
+            return
+        self.cut[cid] = why
+        raise why
 
 
 def check_envelope(kind: str, topic_client: str | None, msg: object, federation: str) -> None:

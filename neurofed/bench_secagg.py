@@ -165,7 +165,7 @@ def _swarm_rounds(marks: list[tuple[str, int, float, int]]) -> dict[int, tuple[f
 
 def run_rounds(url: str, n: int, secure: bool, rounds: int, phase_s: float = 60.0, procs: int = 1, *,
                fed: str | None = None, swarm_urls: list[str] | None = None,
-               federation: dict[str, Any] | None = None) -> dict[str, Any]:
+               federation: dict[str, Any] | None = None, profiler: Any = None) -> dict[str, Any]:
     """One federation of ``n`` swarm clients, ``rounds`` rounds; per-round time, bytes, the coordinator's CPU and RSS.
 
     The coordinator runs here (a thread), the clients in ``procs`` child processes (each plays a contiguous
@@ -175,7 +175,8 @@ def run_rounds(url: str, n: int, secure: bool, rounds: int, phase_s: float = 60.
 
     ``fed``: the federation's name (default: a fresh one); ``swarm_urls``: one broker URL per swarm process
     (e.g. each with its own credentials; default ``url`` for all); ``federation``: overrides of its
-    ``[federation]`` section. A coordinator that fails (e.g. not every client joined in time) is raised here.
+    ``[federation]`` section; ``profiler``: a :class:`cProfile.Profile` the coordinator's thread runs under. A
+    coordinator that fails (e.g. not every client joined in time) is raised here.
     """
     import psutil
 
@@ -194,7 +195,10 @@ def run_rounds(url: str, n: int, secure: bool, rounds: int, phase_s: float = 60.
 
     def run() -> None:
         try:
-            coord.run(stop)
+            if profiler is not None:
+                profiler.runcall(coord.run, stop)
+            else:
+                coord.run(stop)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread below
             failed.append(exc)
 
