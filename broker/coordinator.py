@@ -557,14 +557,15 @@ class Coordinator:
         why = "" if need == self.fed.min_clients else (f" (resumed run: {self.resume_online} were online at the "
                                                        f"checkpoint; min_clients {self.fed.min_clients})")
         end = time.monotonic() + self.fed.join_timeout_s
-        while len(have := self.registry.candidates()) < need:
+        while self.registry.n_online() < need:
+            have = self.registry.candidates()
             left = end - time.monotonic()
             if left <= 0:
                 raise FederationError(f"only {len(have)} of {need} clients joined within {self.fed.join_timeout_s:.0f} s")
             known = [c for c in self.registry.ids() if c not in have]
             logger.info("waiting for %d client(s) to join%s: %d online%s; %.0f s left", need, why, len(have),
                         f", known but offline: {', '.join(known[:20])}" if known else "", left)
-            self.pump(lambda: len(self.registry.candidates()) >= need, min(left, log_every), stop)
+            self.pump(lambda: self.registry.n_online() >= need, min(left, log_every), stop)
 
     def save_final(self) -> Path:
         extra: dict[str, Any] = {"federation": self.fed.name, "rounds": self.server.round, "seed": self.fed.seed,

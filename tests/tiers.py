@@ -35,7 +35,8 @@ FILE_TIERS: dict[str, str] = {
     "tests/broker/test_memory_broker.py": "unit",
     "tests/broker/test_profiles_mqtt.py": "integration",      # 1 unit, 1 e2e (kill -9 and resume) marked
     "tests/broker/test_protocol.py": "unit",
-    "tests/broker/test_reliability.py": "e2e",                # kill -9, resume, broker restart mid-training
+    "tests/broker/test_reliability.py": "e2e",
+    "tests/broker/test_rounds.py": "unit",                # kill -9, resume, broker restart mid-training
     "tests/broker/test_secagg_mqtt.py": "integration",        # 1 unit test marked in the file
     "tests/broker/test_secagg_round.py": "unit",
     "tests/broker/test_secagg_swarm.py": "integration",
