@@ -98,6 +98,12 @@ def initial_models(cfg: FederationConfig) -> dict[str, torch.nn.Module]:
     return out
 
 
+def _progress(n: int, total: int) -> bool:
+    """Log the n-th of ``total`` events (a join, an update)? Each one in a small federation, else every 10 % and
+    the first and last few: a line per client cost ~1 ms of the coordinator's time per update at 1,000 clients."""
+    return total <= 50 or n <= 5 or n >= total or n % max(1, total // 10) == 0
+
+
 def update_body_cap(state: dict[str, torch.Tensor], strategy: Any, models: dict[str, torch.nn.Module]) -> int:
     """The largest body a client may send (issue 54): an update carries the full state (every profile's modules)
     and every profile's upload extras; a masked secure-aggregation vector is at most the state's size."""
@@ -307,7 +313,7 @@ class Coordinator:
                     raise Rejected("profile_changed", f"joined as device profile "
                                    f"{self.registry.clients[msg.sender].profile!r}, now {msg.profile!r}")
                 self.registry.join(msg)
-                if new:
+                if new and _progress(len(self.registry), self.fed.min_clients):
                     logger.info("client %s joined (%d trials%s); %d known", msg.sender, msg.n_trials,
                                 f", profile {msg.profile}" if msg.profile else "", len(self.registry))
             elif kind == "status":
@@ -322,8 +328,9 @@ class Coordinator:
                 if self.current is None:
                     raise Rejected("late", f"update for round {msg.round} while no round is open")
                 self.current.offer(msg, tensors, len(item.payload), self.seen, self.bodies)
-                logger.info("round %d: update from %s (%d/%d)", self.current.index, msg.sender,
-                            len(self.current.updates), len(self.current.selected))
+                if _progress(len(self.current.updates), len(self.current.selected)):
+                    logger.info("round %d: update from %s (%d/%d)", self.current.index, msg.sender,
+                                len(self.current.updates), len(self.current.selected))
             elif kind == "secagg":
                 if not isinstance(self.current, SecAggRound):
                     raise Rejected("late", f"{msg.kind} while no secure aggregation round is open")

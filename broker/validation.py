@@ -158,7 +158,7 @@ class UpdateRules:
         keys, flat, _ = self.reference()
         if not keys:
             return 0.0
-        return float(torch.linalg.vector_norm(torch.cat([state[k].reshape(-1).double() for k in keys]) - flat))
+        return float(torch.linalg.vector_norm(torch.cat([state[k].reshape(-1) for k in keys]).double() - flat))
 
     def for_client(self, cid: str) -> UpdateRules:
         """The rules of ``cid``'s device profile (these rules when the round has no profiles or cid is unknown)."""
