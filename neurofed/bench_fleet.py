@@ -30,8 +30,9 @@ import torch
 
 from neurofed.bench_secagg import run_rounds
 from neurofed.broker.config import config_from_dict
-from neurofed.broker.coordinator import largest_body
+from neurofed.broker.coordinator import initial_model, largest_body
 from neurofed.broker.embedded import free_port, port_open
+from neurofed.broker.protocol import UpdateMsg, decode, delta_reference, encode, pack
 from neurofed.broker.secure import BrokerLimits
 from neurofed.trainer.errors import NeuroFedError
 
@@ -89,18 +90,44 @@ def top_functions(prof: cProfile.Profile, n: int = 25) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -r["cumtime_s"])[:n]
 
 
-def run_size(n: int, rounds: int, procs: int, profile: bool) -> dict[str, Any]:
+def codec_cost(model: str, reps: int = 5) -> dict[str, Any]:
+    """Per update, in process: the bytes of one swarm update of ``model`` and the time to encode it (a client)
+    and decode it (the coordinator), with the default compression (delta, bit-shuffle, LZMA2) and without."""
+    cfg = config_from_dict({"model": {"name": model}})
+    g = {k: v.detach().clone() for k, v in initial_model(cfg).state_dict().items()}
+    gen = torch.Generator().manual_seed(0)
+    st = {k: v + 1e-3 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v for k, v in g.items()}
+    msg = UpdateMsg(federation="f", sender="c1", round=0, task_id="0" * 32, n_samples=45, base_sha256="0" * 64)
+    body, ref = pack({"state": st, "extra": {}}), delta_reference(g)
+    out: dict[str, Any] = {"model": model}
+    for name, kw in (("compressed", {"compress": True, "reference": ref}), ("uncompressed", {})):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            payload = encode(msg, body, **kw)
+        t1 = time.perf_counter()
+        for _ in range(reps):
+            decode(payload, reference=kw.get("reference"))
+        t2 = time.perf_counter()
+        out[name] = {"bytes": len(payload), "encode_ms": round(1000 * (t1 - t0) / reps, 2),
+                     "decode_ms": round(1000 * (t2 - t1) / reps, 2)}
+    return out
+
+
+def run_size(n: int, rounds: int, procs: int, profile: bool, model: str = "eegnet",
+             compress: bool = True) -> dict[str, Any]:
     """One federation of ``n`` clients on its own sized Mosquitto; the measurements of :mod:`this bench
     <neurofed.bench_fleet>`."""
     fed = f"fleet{n}-{os.getpid()}"
     body = largest_body(config_from_dict({"federation": {"name": fed, "strategy": "fedavg",
-                                                         "strategy_overrides": {"clip_mult": 0.0}}}))
+                                                         "strategy_overrides": {"clip_mult": 0.0}},
+                                          "model": {"name": model}}))
     broker = SizedMosquitto(n, body)
     prof = cProfile.Profile() if profile else None
     try:
         b0 = broker.cpu_s()
-        res = run_rounds(broker.url, n, False, rounds, procs=procs, fed=fed,
-                         federation={"join_timeout_s": max(300, n * 0.1), "round_deadline_s": max(300, n * 0.1)},
+        res = run_rounds(broker.url, n, False, rounds, procs=procs, fed=fed, model=model,
+                         federation={"join_timeout_s": max(300, n * 0.1), "round_deadline_s": max(300, n * 0.1),
+                                     "compress": compress},
                          profiler=prof)
         res["broker_cpu_s_total"] = round(broker.cpu_s() - b0, 2)
         res["broker_peak_rss_mb"] = round(broker.ps.memory_info().rss / 2**20, 1)
@@ -126,21 +153,24 @@ def run_size(n: int, rounds: int, procs: int, profile: bool) -> dict[str, Any]:
 
 
 def bench_fleet(sizes: list[int], rounds: int = 2, out: Path = Path("docs/bench/fleet_scale.json"),
-                swarm_procs: int = 0, profile: bool = False, clients: str | None = None) -> dict[str, Any]:
+                swarm_procs: int = 0, profile: bool = False, clients: str | None = None, model: str = "eegnet",
+                compress: bool = True) -> dict[str, Any]:
     """Run :func:`run_size` for each of ``sizes``; results (appended per size as they finish) to ``out``."""
     torch.set_num_threads(1)
     procs = swarm_procs or os.cpu_count() or 1
     clients = clients if clients is not None else ",".join(map(str, sizes))
     res: dict[str, Any] = {
         "command": f"neurofed bench fleet --clients {clients} --rounds {rounds} --out {out}"
-                   + (f" --swarm-procs {swarm_procs}" if swarm_procs else "") + (" --profile" if profile else ""),
-        "setting": SETTING, "swarm_processes": procs,
+                   + (f" --swarm-procs {swarm_procs}" if swarm_procs else "") + (" --profile" if profile else "")
+                   + (f" --model {model}" if model != "eegnet" else "") + ("" if compress else " --no-compress"),
+        "setting": SETTING.replace("EEGNet 21 ch", f"{model} 21 ch") + ("" if compress else "; compress = false"),
+        "swarm_processes": procs, "codec_per_update": codec_cost(model),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "load_average_start": os.getloadavg(), "torch": torch.__version__},
         "sizes": []}
     out.parent.mkdir(parents=True, exist_ok=True)
     for n in sizes:
-        row = run_size(n, rounds, procs, profile)
+        row = run_size(n, rounds, procs, profile, model, compress)
         row["load_average_after"] = os.getloadavg()
         res["sizes"].append(row)
         print(json.dumps(row["summary"]), flush=True)

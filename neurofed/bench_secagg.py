@@ -165,7 +165,8 @@ def _swarm_rounds(marks: list[tuple[str, int, float, int]]) -> dict[int, tuple[f
 
 def run_rounds(url: str, n: int, secure: bool, rounds: int, phase_s: float = 60.0, procs: int = 1, *,
                fed: str | None = None, swarm_urls: list[str] | None = None,
-               federation: dict[str, Any] | None = None, profiler: Any = None) -> dict[str, Any]:
+               federation: dict[str, Any] | None = None, profiler: Any = None, model: str = "eegnet"
+               ) -> dict[str, Any]:
     """One federation of ``n`` swarm clients, ``rounds`` rounds; per-round time, bytes, the coordinator's CPU and RSS.
 
     The coordinator runs here (a thread), the clients in ``procs`` child processes (each plays a contiguous
@@ -175,7 +176,7 @@ def run_rounds(url: str, n: int, secure: bool, rounds: int, phase_s: float = 60.
 
     ``fed``: the federation's name (default: a fresh one); ``swarm_urls``: one broker URL per swarm process
     (e.g. each with its own credentials; default ``url`` for all); ``federation``: overrides of its
-    ``[federation]`` section; ``profiler``: a :class:`cProfile.Profile` the coordinator's thread runs under. A
+    ``[federation]`` section; ``model``: the model's name; ``profiler``: a :class:`cProfile.Profile` the coordinator's thread runs under. A
     coordinator that fails (e.g. not every client joined in time) is raised here.
     """
     import psutil
@@ -185,7 +186,7 @@ def run_rounds(url: str, n: int, secure: bool, rounds: int, phase_s: float = 60.
                                            "round_deadline_s": 600, "strategy": "fedavg", "join_timeout_s": 300,
                                            "strategy_overrides": {"clip_mult": 0.0}, "secure_aggregation": secure,
                                            **(federation or {})},
-                            "secagg": {"phase_s": phase_s},
+                            "secagg": {"phase_s": phase_s}, "model": {"name": model},
                             "output": {"dir": f"/tmp/neurofed-bench/{fed}"}})
     me = psutil.Process()
     rss0 = me.memory_info().rss

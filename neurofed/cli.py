@@ -163,10 +163,12 @@ def bench_fleet(
     out: Path = typer.Option(Path("docs/bench/fleet_scale.json"), help="Result JSON."),
     swarm_procs: int = typer.Option(0, help="Processes playing the clients (0: one per CPU core).", min=0),
     profile: bool = typer.Option(False, help="Run the coordinator under cProfile; keep its top functions."),
+    model: str = typer.Option("eegnet", help="The federation's model (eegnet, shallow, deep)."),
+    compress: bool = typer.Option(True, help="[federation] compress: delta-coded, bit-shuffled LZMA2 bodies."),
 ) -> None:
     """Rounds of N clients through a Mosquitto sized by broker-config: time per round, coordinator RSS and CPU
     per update, bytes, broker CPU; every join and update accounted for (no training)."""
-    run_fleet_bench(parse_int_list(clients, "--clients"), rounds, out, swarm_procs, profile, clients)
+    run_fleet_bench(parse_int_list(clients, "--clients"), rounds, out, swarm_procs, profile, clients, model, compress)
 
 
 def bench_standalone(
