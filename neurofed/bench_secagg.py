@@ -218,8 +218,8 @@ def run_rounds(url: str, n: int, secure: bool, rounds: int, phase_s: float = 60.
     cpu = [me.cpu_times()]
     while ct.is_alive():  # the coordinator's per-round counters: snapshot at every round's end
         peak = max(peak, me.memory_info().rss)
-        if t_joined is None and coord.current is not None:
-            t_joined = time.monotonic()
+        if t_joined is None and coord.current is not None:  # the first round opened: the join phase is over
+            t_joined, cpu[0] = time.monotonic(), me.cpu_times()
         if len(coord.metrics) > seen:
             seen = len(coord.metrics)
             snaps.append(coord.transport.bytes_in + coord.transport.bytes_out)

@@ -75,6 +75,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/firmware_sim/test_profile.py": "unit",             # 2 integration (CLI streaming) marked
     # neurofed/
     "tests/neurofed/test_bench_e2e.py": "e2e",                # 1 integration (bad options) marked
+    "tests/neurofed/test_bench_fleet.py": "integration",
     "tests/neurofed/test_bench_secagg.py": "unit",
     "tests/neurofed/test_demo.py": "e2e",
     "tests/neurofed/test_preflight.py": "unit",
