@@ -34,6 +34,7 @@ from neurofed.broker.coordinator import initial_model, largest_body
 from neurofed.broker.embedded import free_port, port_open
 from neurofed.broker.protocol import UpdateMsg, decode, delta_reference, encode, pack
 from neurofed.broker.secure import BrokerLimits
+from neurofed.broker.validation import UpdateRules, check_update, tensor_specs
 from neurofed.trainer.errors import NeuroFedError
 
 #: the federation every size runs (:func:`neurofed.bench_secagg.run_rounds`'s plain rounds)
@@ -92,7 +93,8 @@ def top_functions(prof: cProfile.Profile, n: int = 25) -> list[dict[str, Any]]:
 
 def codec_cost(model: str, reps: int = 5) -> dict[str, Any]:
     """Per update, in process: the bytes of one swarm update of ``model`` and the time to encode it (a client)
-    and decode it (the coordinator), with the default compression (delta, bit-shuffle, LZMA2) and without."""
+    and decode it (the coordinator), with the default compression (delta, bit-shuffle, LZMA2) and without, and
+    the coordinator's validation of it (``validate_ms``)."""
     cfg = config_from_dict({"model": {"name": model}})
     g = {k: v.detach().clone() for k, v in initial_model(cfg).state_dict().items()}
     gen = torch.Generator().manual_seed(0)
@@ -110,6 +112,14 @@ def codec_cost(model: str, reps: int = 5) -> dict[str, Any]:
         t2 = time.perf_counter()
         out[name] = {"bytes": len(payload), "encode_ms": round(1000 * (t1 - t0) / reps, 2),
                      "decode_ms": round(1000 * (t2 - t1) / reps, 2)}
+    # the coordinator's validation of one decoded update (shapes, finiteness, the absurd-update distance)
+    rules = UpdateRules(round=0, task_id="0" * 32, base_sha256="0" * 64, selected=frozenset({"c1"}),
+                        state_specs=tensor_specs(g), extra_specs={}, global_state=g, max_update_ratio=10.0)
+    got = decode(encode(msg, body))
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        check_update(got[0], got[1], rules, set(), set())
+    out["validate_ms"] = round(1000 * (time.perf_counter() - t0) / reps, 3)
     return out
 
 
