@@ -67,7 +67,11 @@ class LocalStore:
 
     def __init__(self, path: str | os.PathLike, subject: str = "local", classes: Sequence[str] | None = None) -> None:
         self.path = Path(path)
-        (self.path / "trials").mkdir(parents=True, exist_ok=True)
+        try:
+            (self.path / "trials").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            what = NO_ROOM.get(exc.errno or 0, "cannot create the store")
+            raise StoreWriteError(f"{self.path}: {what} ({exc.strerror or exc})") from None
         self.index_path = self.path / "index.jsonl"
         self.meta_path = self.path / "meta.json"
         self.subject = subject

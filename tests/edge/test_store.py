@@ -154,6 +154,12 @@ def test_full_disk_writing_the_index_line_cuts_it_back_and_removes_the_trial_fil
     assert len(again) == 3 and again.verify() == [] and again.append(_trial(8)) == 3
 
 
+def test_a_store_that_cannot_be_created_is_one_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StoreWriteError, match="cannot create the store"):
+        LocalStore(tmp_path / "file" / "st")  # a file where its parent folder should be
+
+
 def test_full_disk_on_fsync_is_one_error_too(tmp_path, monkeypatch):
     store, index, _ = _full_store(tmp_path, 1)
     monkeypatch.setattr("neurofed.edge.store.os.fsync", _enospc)
