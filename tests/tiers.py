@@ -30,12 +30,14 @@ FILE_TIERS: dict[str, str] = {
     "tests/broker/test_coordinator_cli.py": "integration",   # 2 unit tests marked in the file
     "tests/broker/test_equivalence.py": "unit",               # the real-process case is marked integration
     "tests/broker/test_fedbm_wire.py": "integration",
+    "tests/broker/test_fleet_broker.py": "integration",       # 1 unit test marked in the file
     "tests/broker/test_fuzz.py": "integration",
     "tests/broker/test_hostile.py": "integration",            # 1 unit test marked in the file
     "tests/broker/test_memory_broker.py": "unit",
     "tests/broker/test_profiles_mqtt.py": "integration",      # 1 unit, 1 e2e (kill -9 and resume) marked
     "tests/broker/test_protocol.py": "unit",
-    "tests/broker/test_reliability.py": "e2e",                # kill -9, resume, broker restart mid-training
+    "tests/broker/test_reliability.py": "e2e",
+    "tests/broker/test_rounds.py": "unit",                # kill -9, resume, broker restart mid-training
     "tests/broker/test_secagg_mqtt.py": "integration",        # 1 unit test marked in the file
     "tests/broker/test_secagg_round.py": "unit",
     "tests/broker/test_secagg_swarm.py": "integration",
@@ -74,6 +76,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/firmware_sim/test_profile.py": "unit",             # 2 integration (CLI streaming) marked
     # neurofed/
     "tests/neurofed/test_bench_e2e.py": "e2e",                # 1 integration (bad options) marked
+    "tests/neurofed/test_bench_fleet.py": "integration",
     "tests/neurofed/test_bench_secagg.py": "unit",
     "tests/neurofed/test_demo.py": "e2e",
     "tests/neurofed/test_preflight.py": "unit",
