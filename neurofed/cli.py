@@ -1,5 +1,5 @@
 """The ``neurofed`` command: each package's CLI contributes its commands through ``register(app, bench)``, and the
-typer adapters of the lab in ``neurofed/`` (``demo``, ``bench e2e/lsl/secagg/standalone``) are here: the lab
+typer adapters of the lab in ``neurofed/`` (``demo``, ``bench e2e/lsl/secagg/fleet/standalone``) are here: the lab
 modules hold plain Python functions and import no CLI.
 
 Errors NeuroFed raises on purpose (:class:`neurofed.trainer.errors.NeuroFedError`) print one clear line
@@ -36,9 +36,11 @@ try:
 except ImportError as _exc:
     run_runtime_bench, _runtime_exc = None, _exc
 try:
+    from neurofed.bench_fleet import bench_fleet as run_fleet_bench
     from neurofed.bench_secagg import bench_secagg as run_secagg_bench
 except ImportError as _exc:
-    run_secagg_bench, _secagg_exc = None, _exc
+    run_secagg_bench = run_fleet_bench = None
+    _secagg_exc = _exc
 try:
     from neurofed.bench_e2e import bench_e2e as run_e2e_bench
     from neurofed.edge.bench_lsl import run_bench as run_lsl_bench
@@ -159,6 +161,20 @@ def bench_secagg(
     run_secagg_bench(parse_int_list(clients, "--clients"), rounds, broker, out, core, swarm_procs, clients)
 
 
+def bench_fleet(
+    clients: str = typer.Option("100,1000,10000", help="Client counts, comma-separated."),
+    rounds: int = typer.Option(2, help="Rounds per federation (clients join before the first).", min=1),
+    out: Path = typer.Option(Path("docs/bench/fleet_scale.json"), help="Result JSON."),
+    swarm_procs: int = typer.Option(0, help="Processes playing the clients (0: one per CPU core).", min=0),
+    profile: bool = typer.Option(False, help="Run the coordinator under cProfile; keep its top functions."),
+    model: str = typer.Option("eegnet", help="The federation's model (eegnet, shallow, deep)."),
+    compress: bool = typer.Option(True, help="[federation] compress: delta-coded, bit-shuffled LZMA2 bodies."),
+) -> None:
+    """Rounds of N clients through a Mosquitto sized by broker-config: time per round, coordinator RSS and CPU
+    per update, bytes, broker CPU; every join and update accounted for (no training)."""
+    run_fleet_bench(parse_int_list(clients, "--clients"), rounds, out, swarm_procs, profile, clients, model, compress)
+
+
 def bench_standalone(
     checkpoint: Annotated[Path, typer.Option(help="trained .safetensors checkpoint")],
     subjects: Annotated[str, typer.Option(help="held-out EEGMMIDB subjects, e.g. '13-19'")] = "13-16",
@@ -227,6 +243,7 @@ else:
     print(f"warning: standalone benchmark unavailable ({_standalone_exc})", file=sys.stderr)
 if run_secagg_bench is not None:
     bench.command("secagg")(bench_secagg)
+    bench.command("fleet")(bench_fleet)
 else:
     print(f"warning: secure aggregation benchmark unavailable ({_secagg_exc})", file=sys.stderr)
 if run_e2e_bench is not None and run_lsl_bench is not None:
