@@ -55,7 +55,8 @@ myst_heading_anchors = 4  # GitHub-style anchors: the pages' links such as proto
 suppress_warnings: list[str] = []
 
 # ---- API reference (autodoc, numpy docstrings) -------------------------------------------------------------------
-autodoc_default_options = {"members": True, "member-order": "bysource"}
+# each object documented where it is defined: a name a module re-exports in __all__ is not documented again there
+autodoc_default_options = {"members": True, "member-order": "bysource", "ignore-module-all": True}
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
 autodoc_preserve_defaults = True

@@ -60,8 +60,10 @@ for d in apps/web apps/node; do
   fi
 done
 
-# 4. Python: this checkout with the test extras (torch is pinned to the CPU build in pyproject.toml).
-say "pip install -e '.[dev,moabb,attacks,grid]'"
+# 4. Python: the torch-free runtime (runtime/, not on PyPI: the main package depends on it), then this checkout with
+#    the test extras (torch is pinned to the CPU build in pyproject.toml).
+say "pip install -e runtime/ && pip install -e '.[dev,moabb,attacks,grid]'"
+pip install -q -e runtime/
 pip install -q -e '.[dev,moabb,attacks,grid]'
 
 # 5. Every tier (unit, integration, e2e; tests/tiers.py), on every core (pytest-xdist; tests that stream over

@@ -67,9 +67,10 @@ def test_onnx_metadata_reference_covers_the_model_card(nd):
     from neurofed.export.runtime import OnnxModelMeta
 
     page = nd.onnx_metadata_reference()
-    for key in [*OnnxModelMeta.model_fields, *StandaloneInfo.model_fields]:
+    for key in [*OnnxModelMeta.model_fields, *(f[0] for f in nd.model_fields(StandaloneInfo))]:
         assert f"\n``{key}`` (" in page, key
     assert "Class names in logit order." in page  # ModelMeta's numpy docstring reaches the table
+    assert "``state_size`` (integer, required)" in page
 
 
 def test_studies_index_with_and_without_studies(nd, tmp_path):

@@ -256,16 +256,33 @@ def _entry(key: str, kind: str, default: str, bounds: str, meaning: str) -> str:
     return f"{key} ({facts})\n: {meaning or '—'}\n"
 
 
+def model_fields(model: type) -> list[tuple[str, Any, Any, str]]:
+    """``[(name, annotation, default or REQUIRED, description), ...]`` of a pydantic model or a dataclass."""
+    if dataclasses.is_dataclass(model):
+        hints = typing.get_type_hints(model)
+        out = []
+        for f in dataclasses.fields(model):
+            default = (f.default if f.default is not dataclasses.MISSING else
+                       f.default_factory() if f.default_factory is not dataclasses.MISSING else REQUIRED)
+            out.append((f.name, hints.get(f.name), default, ""))
+        return out
+    return [(k, f.annotation, REQUIRED if f.is_required() else f.get_default(call_default_factory=True),
+             f.description or "") for k, f in model.model_fields.items()]
+
+
+REQUIRED = object()
+
+
 def _model_entries(model: Any, also: tuple[type, ...] = ()) -> list[str]:
-    """Every field of a pydantic model as :func:`_entry` definitions."""
+    """Every field of a pydantic model or dataclass as :func:`_entry` definitions."""
     docs: dict[str, str] = {}
     for cls in (*also, model):  # ``also``: classes whose fields the model copies (their descriptions count)
         docs.update(attribute_docs(cls))
     lines = []
-    for key, field in model.model_fields.items():
-        default = "required" if field.is_required() else f"``{_toml(field.get_default(call_default_factory=True))}``"
-        lines.append(_entry(f"``{key}``", _type_name(field.annotation), default, "",
-                            _cell(field.description or docs.get(key, ""))).replace("default required", "required"))
+    for key, annotation, default, description in model_fields(model):
+        shown = "required" if default is REQUIRED else f"``{_toml(default)}``"
+        lines.append(_entry(f"``{key}``", _type_name(annotation), shown, "",
+                            _cell(description or docs.get(key, ""))).replace("default required", "required"))
     return lines
 
 
@@ -286,7 +303,7 @@ def onnx_metadata_reference() -> str:
         *_model_entries(OnnxModelMeta, also=(ModelMeta,)),
         "## `standalone`: the standalone graph (`neurofed export --standalone`)",
         "",
-        "Present only in a standalone export ({py:class}`neurofed.export.decoder.StandaloneInfo`, no other keys",
+        f"Present only in a standalone export ({{py:class}}`{StandaloneInfo.__module__}.StandaloneInfo`, no other keys",
         "allowed): what an app needs to feed the graph raw device windows and carry its state.",
         "",
         *_model_entries(StandaloneInfo),
