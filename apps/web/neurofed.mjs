@@ -220,6 +220,9 @@ export class LiveSession {
     }
     this.hello = msg;
     this.state = this.dec.initialState();
+    // one throw-away run before the first window: the first run of a session compiles/allocates (~200 ms in WASM)
+    const warm = new Float32Array(this.dec.nCh * this.dec.nSamples).map((_, i) => Math.sin(i));
+    this.chain = this.chain.then(() => this.dec.run(warm, this.dec.initialState())).catch(() => {});
     this.cb.onHello?.(msg);
   }
 
