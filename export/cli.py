@@ -394,6 +394,21 @@ def app_serve_cmd(
         stats_out.write_text(json.dumps(stats, indent=1))
 
 
+@app_cli.command("path")
+def app_path_cmd(
+    which: Annotated[str, typer.Argument(help="web (the pages) or node (the Node scripts)")] = "node",
+) -> None:
+    """Print where the installed apps are (copy the folder above it to run the Node apps: `npm ci` in node/)."""
+    from neurofed.export.apps import (  # lazy: onnx, onnxruntime (keeps --help fast)
+        packaged_node,
+        packaged_web,
+    )
+
+    if which not in ("web", "node"):
+        raise typer.BadParameter(f"{which!r}: web or node")
+    print(packaged_web() if which == "web" else packaged_node())
+
+
 def bench_onnx(
     reps: Annotated[int, typer.Option(help="timed forward passes per case")] = 500,
     warmup: Annotated[int, typer.Option()] = 50,
