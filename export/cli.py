@@ -418,9 +418,25 @@ def bench_onnx(
     export_bench.bench_onnx(reps, warmup, out_dir)
 
 
+def bench_web_cmd(
+    bundle: Annotated[Path, typer.Option(help="app bundle (neurofed app bundle) whose recording is decoded")],
+    reps: Annotated[int, typer.Option(help="timed windows per case")] = 300,
+    warmup: Annotated[int, typer.Option()] = 20,
+    out_dir: Annotated[Path, typer.Option()] = export_bench.BENCH_DIR,
+    name: Annotated[str, typer.Option(help="JSON name in OUT_DIR")] = "web",
+) -> None:
+    """Per-window inference in headless Chromium: WASM SIMD/threads, graph optimisation, WebGPU, WebNN."""
+    from neurofed.export.apps import packaged_web  # lazy: onnx, onnxruntime (keeps --help fast)
+
+    with console.status("benchmarking onnxruntime-web in headless Chromium..."):
+        path = export_bench.bench_web(bundle, reps, warmup, out_dir, packaged_web(), name)
+    console.print(f"wrote {path}")
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this package's commands (and benchmarks) to the CLI."""
     app.add_typer(app_cli, name="app")
     app.command("export")(export_cmd)
     app.command("evaluate")(evaluate_cmd)
     bench.command("onnx")(bench_onnx)
+    bench.command("web")(bench_web_cmd)

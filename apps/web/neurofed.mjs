@@ -58,12 +58,13 @@ export class StandaloneDecoder {
     this.nSamples = this.sa.window_samples;
   }
 
-  /** Load a model (URL, path or bytes) with its metadata; one intra-op thread. */
-  static async create(ort, model, meta, executionProviders) {
+  /** Load a model (URL, path or bytes) with its metadata; one intra-op thread unless `options` say otherwise. */
+  static async create(ort, model, meta, executionProviders, options = {}) {
     const session = await ort.InferenceSession.create(model, {
       executionProviders,
       graphOptimizationLevel: "all",
       intraOpNumThreads: 1,
+      ...options,
     });
     return new StandaloneDecoder(ort, session, meta);
   }
