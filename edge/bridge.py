@@ -375,7 +375,7 @@ class LiveBridge:
         pending_t: list[float] = []
         next_eeg = time.monotonic() + EEG_EVERY
         last_data = time.monotonic()
-        silent = False
+        silent = started = False
         seen_skips = 0
         while not self._stop.is_set():
             data, ts = eeg.pull(wait=POLL_SECONDS)
@@ -397,12 +397,17 @@ class LiveBridge:
                 last_data = mono
                 if silent:
                     silent = False
-                    self.status("info", f"stream {cfg.stream!r} is back")
+                    self.status("info", f"stream {cfg.stream!r} is back" if started else
+                                f"stream {cfg.stream!r} started")
+                started = True
             elif not silent and mono - last_data > cfg.stall_s:
                 silent = True
-                self.stats.stalls += 1
-                self.status("warning", f"no samples from stream {cfg.stream!r} for {cfg.stall_s:g} s "
-                                       "(headset disconnected?); waiting for it to come back")
+                if started:
+                    self.stats.stalls += 1
+                    self.status("warning", f"no samples from stream {cfg.stream!r} for {cfg.stall_s:g} s "
+                                           "(headset disconnected?); waiting for it to come back")
+                else:
+                    self.status("info", f"waiting for the first samples of stream {cfg.stream!r}")
             if pending and mono >= next_eeg:
                 chunk = np.concatenate(pending)
                 self._send({"type": "eeg", "t0": pending_t[0], "t1": pending_t[-1], "n": len(chunk),

@@ -172,12 +172,13 @@ def bench_onnx(reps: int = 500, warmup: int = 50, out_dir: Path = BENCH_DIR) -> 
 #: bundle (``wasm`` = the plain SIMD build the pages load; ``jsep`` = ``ort.min.js``, the bundle the replay page
 #: loaded before, whose WASM also carries the WebGPU/WebNN glue), ``threads`` > 1 needs the server's COOP/COEP.
 WEB_CASES: tuple[tuple[str, str, str], ...] = (
-    ("wasm simd, 1 thread, opt all (the live page)", "build=wasm&ep=wasm&threads=1&opt=all", "cpu"),
+    ("wasm simd, 1 thread, opt all", "build=wasm&ep=wasm&threads=1&opt=all", "cpu"),
     ("jsep bundle (ort.min.js), 1 thread, opt all (the replay page before)", "build=jsep&ep=wasm&threads=1&opt=all",
      "cpu"),
     ("wasm simd, 2 threads (cross-origin isolated), opt all", "build=wasm&ep=wasm&threads=2&opt=all", "cpu"),
     ("wasm simd, 1 thread, opt disabled", "build=wasm&ep=wasm&threads=1&opt=disabled", "cpu"),
-    ("wasm simd, 1 thread, opt basic", "build=wasm&ep=wasm&threads=1&opt=basic", "cpu"),
+    ("wasm simd, 1 thread, opt basic (the pages' default)", "build=wasm&ep=wasm&threads=1&opt=basic", "cpu"),
+    ("wasm simd, 1 thread, opt extended", "build=wasm&ep=wasm&threads=1&opt=extended", "cpu"),
     ("wasm simd, 1 thread, model pre-optimised offline (onnxruntime, extended)",
      "build=wasm&ep=wasm&threads=1&opt=all&model=data/model_ort_extended.onnx", "cpu"),
     ("webgpu (ort.webgpu.min.js)", "build=webgpu&ep=webgpu&threads=1&opt=all", "gpu"),
