@@ -60,6 +60,8 @@ logger = logging.getLogger("neurofed.edge")
 PROTOCOL = "neurofed-live/1"
 #: Largest message a client may send (its predictions are ~200 bytes); bigger ones close its connection.
 MAX_MESSAGE = 64 * 1024
+#: Bytes queued to one client beyond which messages to it are dropped (a stuck client; ~150 windows).
+MAX_BACKLOG = 8 * 1024 * 1024
 #: Seconds between ``eeg`` display messages.
 EEG_EVERY = 0.05
 #: Seconds of stream the ring buffer holds beyond one window (late cue markers still find their data).
@@ -187,6 +189,7 @@ class LiveBridge:
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clients: set[ServerConnection] = set()
+        self._lagging: set[ServerConnection] = set()
         self._threads: list[threading.Thread] = []
         self._start_error: str | None = None
         self._lock = threading.Lock()
@@ -303,6 +306,7 @@ class LiveBridge:
                                peer, MAX_MESSAGE)
         finally:
             self._clients.discard(ws)
+            self._lagging.discard(ws)
             logger.info("bridge: client %s left%s", peer, f" ({garbage} bad messages)" if garbage else "")
 
     def _client_message(self, msg: str | bytes) -> str | None:
@@ -331,9 +335,25 @@ class LiveBridge:
             return
         text = json.dumps(doc)
         try:
-            loop.call_soon_threadsafe(lambda: broadcast(set(self._clients), text))
+            loop.call_soon_threadsafe(self._broadcast, text)
         except RuntimeError:  # the loop is closing
             pass
+
+    def _broadcast(self, text: str) -> None:
+        """Send to every client that keeps up (runs in the event loop); one stuck client cannot fill memory."""
+        ready = set()
+        for ws in self._clients:
+            transport = getattr(ws, "transport", None)
+            backlog = transport.get_write_buffer_size() if transport is not None else 0
+            if backlog > MAX_BACKLOG:
+                if ws not in self._lagging:
+                    self._lagging.add(ws)
+                    logger.warning("bridge: a client is %d MB behind; dropping its messages until it catches up",
+                                   backlog >> 20)
+                continue
+            self._lagging.discard(ws)
+            ready.add(ws)
+        broadcast(ready, text)
 
     def status(self, level: str, message: str) -> None:
         """Log ``message`` and show it on every page."""
