@@ -182,7 +182,9 @@ WEB_CASES: tuple[tuple[str, str, str], ...] = (
     ("wasm simd, 1 thread, model pre-optimised offline (onnxruntime, extended)",
      "build=wasm&ep=wasm&threads=1&opt=all&model=data/model_ort_extended.onnx", "cpu"),
     ("webgpu (ort.webgpu.min.js)", "build=webgpu&ep=webgpu&threads=1&opt=all", "gpu"),
+    ("webgpu, wasm fallback for what WebGPU cannot run", "build=webgpu&ep=webgpu,wasm&threads=1&opt=basic", "gpu"),
     ("webnn (ort.all.min.js)", "build=all&ep=webnn&threads=1&opt=all", "gpu"),
+    ("webnn, wasm fallback", "build=all&ep=webnn,wasm&threads=1&opt=basic", "gpu"),
 )
 #: Chromium flags per group: ``cpu`` = the tests' headless browser; ``gpu`` = WebGPU/WebNN switched on (software
 #: adapters only on this machine: no GPU).
@@ -195,14 +197,14 @@ WEB_FLAGS = {
 
 
 def bench_web(bundle: Path, reps: int = 300, warmup: int = 20, out_dir: Path = BENCH_DIR,
-              web: Path | None = None, name: str = "web", rounds: int = 3) -> Path:
+              web: Path | None = None, name: str = "web", rounds: int = 3, only: str | None = None) -> Path:
     """Per-window inference of the standalone graph in headless Chromium, one case of :data:`WEB_CASES` each.
 
     The page ``bench.html`` decodes the bundle's recording with a carried state; every case runs ``rounds`` times
     (``reps / rounds`` timed windows after ``warmup``), the cases interleaved round by round so that a change of
     the machine's load hits all of them alike; quantiles are over the pooled windows. Each case's probabilities
     are compared with onnxruntime's (Python). A case the browser cannot run (no WebGPU adapter, no WebNN) is
-    recorded with its error. Writes ``docs/bench/<name>.json``.
+    recorded with its error. ``only``: run just the cases whose label contains it. Writes ``docs/bench/<name>.json``.
     """
     import os
     import shutil
@@ -220,7 +222,8 @@ def bench_web(bundle: Path, reps: int = 300, warmup: int = 20, out_dir: Path = B
     ref = python_replay(bundle)
     load = [os.getloadavg()]
     per = max(1, reps // rounds)
-    runs: dict[str, list[dict]] = {label: [] for label, _, _ in WEB_CASES}
+    cases = [c for c in WEB_CASES if only is None or only in c[0]]
+    runs: dict[str, list[dict]] = {label: [] for label, _, _ in cases}
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         shutil.copytree(bundle, data)
@@ -234,6 +237,8 @@ def bench_web(bundle: Path, reps: int = 300, warmup: int = 20, out_dir: Path = B
         httpd = serve(web, data, port=port)
         try:
             for group, flags in WEB_FLAGS.items():
+                if not any(g == group for *_, g in cases):
+                    continue
                 opts = webdriver.ChromeOptions()
                 opts.binary_location = chromium
                 for a in flags:
@@ -241,7 +246,7 @@ def bench_web(bundle: Path, reps: int = 300, warmup: int = 20, out_dir: Path = B
                 d = webdriver.Chrome(service=Service(driver), options=opts)
                 try:
                     for r in range(rounds if group == "cpu" else 1):
-                        for label, query, g in WEB_CASES:
+                        for label, query, g in cases:
                             if g != group:
                                 continue
                             d.get(f"http://127.0.0.1:{port}/bench.html?{query}&reps={per}&warmup={warmup}")
@@ -257,12 +262,13 @@ def bench_web(bundle: Path, reps: int = 300, warmup: int = 20, out_dir: Path = B
         finally:
             httpd.shutdown()
     results = []
-    for label, query, _ in WEB_CASES:
+    for label, query, _ in cases:
         rs = runs[label]
         ok = [r for r in rs if "error" not in r]
         res: dict = {"case": label, "query": query}
         if not ok:
-            res["error"] = rs[0]["error"] if rs else "not run"
+            res.update({k: v for k, v in (rs[0] if rs else {"error": "not run"}).items()
+                        if k in ("error", "crossOriginIsolated", "webgpu", "webgpuAdapter", "webnn", "userAgent")})
         else:
             ms = np.concatenate([r["ms"] for r in ok])
             probs = np.array(ok[0]["probs"])

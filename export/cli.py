@@ -424,12 +424,13 @@ def bench_web_cmd(
     warmup: Annotated[int, typer.Option()] = 20,
     out_dir: Annotated[Path, typer.Option()] = export_bench.BENCH_DIR,
     name: Annotated[str, typer.Option(help="JSON name in OUT_DIR")] = "web",
+    only: Annotated[str | None, typer.Option(help="run only the cases whose label contains this")] = None,
 ) -> None:
     """Per-window inference in headless Chromium: WASM SIMD/threads, graph optimisation, WebGPU, WebNN."""
     from neurofed.export.apps import packaged_web  # lazy: onnx, onnxruntime (keeps --help fast)
 
     with console.status("benchmarking onnxruntime-web in headless Chromium..."):
-        path = export_bench.bench_web(bundle, reps, warmup, out_dir, packaged_web(), name)
+        path = export_bench.bench_web(bundle, reps, warmup, out_dir, packaged_web(), name, only=only)
     console.print(f"wrote {path}")
 
 

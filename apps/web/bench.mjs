@@ -1,6 +1,6 @@
 // Per-window inference time of the standalone graph in this browser (`neurofed bench web` drives it).
 // Query: build=wasm|jsep|webgpu|all (which onnxruntime-web bundle: ort.wasm.min.js, ort.min.js, ort.webgpu.min.js,
-// ort.all.min.js), ep=wasm|webgpu|webnn, threads=N (WASM threads; > 1 needs cross-origin isolation), opt=all|
+// ort.all.min.js), ep=wasm|webgpu|webnn (comma list: fallbacks, e.g. webgpu,wasm), threads=N (WASM threads; > 1 needs cross-origin isolation), opt=all|
 // extended|basic|disabled (graph optimisation), model=data/model.onnx, reps=300, warmup=20.
 // Windows: the bundle's recording (data/recording.*), decoded in order with a carried state, restarted per pass.
 // Result: window.bench (p50/p90/p99 ms, probabilities of the first pass, environment) or window.bench.error.
@@ -24,6 +24,7 @@ function load(src) {
   });
 }
 
+let env = {};
 const q = (xs, f) => xs[Math.min(xs.length - 1, Math.floor(f * xs.length))];
 
 async function main() {
@@ -31,7 +32,7 @@ async function main() {
   await load(dist + BUILDS[cfg.build]);
   ort.env.wasm.numThreads = cfg.threads;
   ort.env.wasm.wasmPaths = new URL(dist, location.href).href;
-  const env = {
+  env = {
     crossOriginIsolated: self.crossOriginIsolated, hardwareConcurrency: navigator.hardwareConcurrency,
     userAgent: navigator.userAgent, webgpu: "gpu" in navigator, webnn: "ml" in navigator,
   };
@@ -44,7 +45,7 @@ async function main() {
   const windows = recordingWindows(doc, new Uint8Array(await (await fetch("data/recording.bin")).arrayBuffer()));
   const model = new Uint8Array(await (await fetch(cfg.model)).arrayBuffer());
   const t0 = performance.now();
-  const dec = await StandaloneDecoder.create(ort, model, meta, [cfg.ep], { graphOptimizationLevel: cfg.opt,
+  const dec = await StandaloneDecoder.create(ort, model, meta, cfg.ep.split(","), { graphOptimizationLevel: cfg.opt,
     intraOpNumThreads: cfg.threads });
   const loadMs = performance.now() - t0;
   let state = dec.initialState();
@@ -67,6 +68,6 @@ async function main() {
 }
 
 main().catch((err) => {
-  window.bench = { ...cfg, error: err.message ?? String(err) };
+  window.bench = { ...cfg, ...env, error: err.message ?? String(err) };
   document.getElementById("out").textContent = `error: ${window.bench.error}`;
 });
