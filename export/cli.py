@@ -298,8 +298,8 @@ def evaluate_cmd(
         console.print(f"wrote {json_out}")
 
 
-app_cli = typer.Typer(help="Apps: bundle a standalone model with a real recording, serve the browser page.",
-                      no_args_is_help=True)
+app_cli = typer.Typer(help="Apps: bundle a standalone model with a real recording, serve the browser page "
+                           "(replay, or live from a LSL stream with --stream).", no_args_is_help=True)
 
 
 @app_cli.command("bundle")
