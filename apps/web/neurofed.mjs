@@ -60,14 +60,14 @@ export class StandaloneDecoder {
 
   /**
    * Load a model (URL, path or bytes) with its metadata; one intra-op thread unless `options` say otherwise.
-   * Graph optimisation: "basic" in WASM (onnxruntime-web's "all" made this graph ~2.5x slower per window,
+   * Graph optimisation: "extended" in WASM (onnxruntime-web's "all" made this graph ~2x slower per window,
    * docs/benchmarks/web.md), "all" natively (onnxruntime-node).
    */
   static async create(ort, model, meta, executionProviders, options = {}) {
     const wasm = (executionProviders ?? []).some((ep) => (ep.name ?? ep) === "wasm");
     const session = await ort.InferenceSession.create(model, {
       executionProviders,
-      graphOptimizationLevel: wasm ? "basic" : "all",
+      graphOptimizationLevel: wasm ? "extended" : "all",
       intraOpNumThreads: 1,
       ...options,
     });
