@@ -10,8 +10,9 @@
 * ``recording.json`` -- rate, unit, channels, window length, class names, the cue label of
   every window and which session (run file) it came from.
 
-``neurofed app serve`` serves ``apps/web`` (the page, ``node_modules/onnxruntime-web``) and a
-bundle on localhost: a static page, no build step.
+``neurofed app serve`` serves the page (``apps/web``, shipped in the package as ``neurofed/apps/web`` with the
+onnxruntime-web files it loads) and a bundle on localhost: a static page, no build step. With ``--stream`` it
+also starts the live bridge (:mod:`neurofed.edge.bridge`) and the page ``live.html`` decodes the stream.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import logging
 import os
 import shutil
 import threading
+import urllib.parse
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -120,7 +122,61 @@ def python_replay(folder: str | os.PathLike) -> np.ndarray:
     return np.array(out)
 
 
+#: Where the page loads onnxruntime-web from (URL path); served from :func:`ort_dist`.
+ORT_URL = "/node_modules/onnxruntime-web/dist/"
+#: The onnxruntime-web files the pages use (the plain WASM build; a wheel ships these, see pyproject.toml).
+ORT_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+
+
+def packaged_web() -> Path:
+    """The browser app's folder: ``neurofed/apps/web`` of the installed package (``apps/web`` in a checkout)."""
+    import importlib.resources
+
+    return Path(str(importlib.resources.files("neurofed.apps") / "web"))
+
+
+def packaged_node() -> Path:
+    """The Node apps' folder (``apps/node`` in a checkout); they import ``../web/neurofed.mjs``."""
+    return packaged_web().parent / "node"
+
+
+def ort_dist(web: str | os.PathLike | None = None) -> Path:
+    """onnxruntime-web's ``dist`` folder: ``$NEUROFED_ORT_WEB``, else ``WEB/node_modules/onnxruntime-web/dist``."""
+    env = os.environ.get("NEUROFED_ORT_WEB")
+    base = Path(web) if web is not None else packaged_web()
+    dist = Path(env) if env else base / "node_modules" / "onnxruntime-web" / "dist"
+    missing = [f for f in ORT_FILES if not (dist / f).is_file()]
+    if missing:
+        raise NeuroFedError(
+            f"{dist}: onnxruntime-web is missing ({', '.join(missing)}); run `npm ci` in apps/web "
+            "(a checkout), or point $NEUROFED_ORT_WEB at an onnxruntime-web 1.30 dist folder")
+    return dist
+
+
+def live_data(model: str | os.PathLike, out_dir: str | os.PathLike, ws_url: str) -> tuple[Path, Any]:
+    """``model.onnx``, ``model.json`` and ``live.json`` (the bridge's address) for the live page in ``out_dir``.
+
+    The model is loaded once (:class:`StandaloneModel`: metadata validated, graph opened), so a bad file is
+    refused here in one line rather than in the page. Returns ``(out_dir, metadata)``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sm = StandaloneModel(model)
+    shutil.copyfile(model, out / "model.onnx")
+    (out / "model.json").write_text(sm.meta.model_dump_json(indent=1))
+    (out / "live.json").write_text(json.dumps({"ws": ws_url}))
+    return out, sm.meta
+
+
 class _Handler(http.server.SimpleHTTPRequestHandler):
+    """Static files of the page; ``/data/`` from the data folder, onnxruntime-web from :func:`ort_dist`.
+
+    Every response is cross-origin isolated (COOP/COEP): onnxruntime-web's multi-threaded WASM needs
+    ``SharedArrayBuffer``, which browsers give only to isolated pages.
+    """
+
+    data_dir: Path | None = None
+    ort_dir: Path | None = None
     extensions_map: ClassVar[dict[str, str]] = {
         **http.server.SimpleHTTPRequestHandler.extensions_map,
         ".js": "text/javascript",
@@ -130,28 +186,50 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         ".bin": "application/octet-stream",
     }
 
+    def translate_path(self, path: str) -> str:
+        clean = urllib.parse.unquote(path.split("?", 1)[0].split("#", 1)[0])
+        for prefix, root in (("/data/", self.data_dir), (ORT_URL, self.ort_dir)):
+            if root is not None and clean.startswith(prefix):
+                rel = Path(clean[len(prefix):])
+                if ".." in rel.parts:
+                    return str(root / "__refused__")
+                return str(root / rel)
+        return super().translate_path(path)
+
+    def end_headers(self) -> None:
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        self.send_header("Cache-Control", "no-store")
+        super().end_headers()
+
     def log_message(self, fmt: str, *args: Any) -> None:  # quiet: one debug line per request
         logger.debug("http %s", fmt % args)
 
 
-def serve(web_dir: str | os.PathLike, bundle: str | os.PathLike | None, host: str = "127.0.0.1", port: int = 8765,
-          ready: threading.Event | None = None) -> http.server.ThreadingHTTPServer:
-    """A static server of ``web_dir`` (the page) with ``bundle`` copied to ``web_dir/data``; returns it started."""
-    web = Path(web_dir)
+def serve(web_dir: str | os.PathLike | None, bundle: str | os.PathLike | None, host: str = "127.0.0.1",
+          port: int = 8765, ready: threading.Event | None = None) -> http.server.ThreadingHTTPServer:
+    """A static server of the page (``web_dir``, default: the installed app) with ``bundle`` as ``data/``.
+
+    Nothing is copied: ``/data/`` is served from ``bundle`` (default ``WEB/data``) and onnxruntime-web from
+    :func:`ort_dist`. A busy port is refused in one line. Returns the server, started (a daemon thread).
+    """
+    web = Path(web_dir) if web_dir is not None else packaged_web()
     if not (web / "index.html").is_file():
         raise NeuroFedError(f"{web}: no index.html (point --web at apps/web)")
-    if not (web / "node_modules" / "onnxruntime-web" / "dist").is_dir():
-        raise NeuroFedError(f"{web}: onnxruntime-web missing; run `npm ci` in {web}")
+    data = Path(bundle) if bundle is not None else web / "data"
     if bundle is not None:
-        dst = web / "data"
-        dst.mkdir(exist_ok=True)
-        for name in ("model.onnx", "model.json", "recording.bin", "recording.json"):
-            src = Path(bundle) / name
-            if not src.is_file():
+        if not Path(bundle).is_dir():
+            raise NeuroFedError(f"{bundle}: no such folder; write a bundle with `neurofed app bundle`")
+        for name in ("model.onnx", "model.json"):
+            if not (data / name).is_file():
                 raise NeuroFedError(f"{bundle}: missing {name}; write it with `neurofed app bundle`")
-            if src.resolve() != (dst / name).resolve():
-                shutil.copyfile(src, dst / name)
-    httpd = http.server.ThreadingHTTPServer((host, port), functools.partial(_Handler, directory=str(web)))
+    handler = type("Handler", (_Handler,), {"data_dir": data, "ort_dir": ort_dist(web)})
+    try:
+        httpd = http.server.ThreadingHTTPServer((host, port), functools.partial(handler, directory=str(web)))
+    except OSError as exc:
+        raise NeuroFedError(f"cannot serve the page on {host}:{port}: {exc.strerror or exc} "
+                            "(port busy? choose another with --port)") from None
+    httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True, name="neurofed-web").start()
     if ready is not None:
         ready.set()

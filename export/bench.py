@@ -166,3 +166,118 @@ def bench_onnx(reps: int = 500, warmup: int = 50, out_dir: Path = BENCH_DIR) -> 
                 f"{row['onnxruntime_int8_linear_only']['p50_ms']:.3f} ms"
             )
     console.print(f"targets: {targets}\nwrote {p}")
+
+
+#: ``neurofed bench web`` cases: (label, page query, browser flags group). ``build`` picks the onnxruntime-web
+#: bundle (``wasm`` = the plain SIMD build the pages load; ``jsep`` = ``ort.min.js``, the bundle the replay page
+#: loaded before, whose WASM also carries the WebGPU/WebNN glue), ``threads`` > 1 needs the server's COOP/COEP.
+WEB_CASES: tuple[tuple[str, str, str], ...] = (
+    ("wasm simd, 1 thread, opt all", "build=wasm&ep=wasm&threads=1&opt=all", "cpu"),
+    ("jsep bundle (ort.min.js), 1 thread, opt all (the replay page before)", "build=jsep&ep=wasm&threads=1&opt=all",
+     "cpu"),
+    ("wasm simd, 2 threads (cross-origin isolated), opt all", "build=wasm&ep=wasm&threads=2&opt=all", "cpu"),
+    ("wasm simd, 1 thread, opt disabled", "build=wasm&ep=wasm&threads=1&opt=disabled", "cpu"),
+    ("wasm simd, 1 thread, opt basic", "build=wasm&ep=wasm&threads=1&opt=basic", "cpu"),
+    ("wasm simd, 1 thread, opt extended (the pages' default)", "build=wasm&ep=wasm&threads=1&opt=extended", "cpu"),
+    ("wasm simd, 1 thread, model pre-optimised offline (onnxruntime, extended)",
+     "build=wasm&ep=wasm&threads=1&opt=all&model=data/model_ort_extended.onnx", "cpu"),
+    ("webgpu (ort.webgpu.min.js)", "build=webgpu&ep=webgpu&threads=1&opt=all", "gpu"),
+    ("webgpu, wasm fallback for what WebGPU cannot run", "build=webgpu&ep=webgpu,wasm&threads=1&opt=basic", "gpu"),
+    ("webnn (ort.all.min.js)", "build=all&ep=webnn&threads=1&opt=all", "gpu"),
+    ("webnn, wasm fallback", "build=all&ep=webnn,wasm&threads=1&opt=basic", "gpu"),
+)
+#: Chromium flags per group: ``cpu`` = the tests' headless browser; ``gpu`` = WebGPU/WebNN switched on (software
+#: adapters only on this machine: no GPU).
+WEB_FLAGS = {
+    "cpu": ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"),
+    "gpu": ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--enable-unsafe-webgpu",
+            "--enable-unsafe-swiftshader", "--use-webgpu-adapter=swiftshader", "--use-angle=swiftshader",
+            "--enable-features=Vulkan,WebMachineLearningNeuralNetwork"),
+}
+
+
+def bench_web(bundle: Path, reps: int = 300, warmup: int = 20, out_dir: Path = BENCH_DIR,
+              web: Path | None = None, name: str = "web", rounds: int = 3, only: str | None = None) -> Path:
+    """Per-window inference of the standalone graph in headless Chromium, one case of :data:`WEB_CASES` each.
+
+    The page ``bench.html`` decodes the bundle's recording with a carried state; every case runs ``rounds`` times
+    (``reps / rounds`` timed windows after ``warmup``), the cases interleaved round by round so that a change of
+    the machine's load hits all of them alike; quantiles are over the pooled windows. Each case's probabilities
+    are compared with onnxruntime's (Python). A case the browser cannot run (no WebGPU adapter, no WebNN) is
+    recorded with its error. ``only``: run just the cases whose label contains it. Writes ``docs/bench/<name>.json``.
+    """
+    import os
+    import shutil
+    import socket
+
+    import onnxruntime as ort
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    from neurofed.export.apps import python_replay, serve  # lazy: onnx, onnxruntime (loaded only when used)
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver):
+        raise RuntimeError("chromium/chromedriver not installed (apt-get install chromium chromium-driver)")
+    ref = python_replay(bundle)
+    load = [os.getloadavg()]
+    per = max(1, reps // rounds)
+    cases = [c for c in WEB_CASES if only is None or only in c[0]]
+    runs: dict[str, list[dict]] = {label: [] for label, _, _ in cases}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        shutil.copytree(bundle, data)
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        so.optimized_model_filepath = str(data / "model_ort_extended.onnx")
+        ort.InferenceSession(str(data / "model.onnx"), so, providers=["CPUExecutionProvider"])
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port = sk.getsockname()[1]
+        httpd = serve(web, data, port=port)
+        try:
+            for group, flags in WEB_FLAGS.items():
+                if not any(g == group for *_, g in cases):
+                    continue
+                opts = webdriver.ChromeOptions()
+                opts.binary_location = chromium
+                for a in flags:
+                    opts.add_argument(a)
+                d = webdriver.Chrome(service=Service(driver), options=opts)
+                try:
+                    for r in range(rounds if group == "cpu" else 1):
+                        for label, query, g in cases:
+                            if g != group:
+                                continue
+                            d.get(f"http://127.0.0.1:{port}/bench.html?{query}&reps={per}&warmup={warmup}")
+                            t = time.monotonic()
+                            res = None
+                            while time.monotonic() - t < 900 and res is None:
+                                res = d.execute_script("return window.bench || null")
+                                time.sleep(0.2)
+                            runs[label].append(res or {"error": "did not finish within 900 s"})
+                            load.append(os.getloadavg())
+                finally:
+                    d.quit()
+        finally:
+            httpd.shutdown()
+    results = []
+    for label, query, _ in cases:
+        rs = runs[label]
+        ok = [r for r in rs if "error" not in r]
+        res: dict = {"case": label, "query": query}
+        if not ok:
+            res.update({k: v for k, v in (rs[0] if rs else {"error": "not run"}).items()
+                        if k in ("error", "crossOriginIsolated", "webgpu", "webgpuAdapter", "webnn", "userAgent")})
+        else:
+            ms = np.concatenate([r["ms"] for r in ok])
+            probs = np.array(ok[0]["probs"])
+            res.update({k: v for k, v in ok[0].items() if k not in ("ms", "probs", "p50_ms", "p90_ms", "p99_ms",
+                                                                     "mean_ms", "n", "reps")})
+            res.update({"windows": int(len(ms)), "p50_ms": float(np.percentile(ms, 50)),
+                        "p90_ms": float(np.percentile(ms, 90)), "p99_ms": float(np.percentile(ms, 99)),
+                        "p50_ms_per_round": [float(np.median(r["ms"])) for r in ok],
+                        "max_abs_prob_diff_vs_onnxruntime": float(np.abs(probs - ref[:len(probs)]).max())})
+        results.append(res)
+    return write_result(name, {"bundle_windows": int(len(ref)), "reps": reps, "rounds": rounds, "warmup": warmup,
+                               "load_average_1_5_15_per_case": [list(v) for v in load], "cases": results}, out_dir)

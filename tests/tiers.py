@@ -45,6 +45,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/broker/test_transport.py": "integration",
     "tests/broker/test_validation.py": "unit",
     # edge/
+    "tests/edge/test_bridge.py": "integration",               # LSL + WebSocket on loopback; 1 unit test marked
     "tests/edge/test_capture.py": "integration",              # LSL on loopback
     "tests/edge/test_capture_cli.py": "integration",          # 1 e2e (kill -9 and restart) marked
     "tests/edge/test_capture_mnelsl.py": "integration",
@@ -63,6 +64,8 @@ FILE_TIERS: dict[str, str] = {
     "tests/edge/test_stream.py": "unit",
     # export/
     "tests/export/test_apps.py": "e2e",                       # Node and a real browser; 1 unit test marked
+    "tests/export/test_apps_live.py": "e2e",                  # headset-sim + bridge + a real browser and Node
+    "tests/export/test_app_serve.py": "integration",          # a wheel's `neurofed app serve` outside the checkout
     "tests/export/test_bench.py": "unit",
     "tests/export/test_bundle_training.py": "unit",
     "tests/export/test_evaluate.py": "unit",                  # 1 integration (CLI process) marked
@@ -149,7 +152,8 @@ LSL_FILES = frozenset({
     "tests/edge/test_capture.py", "tests/edge/test_capture_cli.py", "tests/edge/test_capture_mnelsl.py",
     "tests/edge/test_infer_lsl.py", "tests/edge/test_lsl_bench.py", "tests/edge/test_lsl_buffer.py",
     "tests/edge/test_lsl_config.py", "tests/edge/test_record_profiles.py",
-    "tests/export/test_profiles_export.py", "tests/runtime/test_lsl.py",
+    "tests/export/test_profiles_export.py", "tests/runtime/test_lsl.py", "tests/edge/test_bridge.py",
+    "tests/export/test_apps_live.py",
     "tests/firmware_sim/test_cli.py", "tests/firmware_sim/test_player.py", "tests/firmware_sim/test_profile.py",
     "tests/neurofed/test_bench_e2e.py", "tests/neurofed/test_demo.py",
 })

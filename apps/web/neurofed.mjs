@@ -58,12 +58,18 @@ export class StandaloneDecoder {
     this.nSamples = this.sa.window_samples;
   }
 
-  /** Load a model (URL, path or bytes) with its metadata; one intra-op thread. */
-  static async create(ort, model, meta, executionProviders) {
+  /**
+   * Load a model (URL, path or bytes) with its metadata; one intra-op thread unless `options` say otherwise.
+   * Graph optimisation: "extended" in WASM (onnxruntime-web's "all" made this graph ~2x slower per window,
+   * docs/benchmarks/web.md), "all" natively (onnxruntime-node).
+   */
+  static async create(ort, model, meta, executionProviders, options = {}) {
+    const wasm = (executionProviders ?? []).some((ep) => (ep.name ?? ep) === "wasm");
     const session = await ort.InferenceSession.create(model, {
       executionProviders,
-      graphOptimizationLevel: "all",
+      graphOptimizationLevel: wasm ? "extended" : "all",
       intraOpNumThreads: 1,
+      ...options,
     });
     return new StandaloneDecoder(ort, session, meta);
   }
@@ -137,4 +143,151 @@ export function recordingWindows(doc, bytes) {
   }
   const all = new Float32Array(bytes.buffer ?? bytes, bytes.byteOffset ?? 0, n * c * t);
   return Array.from({ length: n }, (_, i) => all.slice(i * c * t, (i + 1) * c * t));
+}
+
+/** Float32Array of base64-encoded float32 little-endian bytes (the bridge's arrays). */
+export function base64Floats(b64) {
+  let bytes;
+  if (typeof Buffer !== "undefined") {
+    bytes = new Uint8Array(Buffer.from(b64, "base64"));  // a copy: aligned, own buffer
+  } else {
+    const s = atob(b64);
+    bytes = new Uint8Array(s.length);
+    for (let i = 0; i < s.length; i++) bytes[i] = s.charCodeAt(i);
+  }
+  return new Float32Array(bytes.buffer, 0, bytes.length >> 2);
+}
+
+/** Milliseconds since the Unix epoch with sub-millisecond resolution (browser and Node). */
+export function nowUnixMs() {
+  return performance.timeOrigin + performance.now();
+}
+
+export const LIVE_PROTOCOL = "neurofed-live/1";
+
+/**
+ * The app side of `neurofed app serve --stream` (the bridge, protocol neurofed-live/1): decodes the bridge's
+ * windows in order with one carried state, keeps running accuracy against the cues and the latency from each
+ * window's last sample reaching the bridge to its prediction here. One implementation for the page and Node.
+ *
+ *     const live = new LiveSession(dec, { send: (t) => ws.send(t), onResult, onEeg, onCue, onStatus });
+ *     ws.onmessage = (ev) => live.handle(ev.data);
+ */
+export class LiveSession {
+  constructor(dec, { send = null, onHello = null, onEeg = null, onCue = null, onResult = null, onStatus = null,
+    keepWindows = false } = {}) {
+    this.dec = dec;
+    this.cb = { send, onHello, onEeg, onCue, onResult, onStatus };
+    this.keepWindows = keepWindows;
+    this.results = [];
+    this.hello = null;
+    this.state = null;
+    this.fatal = null;
+    this.correct = 0;
+    this.scored = 0;
+    this.rejected = 0;
+    this.chain = Promise.resolve();
+    this.classes = dec.meta.classes.map((c) => c.toLowerCase());
+  }
+
+  status(level, message) {
+    if (level === "error") this.fatal = this.fatal ?? message;
+    this.cb.onStatus?.({ level, message });
+  }
+
+  /** One message of the bridge (a JSON text). Never throws: problems become status messages. */
+  handle(text) {
+    let msg;
+    try {
+      msg = JSON.parse(text);
+    } catch {
+      this.status("warning", `the bridge sent a message that is not JSON (${String(text).slice(0, 40)}); ignored`);
+      return;
+    }
+    try {
+      if (msg.type === "hello") this.onHello(msg);
+      else if (msg.type === "window") this.chain = this.chain.then(() => this.decode(msg));
+      else if (msg.type === "eeg") this.cb.onEeg?.(msg, base64Floats(msg.data));
+      else if (msg.type === "cue") this.cb.onCue?.(msg);
+      else if (msg.type === "status") this.status(msg.level, msg.message);
+      else this.status("warning", `unknown message type ${JSON.stringify(msg.type)} from the bridge; ignored`);
+    } catch (err) {
+      this.status("error", err.message);
+    }
+  }
+
+  onHello(msg) {
+    if (msg.protocol !== LIVE_PROTOCOL) {
+      throw new NeurofedError(`the bridge speaks ${msg.protocol}, this app ${LIVE_PROTOCOL}: update one of them`);
+    }
+    this.dec.checkStream({ ch_names: msg.stream.ch_names, rate: msg.stream.rate, unit: msg.stream.unit });
+    if (msg.window_samples !== this.dec.nSamples) {
+      throw new NeurofedError(`the bridge cuts ${msg.window_samples}-sample windows, the model takes ${this.dec.nSamples}`);
+    }
+    this.hello = msg;
+    this.state = this.dec.initialState();
+    // one throw-away run before the first window: the first run of a session compiles/allocates (~200 ms in WASM)
+    const warm = new Float32Array(this.dec.nCh * this.dec.nSamples).map((_, i) => Math.sin(i));
+    this.chain = this.chain.then(() => this.dec.run(warm, this.dec.initialState())).catch(() => {});
+    this.cb.onHello?.(msg);
+  }
+
+  async decode(msg) {
+    if (this.fatal || !this.state) return;
+    const received = nowUnixMs();
+    let w;
+    try {
+      w = base64Floats(msg.data);
+    } catch {
+      this.status("warning", `window ${msg.seq}: its samples are not base64; skipped`);
+      return;
+    }
+    const res = { seq: msg.seq, t_end: msg.t_end, label: msg.label ?? "" };
+    if (this.keepWindows) res.window_b64 = msg.data;
+    const t0 = performance.now();
+    let out;
+    try {
+      out = await this.dec.run(w, this.state);
+    } catch (err) {
+      if (!(err instanceof WindowRejected)) {
+        this.status("error", `window ${msg.seq}: ${err.message}`);
+        return;
+      }
+      this.rejected += 1;
+      res.rejected = err.message;
+      this.results.push(res);
+      this.cb.onResult?.(res, this);
+      return;
+    }
+    const done = nowUnixMs();
+    this.state = out.state;
+    const probs = Array.from(out.probs);
+    const pred = probs.indexOf(Math.max(...probs));
+    Object.assign(res, {
+      probs, pred, pred_label: this.dec.meta.classes[pred],
+      infer_ms: performance.now() - t0,
+      queue_ms: done - received - (performance.now() - t0),
+      latency_ms: done - msg.arrival_unix * 1000,
+    });
+    const cue = this.classes.indexOf(res.label.toLowerCase());
+    if (cue >= 0) {
+      this.scored += 1;
+      res.correct = cue === pred;
+      this.correct += res.correct;
+    }
+    this.results.push(res);
+    this.cb.send?.(JSON.stringify({ type: "prediction", seq: res.seq, pred, probs, latency_ms: res.latency_ms }));
+    this.cb.onResult?.(res, this);
+  }
+
+  /** Running accuracy against the cues (null before the first cue-locked window). */
+  get accuracy() {
+    return this.scored ? this.correct / this.scored : null;
+  }
+
+  /** The q-quantile (0..1) of a field over the predictions. */
+  quantile(field, q) {
+    const xs = this.results.filter((r) => r[field] !== undefined).map((r) => r[field]).sort((a, b) => a - b);
+    return xs.length ? xs[Math.min(xs.length - 1, Math.floor(q * xs.length))] : null;
+  }
 }

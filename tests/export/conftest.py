@@ -82,3 +82,22 @@ def cache_env(tmp_path_factory):
 def eegnet_bs(tmp_path_factory, data_dir) -> tuple[Path, Path]:
     """(checkpoint, verified ONNX export) of a batch-specific EEGNet."""
     return exported_eegnet(tmp_path_factory, data_dir)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium (Debian's chromium + chromium-driver, driven by selenium; nothing is downloaded)."""
+    import shutil
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver, "chromium/chromedriver are not installed (.ci/run installs them)"
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1000,760"):
+        opts.add_argument(a)
+    d = webdriver.Chrome(service=Service(driver), options=opts)  # explicit driver: nothing is downloaded
+    yield d
+    d.quit()

@@ -118,22 +118,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    assert chromium and driver, "chromium/chromedriver are not installed (.ci/run installs them)"
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1000,700"):
-        opts.add_argument(a)
-    d = webdriver.Chrome(service=Service(driver), options=opts)  # explicit driver: nothing is downloaded
-    yield d
-    d.quit()
-
-
 def _wait_done(d, timeout: float = 240.0) -> dict:
     t = time.monotonic()
     while time.monotonic() - t < timeout:
