@@ -93,6 +93,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/trainer/test_data.py": "unit",                     # 1 integration (a loader process) marked
     "tests/trainer/test_ensemble.py": "unit",
     "tests/trainer/test_fal.py": "unit",
+    "tests/trainer/test_fed_classical.py": "unit",
     "tests/trainer/test_fedavgm.py": "unit",
     "tests/trainer/test_fedbm.py": "unit",
     "tests/trainer/test_fedfa.py": "unit",
