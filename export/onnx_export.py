@@ -69,7 +69,9 @@ def quiet_exporter() -> Iterator[None]:
 
 def to_onnx(model: nn.Module, n_channels: int, n_times: int, batch: int = 8) -> onnx.ModelProto:
     """Export ``model`` (eval mode) with the dynamo exporter, opset 18, dynamic batch axis."""
-    model = model.eval()
+    from neurofed.export.standalone import graph_form  # standalone imports this module (its exporter helpers)
+
+    model = graph_form(model).eval()
     x = torch.randn(batch, n_channels, n_times, generator=torch.Generator().manual_seed(0))
     with quiet_exporter():
         try:

@@ -57,6 +57,7 @@ from neurofed.trainer.data.guard import GUARD_KINDS, GuardConfig
 from neurofed.trainer.data.io import epochs_from_raw, read_raw
 from neurofed.trainer.data.preprocess import n_times_for, pick_channels, preprocess_epochs
 from neurofed.trainer.errors import DataError, NeuroFedError
+from neurofed.trainer.models.classical import TangentLDA
 from neurofed.trainer.models.eegnet import EEGNet
 from neurofed.trainer.models.fleeg import FleegEEGNet
 
@@ -155,7 +156,7 @@ def newton_schulz_inv_sqrt(
     n = a.shape[-1]
     eye = torch.eye(n, dtype=a.dtype)
     if scaling == "frobenius":
-        c = torch.sqrt((a * a).sum())
+        c = torch.sqrt((a * a).sum() if a.dim() == 2 else (a * a).sum((-2, -1), keepdim=True))  # batched: per matrix
     elif scaling == "trace":
         c = (a * eye).sum()  # torch.diagonal exports to a ConstantOfShape tract mistypes
     else:
@@ -176,6 +177,44 @@ def newton_schulz_inv_sqrt(
             y = y @ t
     z = eye if z is None else z
     return z / torch.sqrt(c)
+
+
+#: Inverse scaling and squaring for the matrix logarithm (:func:`logm_iss`): square roots taken, series terms.
+LOGM_SQRTS = 8
+LOGM_TERMS = 14
+
+
+def logm_iss(a: torch.Tensor, sqrts: int = LOGM_SQRTS, terms: int = LOGM_TERMS) -> torch.Tensor:
+    """``logm(A)`` of SPD matrices (..., n, n) with matmuls only (no eigendecomposition: not an ONNX op).
+
+    Inverse scaling and squaring: ``A = c B`` with ``c = tr(A) / n``; ``sqrts`` square roots
+    ``B^(1/2) = B (B^(-1/2))`` by :func:`newton_schulz_inv_sqrt` (per matrix) bring every eigenvalue of
+    ``B^(1/2^k)`` near 1 (``[1e-4, n]`` -> within 4 % of 1 for k = 8); then ``log(I + E)`` by its Taylor series
+    (``terms`` terms, Horner) and ``logm(A) = 2^k log(B^(1/2^k)) + log(c) I``. The tangent-space model's
+    whitened covariances are near the identity; the error vs scipy/pyriemann is measured in
+    tests/export/test_classical_onnx.py.
+    """
+    n = a.shape[-1]
+    eye = torch.eye(n, dtype=a.dtype)
+    c = (a * eye).sum((-2, -1), keepdim=True) / n
+    b = a / c
+    for _ in range(sqrts):
+        b = b @ newton_schulz_inv_sqrt(b)
+        b = (b + b.transpose(-1, -2)) / 2
+    e = b - eye
+    acc = eye * (((-1.0) ** (terms + 1)) / terms)
+    for j in range(terms - 1, 0, -1):
+        acc = eye * (((-1.0) ** (j + 1)) / j) + e @ acc
+    return (2.0 ** sqrts) * (e @ acc) + torch.log(c) * eye
+
+
+def graph_form(model: nn.Module) -> nn.Module:
+    """``model`` as an ONNX graph can express it: the tangent-space model with :func:`logm_iss` instead of its
+    eigendecomposition (a copy; other models as they are)."""
+    if isinstance(model, TangentLDA):
+        model = copy.deepcopy(model)
+        model.logm = logm_iss
+    return model
 
 
 class PlainBatchNorm(nn.Module):
@@ -445,7 +484,7 @@ class StandaloneDecoder(nn.Module):
                 f"a {p.shape[0]}-sample window at {rate} Hz preprocesses to {p.shape[1]} samples, "
                 f"but the model expects {ckpt_meta.n_times}"
             )
-        self.net, self._bns = _plain_bn(model)
+        self.net, self._bns = _plain_bn(graph_form(model))
         self.batch_specific = any(not b.standard for b in self._bns)
         self.ea = bool(cfg.ea)
         self.n_ch, self.n_in, self.n_t = ckpt_meta.n_channels, p.shape[0], ckpt_meta.n_times

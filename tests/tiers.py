@@ -61,6 +61,7 @@ FILE_TIERS: dict[str, str] = {
     # export/
     "tests/export/test_apps.py": "e2e",                       # Node and a real browser; 1 unit test marked
     "tests/export/test_bench.py": "unit",
+    "tests/export/test_classical_onnx.py": "unit",
     "tests/export/test_evaluate.py": "unit",
     "tests/export/test_export.py": "unit",                    # 1 integration (CLI process) marked
     "tests/export/test_import_rule.py": "unit",
