@@ -28,7 +28,9 @@ happens inside the graph:
 from __future__ import annotations
 
 import copy
+import functools
 import logging
+import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -184,11 +186,19 @@ LOGM_SQRTS = 8
 LOGM_TERMS = 14
 
 
+@functools.lru_cache(maxsize=8)
+def logm_schedules(n: int, sqrts: int = LOGM_SQRTS) -> tuple[tuple[float, ...], ...]:
+    """Newton-Schulz scalars of each of :func:`logm_iss`'s square roots: the design condition number of the first
+    (``1 / (NS_FLOOR sqrt(n))``, the graph's EA bound) is square-rooted by each root, so later roots need fewer steps."""
+    cond = 1.0 / (NS_FLOOR * math.sqrt(n))
+    return tuple(ns_schedule(min(0.5, 1.0 / (cond ** (0.5 ** j) * math.sqrt(n)))) for j in range(sqrts))
+
+
 def logm_iss(a: torch.Tensor, sqrts: int = LOGM_SQRTS, terms: int = LOGM_TERMS) -> torch.Tensor:
     """``logm(A)`` of SPD matrices (..., n, n) with matmuls only (no eigendecomposition: not an ONNX op).
 
     Inverse scaling and squaring: ``A = c B`` with ``c = tr(A) / n``; ``sqrts`` square roots
-    ``B^(1/2) = B (B^(-1/2))`` by :func:`newton_schulz_inv_sqrt` (per matrix) bring every eigenvalue of
+    ``B^(1/2) = B (B^(-1/2))`` by :func:`newton_schulz_inv_sqrt` (per matrix, :func:`logm_schedules`) bring every eigenvalue of
     ``B^(1/2^k)`` near 1 (``[1e-4, n]`` -> within 4 % of 1 for k = 8); then ``log(I + E)`` by its Taylor series
     (``terms`` terms, Horner) and ``logm(A) = 2^k log(B^(1/2^k)) + log(c) I``. The tangent-space model's
     whitened covariances are near the identity; the error vs scipy/pyriemann is measured in
@@ -198,8 +208,8 @@ def logm_iss(a: torch.Tensor, sqrts: int = LOGM_SQRTS, terms: int = LOGM_TERMS) 
     eye = torch.eye(n, dtype=a.dtype)
     c = (a * eye).sum((-2, -1), keepdim=True) / n
     b = a / c
-    for _ in range(sqrts):
-        b = b @ newton_schulz_inv_sqrt(b)
+    for alphas in logm_schedules(n, sqrts):
+        b = b @ newton_schulz_inv_sqrt(b, alphas)
         b = (b + b.transpose(-1, -2)) / 2
     e = b - eye
     acc = eye * (((-1.0) ** (terms + 1)) / terms)

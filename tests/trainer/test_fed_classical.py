@@ -125,7 +125,7 @@ def test_client_level_dp_clips_noises_and_accounts(eeg):
                                LocalConfig(), 2, 1.0, 0)
     torch.testing.assert_close(same.coef, exact.coef)
     assert info["privacy"]["epsilon"] == float("inf")
-    st = get_strategy("fed-csp-lda", classical_dp_clip=100.0, classical_dp_epsilon=8.0)
+    st = get_strategy("fed-csp-lda", classical_dp_clip=20.0, classical_dp_clip_lda=150.0, classical_dp_epsilon=8.0)
     noisy, info = run_federated(clients, "csp_lda", st, LocalConfig(), 2, 1.0, 0)
     p = info["privacy"]
     assert p["rounds"] == 2 and p["epsilon"] <= 8.0 and p["noise_multiplier"] > 0
@@ -133,12 +133,15 @@ def test_client_level_dp_clips_noises_and_accounts(eeg):
     assert not torch.allclose(noisy.coef, exact.coef) and torch.isfinite(noisy.coef).all()
     again, _ = run_federated(clients, "csp_lda", st, LocalConfig(), 2, 1.0, 0)
     torch.testing.assert_close(again.coef, noisy.coef)  # seeded noise
-    # a client's statistics vector is clipped to the bound before it leaves
+    # a client's statistics vector (class covariance sums centred on count x I, the identity EA aligns to; counts)
+    # is clipped to the bound before it leaves
     m = build_model("csp_lda", 21, 2, train[0].X.shape[2], 80.0)
     metrics = m.local_fit(train[0].X, train[0].y, st.settings)
-    assert metrics["stat_norm"] > 100.0 and metrics["clipped"] == 1.0
-    vec = np.concatenate([m.stat_cov_gram.numpy().ravel(), m.stat_cov_count.numpy()]) * len(train[0].X)
-    assert np.linalg.norm(vec) <= 100.0 + 1e-6
+    assert metrics["stat_norm"] > 20.0 and metrics["clipped"] == 1.0  # S001: 35
+    n = len(train[0].X)
+    counts = m.stat_cov_count.numpy() * n
+    centred = m.stat_cov_gram.numpy() * n - counts[:, None, None] * np.eye(21)
+    assert np.sqrt((centred ** 2).sum() + (counts ** 2).sum()) == pytest.approx(20.0)
 
 
 def test_registry_defaults_and_refusals():

@@ -212,7 +212,9 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
     data = {int(sd.subject[1:]): sd for sd in load_subjects(cfg.subjects, pre, cfg.data_dir)}
     folds = make_folds(cfg.subjects, cfg.protocol, cfg.fold_seed)
     if folds == [[]]:
-        raise NeuroFedError("classical references need held-out subjects: use --protocol loso or kfold:K")
+        raise NeuroFedError("classical references need held-out subjects: use --protocol loso or kfold:K; for a "
+                            "deployable classical model train `neurofed simulate --algorithm fed-csp-lda` (or "
+                            "fed-tangent) `--test-subjects none` and score it with `neurofed evaluate`")
     jobs, total = [], len(folds) * len(cfg.seeds)
     for seed in cfg.seeds:
         for k, fold in enumerate(folds):

@@ -43,16 +43,22 @@ STAT = "stat_"
 
 @dataclass(frozen=True)
 class DPSpec:
-    """Client-level DP of the statistics: L2 ``clip`` per client and phase, noise multiplier ``noise``."""
+    """Client-level DP of the statistics: L2 ``clip`` per client in the first round (``clip_lda`` in the LDA round;
+    0 = ``clip``), noise multiplier ``noise`` (std ``noise`` x that round's clip, so each round is a Gaussian
+    mechanism of multiplier ``noise`` whatever its clip)."""
 
     clip: float = 0.0
     noise: float = 0.0
     count_weight: float = 1.0
     seed: int = 0
+    clip_lda: float = 0.0
 
     @property
     def on(self) -> bool:
         return self.clip > 0
+
+    def clip_of(self, phase: int) -> float:
+        return self.clip_lda if phase > 0 and self.clip_lda > 0 else self.clip
 
 
 def lda_from_statistics(sums: np.ndarray, gram: np.ndarray, counts: np.ndarray, shrinkage: float = 0.0,
@@ -119,12 +125,23 @@ class StatisticsModel(nn.Module):
         if phase >= self.PHASES or len(X) == 0:
             return {"loss": 0.0, "steps": 0.0}
         stats = self.phase_statistics(phase, np.asarray(X, np.float64), np.asarray(y))
-        norm = float(np.sqrt(sum(float(np.sum((v * (dp.count_weight if k in self.COUNTS else 1.0)) ** 2))
-                                 for k, v in stats.items())))
-        scale = min(1.0, dp.clip / norm) if dp.on and norm > 0 else 1.0
+        if dp.on:  # the clipped vector: statistics minus their public reference, counts weighted
+            off = self.public_offset(phase, stats)
+            vec = {k: (v - off[k] if k in off else v) * (dp.count_weight if k in self.COUNTS else 1.0)
+                   for k, v in stats.items()}
+            norm = float(np.sqrt(sum(float(np.sum(v ** 2)) for v in vec.values())))
+        else:
+            norm = float(np.sqrt(sum(float(np.sum(v ** 2)) for v in stats.values())))
+        scale = min(1.0, dp.clip_of(phase) / norm) if dp.on and norm > 0 else 1.0
         for k, v in stats.items():
             getattr(self, k).copy_(torch.from_numpy(np.asarray(v * scale / len(X), np.float64)))
         return {"loss": 0.0, "steps": 0.0, "stat_norm": norm, "clipped": float(scale < 1.0)}
+
+    def public_offset(self, phase: int, stats: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A public function of the counts subtracted from the statistics before DP clipping (and added back from the
+        noisy counts at the server): what every client's statistics are near, so the clip bounds only what differs.
+        None by default."""
+        return {}
 
     # ---------------------------------------------------------------- server
     def solve_phase(self, phase: int, pooled: dict[str, np.ndarray], old: Mapping[str, Tensor],
@@ -142,7 +159,8 @@ class StatisticsModel(nn.Module):
 def dp_spec(settings: Mapping[str, Any]) -> DPSpec:
     """The DP settings of the statistics from a strategy's settings (``classical_dp_*``, ``dp_seed``)."""
     return DPSpec(float(settings.get("classical_dp_clip", 0.0)), float(settings.get("classical_dp_noise", 0.0)),
-                  float(settings.get("classical_dp_count_weight", 1.0)), int(settings.get("dp_seed", 0)))
+                  float(settings.get("classical_dp_count_weight", 1.0)), int(settings.get("dp_seed", 0)),
+                  float(settings.get("classical_dp_clip_lda", 0.0)))
 
 
 def _t(a: np.ndarray) -> Tensor:
@@ -182,7 +200,7 @@ class CSPLDA(StatisticsModel):
     """EA'd trials -> CSP filters -> log of the mean power per component -> LDA (two classes).
 
     Phase 0: per-class ``sum X X^T / T`` and trial counts -> MNE's class covariances -> CSP filters.
-    Phase 1: per-class sums of the log-power features, their Gram, counts -> LDA.
+    Phase 1: per-class sums of the log-power features (minus a public centre from phase 0), their Gram, counts -> LDA.
 
     Parameters
     ----------
@@ -209,6 +227,9 @@ class CSPLDA(StatisticsModel):
         self._init_common(n_channels, n_classes, n_times)
         k = n_components
         self.register_buffer("filters", torch.eye(n_channels, dtype=torch.float64)[:k].clone())
+        # the features' public centre (log of each filter's power under the mean class covariance of round 1): the
+        # LDA round's statistics are of f - centre (shift-equivariant: the same classifier; small sums to clip)
+        self.register_buffer("centre", torch.zeros(k, dtype=torch.float64))
         self.register_buffer("coef", torch.zeros(n_classes, k, dtype=torch.float64))
         self.register_buffer("intercept", torch.zeros(n_classes, dtype=torch.float64))
         self.register_buffer("stat_cov_gram", torch.zeros(n_classes, n_channels, n_channels, dtype=torch.float64))
@@ -224,12 +245,12 @@ class CSPLDA(StatisticsModel):
 
     def forward(self, x: Tensor) -> Tensor:
         """Class logits (float32); their softmax is the LDA's class probabilities."""
-        return (self.features(x) @ self.coef.T + self.intercept).to(torch.float32)
+        return ((self.features(x) - self.centre) @ self.coef.T + self.intercept).to(torch.float32)
 
     def np_features(self, X: np.ndarray) -> np.ndarray:
-        """MNE's ``CSP.transform`` (log mean power) with this model's filters, in numpy float64."""
+        """MNE's ``CSP.transform`` (log mean power) with this model's filters, minus the public centre, float64."""
         w = self.filters.numpy()
-        return np.log((np.einsum("kc,nct->nkt", w, X) ** 2).mean(axis=2))
+        return np.log((np.einsum("kc,nct->nkt", w, X) ** 2).mean(axis=2)) - self.centre.numpy()
 
     def phase_statistics(self, phase: int, X: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
         y = self._labels(y)
@@ -239,6 +260,14 @@ class CSPLDA(StatisticsModel):
             return {"stat_cov_gram": np.einsum("nk,ncd->kcd", onehot, grams), "stat_cov_count": onehot.sum(0)}
         f = self.np_features(X)
         return {"stat_lda_sum": onehot.T @ f, "stat_lda_gram": f.T @ f, "stat_lda_count": onehot.sum(0)}
+
+    def public_offset(self, phase: int, stats: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Round 1: ``count_c I`` for each class's ``sum X X^T / T``: Euclidean alignment makes a subject's mean trial
+        covariance the identity, so only the classes' departures from it are clipped and noised."""
+        if phase != 0:
+            return {}
+        eye = np.eye(self.n_channels)
+        return {"stat_cov_gram": stats["stat_cov_count"][:, None, None] * eye}
 
     def solve_phase(self, phase: int, pooled: dict[str, np.ndarray], old: Mapping[str, Tensor],
                     noisy: bool, shrinkage: float = 0.0) -> dict[str, Tensor]:
@@ -250,7 +279,9 @@ class CSPLDA(StatisticsModel):
             if noisy:  # DP: the noisy covariances floored to positive definite (post-processing)
                 w, v = np.linalg.eigh(covs)
                 covs = np.einsum("kij,kj,klj->kil", v, np.maximum(w, 1e-6 * w.max(-1, keepdims=True)), v)
-            return {"filters": _t(csp_filters(covs, data_rank(grams.sum(0)), self.filters.shape[0]))}
+            w = csp_filters(covs, data_rank(grams.sum(0)), self.filters.shape[0])
+            centre = np.log(np.einsum("kc,cd,kd->k", w, covs.mean(0), w))
+            return {"filters": _t(w), "centre": _t(centre)}
         coef, intercept = lda_from_statistics(pooled["stat_lda_sum"], _symmetric(pooled["stat_lda_gram"]),
                                               np.maximum(pooled["stat_lda_count"], 1.0), shrinkage, floor=noisy)
         return {"coef": _t(coef), "intercept": _t(intercept)}
@@ -391,13 +422,14 @@ def solve_state(model: StatisticsModel, old: Mapping[str, Tensor], averaged: Map
     if phase >= model.PHASES:
         return out
     rng = np.random.default_rng([dp.seed, round_seed, phase])
-    pooled = {}
-    for k in model.PHASE_STATS[phase]:
-        s = averaged[k].to(torch.float64).numpy() * n_total
-        if dp.on and dp.noise > 0:
+    pooled = {k: averaged[k].to(torch.float64).numpy() * n_total for k in model.PHASE_STATS[phase]}
+    if dp.on and dp.noise > 0:  # noise on the clipped vector's coordinates: centred statistics, weighted counts
+        off = model.public_offset(phase, pooled)
+        for k in model.PHASE_STATS[phase]:
             w = dp.count_weight if k in model.COUNTS else 1.0
-            s = s + rng.normal(0.0, dp.noise * dp.clip, s.shape) / w
-        pooled[k] = s
+            pooled[k] = pooled[k] - off.get(k, 0.0) + rng.normal(0.0, dp.noise * dp.clip_of(phase), pooled[k].shape) / w
+        off = model.public_offset(phase, pooled)  # back from the noisy counts
+        pooled = {k: v + off.get(k, 0.0) for k, v in pooled.items()}
     out.update(model.solve_phase(phase, pooled, old, noisy=dp.on and dp.noise > 0, shrinkage=shrinkage))
     for k in out:
         if k.startswith(STAT):

@@ -51,6 +51,8 @@ class SufficientStatistics(Component):
               "lsqr solver; 0 = its svd solver, no shrinkage)"),
         Param("classical_dp_clip", float, 0.0, "federated classical pipelines: L2 clip of each client's statistics "
               "per round (0 = DP off)"),
+        Param("classical_dp_clip_lda", float, 0.0, "federated classical pipelines: L2 clip of the LDA round's "
+              "statistics (0 = classical_dp_clip)"),
         Param("classical_dp_noise", float, 0.0, "federated classical pipelines: Gaussian noise multiplier z "
               "(std z*clip on each pooled sum)"),
         Param("classical_dp_epsilon", float, 0.0, "federated classical pipelines: target epsilon (at dp_delta): "
@@ -81,7 +83,8 @@ class SufficientStatistics(Component):
         if eps > 0:
             noise = noise_for_epsilon(eps, 1.0, cls.PHASES, settings["dp_delta"])
         return cls(settings["classical"], DPSpec(clip, noise, settings["classical_dp_count_weight"],
-                                                 settings["dp_seed"]), settings["dp_delta"],
+                                                 settings["dp_seed"], settings["classical_dp_clip_lda"]),
+                   settings["dp_delta"],
                    settings["classical_shrinkage"])
 
     def server_round(self, server_extras: Mapping[str, Tensor], n_clients_total: int) -> ServerRound:
@@ -93,7 +96,7 @@ class SufficientStatistics(Component):
         releases = min(rounds, self.PHASES)
         return {"privacy": {"mechanism": "client-level Gaussian noise on clipped summed statistics "
                                          "(federated classical pipeline)",
-                            "clip": self.dp.clip, "noise_multiplier": self.dp.noise, "sample_rate": 1.0,
+                            "clip": self.dp.clip, "clip_lda": self.dp.clip_of(1), "noise_multiplier": self.dp.noise, "sample_rate": 1.0,
                             "rounds": releases, "delta": self.delta, "count_weight": self.dp.count_weight,
                             "epsilon": dp_epsilon(self.dp.noise, 1.0, releases, self.delta),
                             "accountant": "dp-accounting RDP, Gaussian mechanism composed over the releases"}}
