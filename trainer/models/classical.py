@@ -27,6 +27,7 @@ within-class scatter floored to positive definite (post-processing).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -36,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from neurofed.trainer.errors import ModelConfigError
+from neurofed.trainer.models.matfun import logm_iss
 
 #: prefix of the buffers that carry a client's statistics (zero in a fitted model)
 STAT = "stat_"
@@ -325,7 +327,7 @@ class TangentLDA(StatisticsModel):
     Phase 1: per-class sums of the tangent vectors ``upper(logm(M^-1/2 C M^-1/2))``, their Gram, counts -> LDA.
     The forward pass whitens with the stored ``M^-1/2`` and takes the logarithm by eigendecomposition
     (:func:`logm_eigh`); the standalone graph swaps in an eigendecomposition-free logarithm
-    (:mod:`neurofed.export.classical_onnx`).
+    (:func:`graph_form`).
     """
 
     PHASE_STATS = (("stat_log_sum", "stat_log_count"), ("stat_lda_sum", "stat_lda_gram", "stat_lda_count"))
@@ -388,6 +390,15 @@ class TangentLDA(StatisticsModel):
         coef, intercept = lda_from_statistics(pooled["stat_lda_sum"], _symmetric(pooled["stat_lda_gram"]),
                                               np.maximum(pooled["stat_lda_count"], 1.0), shrinkage, floor=noisy)
         return {"coef": _t(coef), "intercept": _t(intercept)}
+
+
+def graph_form(model: nn.Module) -> nn.Module:
+    """``model`` as an ONNX graph can express it: the tangent-space model with
+    :func:`neurofed.trainer.models.matfun.logm_iss` instead of its eigendecomposition (a copy; others as they are)."""
+    if isinstance(model, TangentLDA):
+        model = copy.deepcopy(model)
+        model.logm = logm_iss
+    return model
 
 
 #: the statistics models by name (also in :data:`neurofed.trainer.models.MODELS`)

@@ -50,7 +50,7 @@ class SufficientStatistics(Component):
         Param("classical_shrinkage", float, 0.0, "federated classical pipelines: LDA shrinkage s (scikit-learn's "
               "lsqr solver; 0 = its svd solver, no shrinkage)"),
         Param("classical_dp_clip", float, 0.0, "federated classical pipelines: L2 clip of each client's statistics "
-              "per round (0 = DP off)"),
+              "in the first round (0 = DP off)"),
         Param("classical_dp_clip_lda", float, 0.0, "federated classical pipelines: L2 clip of the LDA round's "
               "statistics (0 = classical_dp_clip)"),
         Param("classical_dp_noise", float, 0.0, "federated classical pipelines: Gaussian noise multiplier z "
