@@ -158,3 +158,22 @@ def test_registry_defaults_and_refusals():
         get_strategy("fed-csp-lda", aggregator="median")
     with pytest.raises(ValueError, match="need classical_dp_clip"):
         get_strategy("fed-tangent", classical_dp_epsilon=4.0)
+
+
+def test_deployment_run_trains_on_one_set_and_scores_another(data_dir, tmp_path):
+    """`neurofed simulate --algorithm fed-csp-lda --test-subjects none` writes a checkpoint of the fitted pipeline
+    (no held-out subject needed, unlike `neurofed classical`); it loads as any model and decodes other subjects."""
+    from neurofed.trainer.checkpoint import load_checkpoint
+    from neurofed.trainer.evaluate import bca, predict
+    from neurofed.trainer.experiments.simulate import run_simulation
+    from neurofed.trainer.experiments.spec import SimOptions
+
+    cfg = SimOptions(algorithm="fed-csp-lda", subjects="1-4", test_subjects="none",
+                     data_dir=str(data_dir)).to_sim_config()
+    res = run_simulation(cfg, tmp_path / "dep")
+    model, meta = load_checkpoint(res["checkpoints"][0])
+    assert meta.model == "csp_lda" and meta.strategy == "fed-csp-lda" and model.fitted()
+    pre = PreprocessConfig.from_preset("sensorimotor21", resample=80.0, ea=True)
+    other = load_subjects([5, 6, 7, 8], pre, str(data_dir))
+    scores = [bca(sd.y, predict(model, sd.X)) for sd in other]
+    assert all(0.0 <= s <= 1.0 for s in scores) and np.mean(scores) > 0.55  # measured 0.67 (S005-S008)
