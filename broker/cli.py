@@ -49,7 +49,10 @@ def coordinator_cmd(
 
 def broker_config_cmd(
     out: Annotated[Path, typer.Option(help="Folder for mosquitto.conf, passwd, acl.")] = Path("mosquitto"),
-    federation: Annotated[str, typer.Option(help="Federation name (topics neurofed/<name>/...).")] = "neurofed",
+    federation: Annotated[str, typer.Option(help="Federation name (topics neurofed/<name>/...; default: the "
+                                            "config's, else neurofed).")] = "",
+    config: Annotated[Path | None, typer.Option(help="federation.toml: sizes the packet and queue limits for "
+                                                "its model (else a 64 MiB body cap).")] = None,
     clients: Annotated[str, typer.Option(help="Comma-separated client ids; in a federation of device profiles "
                                          "ID:PROFILE (the client may read only its profile's model).")] = "",
     port: Annotated[int, typer.Option(help="Listener port.")] = 1883,
@@ -58,15 +61,29 @@ def broker_config_cmd(
     tls_cert: Annotated[Path | None, typer.Option(help="Server certificate (enables TLS).")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="Server key.")] = None,
     tls_ca: Annotated[Path | None, typer.Option(help="CA file.")] = None,
+    rabbitmq: Annotated[bool, typer.Option(
+        help="Also write rabbitmq-definitions.json: the same users and ACL for RabbitMQ's MQTT plugin "
+             "(`rabbitmqctl import_definitions`; docs/brokers.md).")] = False,
 ) -> None:
-    """Write a locked-down mosquitto.conf, password file and per-client ACL for a federation."""
+    """Write a locked-down mosquitto.conf, password file and per-client ACL for a federation.
+
+    The packet size limit is the federation's largest legitimate frame (from --config's model) and the queue
+    limits are sized for the clients listed (comments in mosquitto.conf say why; docs/security.md).
+    """
     import os
 
+    from neurofed.broker.config import load_config  # lazy: torch (keeps --help fast)
+    from neurofed.broker.coordinator import largest_body  # lazy: torch, paho-mqtt (keeps --help fast)
+    from neurofed.broker.protocol import DEFAULT_MAX_BODY_BYTES  # lazy: torch (keeps --help fast)
     from neurofed.broker.secure import (  # lazy: torch (keeps --help fast)
         SecureBrokerSpec,
         cleartext_warning,
         write_broker_config,
     )
+
+    cfg = load_config(config) if config is not None else None
+    federation = federation or (cfg.federation.name if cfg is not None else "neurofed")
+    max_body = largest_body(cfg) if cfg is not None else DEFAULT_MAX_BODY_BYTES
 
     entries = [c.strip().split(":", 1) for c in clients.split(",") if c.strip()]
     ids = [e[0].strip() for e in entries]
@@ -75,11 +92,25 @@ def broker_config_cmd(
     if password_env:
         given = dict(kv.split("=", 1) for kv in os.environ.get(password_env, "").split(",") if "=" in kv)
     spec = SecureBrokerSpec(federation, ids, port=port, bind=bind, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
-                            profiles=profiles)
+                            profiles=profiles, max_body=max_body)
     files = write_broker_config(spec, out, given)
+    if rabbitmq:
+        import json
+
+        from neurofed.broker.secure import rabbitmq_definitions  # lazy, as above
+
+        creds = json.loads(files.credentials.read_text())
+        defs = out / "rabbitmq-definitions.json"
+        fd = os.open(defs, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # password hashes: owner only
+        with os.fdopen(fd, "w") as f:
+            json.dump(rabbitmq_definitions(spec, creds), f, indent=1)
+        typer.echo(f"wrote {defs} (load it with: rabbitmqctl import_definitions {defs})")
     if (warn := cleartext_warning(bind, tls=tls_cert is not None, auth=True)) is not None:
         logger.warning(warn)
-    typer.echo(f"wrote {files.conf}, {files.passwd}, {files.acl}; credentials in {files.credentials} (mode 600)")
+    lim = spec.limits
+    typer.echo(f"wrote {files.conf}, {files.passwd}, {files.acl}; credentials in {files.credentials} (mode 600); "
+               f"limits for {len(ids)} clients: max_packet_size {lim.max_packet_size}, max_queued_messages "
+               f"{lim.max_queued_messages}, max_queued_bytes {lim.max_queued_bytes}")
 
 
 def bench_mqtt_cmd(

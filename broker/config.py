@@ -33,6 +33,8 @@ Example::
 
     [validation]
     max_message_mb = 16
+    max_client_messages = 100 # per client and round, else cut off until the next round ("rate_limited"); 0 = off
+    # max_client_mb = 2       # per client and round ("volume_limited"); unset: 4 x the largest update + 1 MiB
     norm_bound = 0.0          # L2 bound on (update - global); 0 = off
     norm_action = "clip"      # or "reject"
     max_update_ratio = 10.0   # reject ||update - global|| > 10 x ||global|| (absurd / scaled updates); 0 = off
@@ -111,12 +113,19 @@ class ModelSection(_Frozen):
 
 class ValidationSection(_Frozen):
     max_message_mb: float = Field(default=16.0, gt=0)
+    max_client_messages: int = Field(
+        default=100, ge=0, description="messages one client may send per round (join, status, update, error, "
+        "secure-aggregation steps; the join phase before the first round is a round too): more cut it off for the "
+        "rest of the round, unread ('rate_limited'); an honest client sends fewer than 10; 0 = off")
+    max_client_mb: float | None = Field(
+        default=None, ge=0, description="payload MiB one client may send per round: more cut it off for the rest "
+        "of the round ('volume_limited'); unset: 4 x the largest update the model allows + 1 MiB; 0 = off")
     norm_bound: float = Field(default=0.0, ge=0)
     norm_action: Literal["clip", "reject"] = "clip"
     max_update_ratio: float = Field(
         default=10.0, ge=0, description="reject an update whose L2 distance from the global model exceeds this "
         "multiple of the global model's L2 norm (floating entries; 0 = off). Honest EEGNet updates measure "
-        "0.003-0.38 x (experiments/update_norm_ratio.py); this catches absurd (e.g. 1000x scaled) updates without per-round buffering")
+        "0.003-0.38 x (studies/update_norms/update_norm_ratio.py); this catches absurd (e.g. 1000x scaled) updates without per-round buffering")
 
 
 class SecAggSection(_Frozen):

@@ -46,7 +46,14 @@ from neurofed.broker.registry import Registry
 from neurofed.broker.rounds import RoundState, SeenIds
 from neurofed.broker.secagg_round import SecAggRound, check_compatible, secagg_spec
 from neurofed.broker.transport import Incoming, MqttTransport, TransportError
-from neurofed.broker.validation import Rejected, UpdateRules, check_envelope, check_join, tensor_specs
+from neurofed.broker.validation import (
+    ClientBudget,
+    Rejected,
+    UpdateRules,
+    check_envelope,
+    check_join,
+    tensor_specs,
+)
 from neurofed.trainer.atomic import atomic_write_bytes
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.fl.api import GROUP_MARK
@@ -66,6 +73,9 @@ class FederationError(NeuroFedError):
     """The federation cannot go on (not enough clients, rounds failing repeatedly)."""
 
 
+#: clients ask for the retained model / extras again (status ``idle``) when their broker node did not deliver it (a
+#: clustered broker keeps a retained message on the node it was published through): re-published at most this often
+REPUBLISH_MIN_S = 1.0
 #: rejections never answered on ``error/<id>``: the message is malformed, forged or a replay, so the
 #: client the topic names is probably not its author (a forger must not make us pester an innocent client)
 NO_REPLY_CODES = frozenset({"bad_message", "wrong_kind", "wrong_federation", "spoofed_sender", "replay", "duplicate"})
@@ -89,6 +99,33 @@ def initial_models(cfg: FederationConfig) -> dict[str, torch.nn.Module]:
         out[name] = build_model(spec.model, spec.n_channels, spec.n_classes, spec.n_times, spec.sfreq, spec.bn_mode,
                                 ch_names=spec.ch_names, **kwargs)
     return out
+
+
+def _progress(n: int, total: int) -> bool:
+    """Log the n-th of ``total`` events (a join, an update)? Each one in a small federation, else every 10 % and
+    the first and last few: a line per client cost ~1 ms of the coordinator's time per update at 1,000 clients."""
+    return total <= 50 or n <= 5 or n >= total or n % max(1, total // 10) == 0
+
+
+def update_body_cap(state: dict[str, torch.Tensor], strategy: Any, models: dict[str, torch.nn.Module]) -> int:
+    """The largest body a client may send (issue 54): an update carries the full state (every profile's modules)
+    and every profile's upload extras; a masked secure-aggregation vector is at most the state's size."""
+    return body_cap(state, *(strategy.upload_specs(models[p]) for p in sorted(models)))
+
+
+def largest_body(cfg: FederationConfig) -> int:
+    """The largest body any message of this federation legitimately carries, either way: a client's update
+    (:func:`update_body_cap`) plus the server's strategy extras from set-up (FedBM's head and generator), all in
+    one bound. A model message carries at most the state, a task the strategy's downlink extras (set-up extras,
+    or server tensors shaped like the clients' upload extras, e.g. SCAFFOLD's ``c``). Sizes the broker's
+    limits (``neurofed broker-config --config``)."""
+    models = initial_models(cfg)
+    strategy = cfg.strategy()
+    extras: dict[str, torch.Tensor] = {}
+    for p in sorted(models):
+        extras = strategy.setup(models[p]) or extras
+    state = init_server_state(models, strategy.group_prefixes)
+    return update_body_cap(state, strategy, models) + body_cap(extras)
 
 
 class Coordinator:
@@ -137,17 +174,21 @@ class Coordinator:
         self._profile_payloads: dict[str, bytes] = {}  # retained topic -> payload of each profile's model
         self._extras_payload: bytes | None = None  # retained cached extras (Strategy.cached_prefixes)
         self._extras_sha = ""
+        self._asked, self._republished_at = False, float("-inf")  # a client asked for the retained state again
         self.max_bytes = int(cfg.validation.max_message_mb * (1 << 20))
         self.fingerprint = cfg.model_dump_json()
         if self.fed.secure_aggregation:
             check_compatible(cfg, self.strategy, self.model)
         if resume:
             self._resume()
-        # issue 54: the largest body a client may send (an update: the full state, every profile's modules, plus
-        # every profile's upload extras; a masked secure-aggregation vector is at most the state's size), so a
-        # header declaring more is refused before its body costs memory (neurofed.broker.protocol.decode)
-        self.max_body = body_cap(self.server.global_state,
-                                 *(self.strategy.upload_specs(self.models[p]) for p in sorted(self.models)))
+        # issue 54: a header declaring a body larger than a client may send is refused before the body costs
+        # memory (neurofed.broker.protocol.decode)
+        self.max_body = update_body_cap(self.server.global_state, self.strategy, self.models)
+        # issue 54: per-client message and byte budgets per round, charged before anything is decoded
+        v = cfg.validation
+        mb = v.max_client_mb
+        self.budget = ClientBudget(v.max_client_messages,
+                                   4 * self.max_body + (1 << 20) if mb is None else int(mb * (1 << 20)))
         will = (self.topics.status(COORDINATOR_ID), self._status("offline"))
         # a probe on a topic of its own lets the transport notice a session that stopped delivering (and
         # re-establish it) instead of this coordinator waiting out its join timeout on an empty queue
@@ -214,14 +255,28 @@ class Coordinator:
         if self.connects > 1:
             logger.info("reconnected to the broker (#%d): re-publishing status, model and open task", self.connects - 1)
         self._pub(self.topics.status(COORDINATOR_ID), self._status("online"), retain=True, wait=None)
+        self._republish(task=True)
+
+    def _republish(self, task: bool) -> None:
+        """Publish the retained model(s), extras (and with ``task`` the open task) again."""
         if self._model_payload is not None:
             self._pub(self.topics.model, self._model_payload, retain=True, wait=None)
         for topic, payload in self._profile_payloads.items():
             self._pub(topic, payload, retain=True, wait=None)
         if self._extras_payload is not None:
             self._pub(self.topics.extras, self._extras_payload, retain=True, wait=None)
-        if self._task_payload is not None:
+        if task and self._task_payload is not None:
             self._pub(self.topics.task, self._task_payload, retain=True, wait=None)
+
+    def _republish_if_asked(self) -> None:
+        """Clients asked for the retained model / extras again (status ``idle``: their node of a clustered broker
+        never had the retained copy): publish them again, at most every REPUBLISH_MIN_S seconds however many ask.
+        Not the task: every joined client is subscribed to it when it is published, and a repeated task would
+        make its selected clients re-key a secure-aggregation round."""
+        if self._asked and time.monotonic() - self._republished_at >= REPUBLISH_MIN_S:
+            self._asked, self._republished_at = False, time.monotonic()
+            logger.info("a client did not get the retained model/extras from its broker node: publishing them again")
+            self._republish(task=False)
 
     # ------------------------------------------------------------------ messages in
     def _reject(self, sender: str, code: str, detail: str) -> None:
@@ -251,6 +306,12 @@ class Coordinator:
             return
         if kind in ("task", "model", "result", "extras") or cid == COORDINATOR_ID or not item.payload:
             return
+        was_cut = (cid or "?") in self.budget.cut
+        try:
+            self.budget.charge(cid or "?", len(item.payload))
+        except Rejected as exc:
+            self._over_budget(cid or "?", exc, was_cut)
+            return
         msg = None
         try:
             ref = None
@@ -270,11 +331,12 @@ class Coordinator:
                     raise Rejected("profile_changed", f"joined as device profile "
                                    f"{self.registry.clients[msg.sender].profile!r}, now {msg.profile!r}")
                 self.registry.join(msg)
-                if new:
+                if new and _progress(len(self.registry), self.fed.min_clients):
                     logger.info("client %s joined (%d trials%s); %d known", msg.sender, msg.n_trials,
                                 f", profile {msg.profile}" if msg.profile else "", len(self.registry))
             elif kind == "status":
                 self.registry.set_online(msg.sender, msg.state != "offline")
+                self._asked = self._asked or msg.state == "idle"
                 if self.current is not None and msg.state == "offline":
                     self.current.offline.add(msg.sender)
                 elif self.current is not None:
@@ -285,8 +347,9 @@ class Coordinator:
                 if self.current is None:
                     raise Rejected("late", f"update for round {msg.round} while no round is open")
                 self.current.offer(msg, tensors, len(item.payload), self.seen, self.bodies)
-                logger.info("round %d: update from %s (%d/%d)", self.current.index, msg.sender,
-                            len(self.current.updates), len(self.current.selected))
+                if _progress(len(self.current.updates), len(self.current.selected)):
+                    logger.info("round %d: update from %s (%d/%d)", self.current.index, msg.sender,
+                                len(self.current.updates), len(self.current.selected))
             elif kind == "secagg":
                 if not isinstance(self.current, SecAggRound):
                     raise Rejected("late", f"{msg.kind} while no secure aggregation round is open")
@@ -299,6 +362,18 @@ class Coordinator:
                 self._tell(cid, exc, msg.msg_id)
         except Exception as exc:  # noqa: BLE001 - a malformed message must never stop the federation
             self._reject(cid or "?", "internal", f"{type(exc).__name__}: {exc}")
+
+    def _over_budget(self, cid: str, exc: Rejected, was_cut: bool) -> None:
+        """A message over its client's budget (:class:`ClientBudget`): the one that crossed it is a rejection of
+        the round and cuts the client off (not waited for); later ones are only counted (a flood costs no list)."""
+        if was_cut:
+            self.rejections[exc.code] += 1
+            return
+        self._reject(cid, exc.code, exc.detail)
+        if self.current is not None:
+            self.current.cut_off.add(cid)
+        logger.warning("client %s cut off for the rest of round %s: %s", cid[:64],
+                       self.current.index if self.current is not None else "(joining)", exc.detail)
 
     def _tell(self, cid: str, exc: Rejected, reply_to: str) -> None:
         """Tell a client why its message was rejected: once per client and round, naming the message.
@@ -330,6 +405,7 @@ class Coordinator:
             item = self.transport.get(min(left, 0.2))
             if item is not None:
                 self.handle(item)
+            self._republish_if_asked()
         return True
 
     def _publish_cached_extras(self, cached: dict[str, torch.Tensor], r: int) -> int:
@@ -381,6 +457,7 @@ class Coordinator:
         # hash) and derives the downlink itself, so only the selected clients download weights this round
         self._task_payload = encode(task, pack({"extra": extras}) if extras else None, compress=self.fed.compress)
         self._replied.clear()
+        self.budget.reset()
         # updates are delta-coded against the model their client holds (its profile's view)
         self._update_refs = {p: delta_reference(v) for p, v in views.items()} or {
             "": delta_reference(self.server.global_state)}
@@ -426,7 +503,7 @@ class Coordinator:
             self.registry.clients[cid].rounds_done += 1
         loss = [u.metrics.get("loss") for _, u in updates if "loss" in u.metrics]
         m = {"round": self.server.round, "selected": rs.selected, "participants": [c for c, _ in updates],
-             "stragglers": rs.missing(), "rejected": rejected, "bytes_down": rs.bytes_down,
+             "stragglers": rs.missing(), "rejected": rejected, "cut_off": sorted(rs.cut_off), "bytes_down": rs.bytes_down,
              "bytes_up": rs.bytes_up, "bytes_extras": rs.bytes_extras, "seconds": time.monotonic() - t0,
              "loss": float(sum(loss) / len(loss)) if loss else None}
         if (clipped := clipped_in_round(before, self.server)) is not None:
@@ -507,14 +584,15 @@ class Coordinator:
         why = "" if need == self.fed.min_clients else (f" (resumed run: {self.resume_online} were online at the "
                                                        f"checkpoint; min_clients {self.fed.min_clients})")
         end = time.monotonic() + self.fed.join_timeout_s
-        while len(have := self.registry.candidates()) < need:
+        while self.registry.n_online() < need:
+            have = self.registry.candidates()
             left = end - time.monotonic()
             if left <= 0:
                 raise FederationError(f"only {len(have)} of {need} clients joined within {self.fed.join_timeout_s:.0f} s")
             known = [c for c in self.registry.ids() if c not in have]
             logger.info("waiting for %d client(s) to join%s: %d online%s; %.0f s left", need, why, len(have),
                         f", known but offline: {', '.join(known[:20])}" if known else "", left)
-            self.pump(lambda: len(self.registry.candidates()) >= need, min(left, log_every), stop)
+            self.pump(lambda: self.registry.n_online() >= need, min(left, log_every), stop)
 
     def save_final(self) -> Path:
         extra: dict[str, Any] = {"federation": self.fed.name, "rounds": self.server.round, "seed": self.fed.seed,

@@ -627,6 +627,14 @@ def body_cap(*tensor_sets: Mapping[str, Any]) -> int:
     return total
 
 
+def frame_cap(max_body: int) -> int:
+    """The largest legitimate frame (prefix, header, body as sent) whose body is at most ``max_body`` bytes
+    decoded: the prefix, :data:`MAX_HEADER_BYTES` and the body plus LZMA2's worst-case expansion of data it
+    cannot compress (a 3-byte header per 64 KiB chunk of stored data, and the stream's end; delta coding and the
+    shuffle keep the length). Sizes the broker's packet limit (:mod:`neurofed.broker.secure`)."""
+    return _PREFIX.size + MAX_HEADER_BYTES + max_body + 3 * (max_body // (64 << 10) + 1) + 64
+
+
 #: Body compression (flag bit 0): a raw LZMA2 stream (no container; the header has length and hash). lc=lp=pb=0
 #: suits bit-shuffled words (no byte-position or literal context to learn); a 1 MiB window bounds the
 #: decoder's memory. Part of the wire format.
@@ -796,6 +804,7 @@ __all__ = [
     "Topics",
     "UpdateMsg",
     "body_cap",
+    "frame_cap",
     "bytes_to_tensors",
     "decode",
     "delta_reference",

@@ -29,6 +29,11 @@ class Registry:
 
     def __init__(self) -> None:
         self.clients: dict[str, ClientInfo] = {}
+        self._online: set[str] = set()  # ids with ``online`` set: counted per incoming message while joining
+
+    def n_online(self) -> int:
+        """How many clients are online, in O(1) (the coordinator asks after every message while clients join)."""
+        return len(self._online)
 
     def __len__(self) -> int:
         return len(self.clients)
@@ -44,19 +49,21 @@ class Registry:
             info = self.clients[msg.sender] = ClientInfo(msg.sender, msg.n_trials, dict(msg.capabilities), now, now)
         info.n_trials, info.capabilities, info.profile = msg.n_trials, dict(msg.capabilities), msg.profile
         info.online, info.last_seen = True, now
+        self._online.add(msg.sender)
         return info
 
     def set_online(self, cid: str, online: bool) -> None:
         info = self.clients.get(cid)
         if info is not None:
             info.online, info.last_seen = online, time.time()
+            (self._online.add if online else self._online.discard)(cid)
 
     def profiles(self) -> dict[str, str]:
         """Client id -> device profile, of every client that joined with one."""
         return {c: i.profile for c, i in self.clients.items() if i.profile}
 
     def candidates(self) -> list[str]:
-        return sorted(c for c, i in self.clients.items() if i.online)
+        return sorted(self._online)
 
     def ids(self) -> list[str]:
         return sorted(self.clients)

@@ -265,8 +265,8 @@ class SecAggRound(RoundState):
                 self.cpu_s += time.perf_counter() - t0
 
     def _advance(self, now: float) -> bool:
-        def live(ids, done) -> list[str]:  # still expected: not delivered, not offline
-            return [c for c in ids if c not in done and c not in self.offline]
+        def live(ids, done) -> list[str]:  # still expected: not delivered, not offline, not cut off (flooding)
+            return [c for c in ids if c not in done and c not in self.offline and c not in self.cut_off]
 
         if self.phase == "keys":
             if not live(self.selected, self.keys) or now >= self.started + min(self.phase_s, self.collect_s):

@@ -71,6 +71,11 @@ DataLoader = Callable[[ModelSpec], SubjectData]
 Montage = Callable[[], tuple[Sequence[str], float]]
 #: a task's body (strategy extras) is at most this many copies of the model we hold (issue 54; SCAFFOLD: one)
 TASK_BODY_MODEL_COPIES = 4
+#: seconds we wait for a retained model / extras after subscribing before we ask the coordinator to publish it again
+#: (status ``idle``), doubling up to RETAINED_ASK_MAX_S while none comes: a clustered broker (RabbitMQ) keeps a
+#: retained message on the node it was published through only, so a client on another node never gets it
+RETAINED_GRACE_S = 1.0
+RETAINED_ASK_MAX_S = 30.0
 
 
 @dataclass
@@ -170,6 +175,8 @@ class EdgeClient:
         self.montage = montage
         self.profile: str | None = None        # our device profile in a hierarchical federation
         self.secagg: SecAggSession | None = None  # the open secure-aggregation round (edge/secagg_client.py)
+        self._asked_at = 0.0  # when we last subscribed to / asked for a retained model or extras
+        self._ask_after = RETAINED_GRACE_S  # how long we wait for it before asking (again)
 
     # ------------------------------------------------------------------ plumbing
     def _status(self, state: str, rnd: int | None = None) -> bytes:
@@ -203,6 +210,7 @@ class EdgeClient:
                 self.transport.unsubscribe(t)  # the federation-wide `model` once we know our profile, or vice versa
         if want and topic not in self.transport.subscriptions:
             self.transport.subscribe(topic)
+            self._asked_at, self._ask_after = time.monotonic(), RETAINED_GRACE_S
         elif not want and topic in self.transport.subscriptions:
             self.transport.unsubscribe(topic)
 
@@ -231,7 +239,25 @@ class EdgeClient:
         logger.info("%s: device matches profile %s", self.cid, prof.name)
         return prof.name
 
+    def _waiting_for_retained(self) -> bool:
+        """Whether we are subscribed to a retained model or extras that has not come (we unsubscribe once it has)."""
+        assert self.transport is not None
+        return any(t == self.topics.extras or t.startswith(self.topics.model) for t in self.transport.subscriptions)
+
+    def _ask_again(self) -> None:
+        """Ask the coordinator to publish its retained model / extras again (status ``idle``) when the broker did
+        not deliver the retained copy within ``_ask_after`` seconds of our subscribing (or of our last ask): a
+        clustered broker delivers retained messages to clients of the node they were published through only.
+        The coordinator coalesces such asks; a broker that delivers retained messages (Mosquitto) never sees one."""
+        now = time.monotonic()
+        if now - self._asked_at < self._ask_after or not self._waiting_for_retained():
+            return
+        self._asked_at, self._ask_after = now, min(2 * self._ask_after, RETAINED_ASK_MAX_S)
+        logger.debug("%s: no retained model/extras yet; asking the coordinator to publish them again", self.cid)
+        self._pub(self.topics.status(self.cid), self._status("idle"), retain=True, wait=None)
+
     def _announce(self) -> None:
+        self._asked_at, self._ask_after = time.monotonic(), RETAINED_GRACE_S
         self._pub(self.topics.status(self.cid), self._status("online"), retain=True, wait=None)
         if self.data is not None:
             d = self.data
@@ -503,6 +529,7 @@ class EdgeClient:
                 item = self.transport.get(0.2)
                 if item is not None:
                     self.handle(item)
+                self._ask_again()
             if self.finished:
                 self._pub(self.topics.status(self.cid), self._status("done"), retain=True, wait=5.0)
         finally:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from neurofed_runtime.model import open_model
 
 from neurofed.edge.guard import GuardConfig, GuardResult, check_window
 from neurofed.edge.stream import StreamLayout, match_stream
@@ -144,7 +145,8 @@ class PythonDecoder:
                           else state.context, state.seen + 1)
         if self.ea:
             batch = apply_ea(batch, self.ea_matrix(nxt))
-        logits = self.model.forward(batch.astype(np.float32))[-1].astype(np.float64)
+        # InferenceEngine said once (a log line) that early windows get a partial BN context
+        logits = self.model.forward(batch.astype(np.float32), check_batch=False)[-1].astype(np.float64)
         p = np.exp(logits - logits.max())
         return p / p.sum(), nxt
 
@@ -269,6 +271,15 @@ class InferenceEngine:
                 f"samples, but the model expects {m.n_times} ({m.sfreq} Hz x {m.window} s)"
             )
         self.batch = int(context or m.test_batch_size)
+        need = int(getattr(model, "min_windows", 1))
+        if decoder is None and need > 1:  # the batch-1 trap of a plain batch-specific-BN export, said once
+            logger.warning(
+                "%s: a plain export of a batch-specific-BN model normalises each window with its batch: %s; "
+                "for one-window decoding use the standalone graph (neurofed export --standalone)",
+                getattr(model, "path", "model"),
+                f"--context {self.batch} is below its minimum batch {need}, so every window is decoded with too "
+                "few" if self.batch < need else
+                f"the first {need - 1} windows of a session get fewer than the {need} it needs")
         self.decoder: DecoderStep = decoder or PythonDecoder(model, self.stream_sfreq, self.batch, ea_reference,
                                                              ea_min_windows)
         self.state = self.decoder.init_state()
@@ -322,16 +333,10 @@ def check_stream(meta: OnnxModelMeta, ch_names: Sequence[str], sfreq: float,
     return layout
 
 
-def pick_model(models: Sequence[str | Path], ch_names: Sequence[str], sfreq: float) -> Path:
-    """The exported model to decode a stream with, among ``models`` (files or folders of ``.onnx`` files).
-
-    One model with no device profile in its metadata decodes any stream that has its channels (as
-    before). Otherwise the stream (channel names in order, rate) must match exactly one model's
-    device profile (:func:`neurofed.trainer.data.profiles.match_profile`, as an edge client's recorded data
-    must to join a federation of profiles); a stream matching none, several models of one profile,
-    or a mix of models with and without a profile are each refused with one line.
-    """
-
+def model_files(models: Sequence[str | Path]) -> list[Path]:
+    """The ``.onnx`` files among ``models`` (files or folders), each loaded and checked against its metadata by the
+    runtime (:func:`neurofed_runtime.model.open_model`): a missing, unreadable or inconsistent model is one line,
+    before anything waits for a stream."""
     files: list[Path] = []
     for m in map(Path, models):
         if m.is_dir():
@@ -343,6 +348,22 @@ def pick_model(models: Sequence[str | Path], ch_names: Sequence[str], sfreq: flo
             files.append(m)
     if not files:
         raise NeuroFedError("no model given (--model FILE or FOLDER)")
+    for f in files:
+        open_model(f)
+    return files
+
+
+def pick_model(models: Sequence[str | Path], ch_names: Sequence[str], sfreq: float) -> Path:
+    """The exported model to decode a stream with, among ``models`` (files or folders of ``.onnx`` files).
+
+    One model with no device profile in its metadata decodes any stream that has its channels (as
+    before). Otherwise the stream (channel names in order, rate) must match exactly one model's
+    device profile (:func:`neurofed.trainer.data.profiles.match_profile`, as an edge client's recorded data
+    must to join a federation of profiles); a stream matching none, several models of one profile,
+    or a mix of models with and without a profile are each refused with one line.
+    """
+
+    files = model_files(models)
     metas = {f: read_onnx_meta(f) for f in files}
     plain = [f for f, m in metas.items() if m.profile is None]
     if len(files) == 1 and plain:

@@ -6,7 +6,9 @@ cuts trials) and decoded by :class:`neurofed.edge.infer.InferenceEngine` (guard,
 batch-specific BN context, onnxruntime); predictions go out as an LSL stream and optionally as MQTT
 JSON messages.
 
-Prediction stream: type ``Predictions``, double64, channels ``class_index, p_<class>..., t_window_end``.
+Prediction stream: type ``Predictions``, double64, channels ``class_index, p_<class>..., t_window_end`` (labels,
+units and types in ``desc/channels``), and beside it a string marker stream ``<name>-markers`` of the predicted
+class names (one per prediction, same timestamp).
 Each sample's LSL timestamp is the local LSL clock when the prediction was emitted (real time, whatever
 the EEG stream's timestamps say); ``t_window_end`` is the EEG stream's timestamp of the window's last
 sample (clock-corrected), which aligns the prediction with the EEG and its cues. The two differ by the
@@ -46,12 +48,33 @@ POLL_SECONDS = 0.001
 
 
 def prediction_outlet(name: str, source_id: str, classes: Sequence[str], model_hash: str):
-    """The LSL outlet predictions are published on (one sample per decoded window, stamped at emission)."""
+    """The LSL outlet predictions are published on (one sample per decoded window, stamped at emission).
+
+    Self-described (XDF meta-data conventions): ``desc/channels`` give each channel's label, unit and type
+    (``class_index``: unit ``none``, type ``ClassIndex``; ``p_<class>``: unit ``none``, type ``Probability``;
+    ``t_window_end``: unit ``seconds``, type ``Timestamp``), ``desc/classes`` the class names in index order.
+    """
     from neurofed.edge.lsl_io import irregular_outlet  # lazy: pylsl (keeps --help fast)
 
     labels = ["class_index", *[f"p_{c}" for c in classes], "t_window_end"]
+    units = ["none", *["none"] * len(classes), "seconds"]
+    types = ["ClassIndex", *["Probability"] * len(classes), "Timestamp"]
     return irregular_outlet(name, "Predictions", labels, source_id, "double64",
-                            {"classes": list(classes), "model_hash": model_hash, "timestamps": "emission"})
+                            {"classes": list(classes), "model_hash": model_hash, "timestamps": "emission",
+                             "meaning": "one sample per decoded window: the predicted class index, the class "
+                                        "probabilities, and the EEG stream time of the window's last sample"},
+                            units=units, types=types)
+
+
+def label_outlet(name: str, source_id: str, classes: Sequence[str], model_hash: str):
+    """A string marker outlet of the predicted class names (one per decoded window, stamped as the prediction
+    stream's sample): what a recorder or a marker-driven app reads without knowing NeuroFed's index order."""
+    from neurofed.edge.lsl_io import irregular_outlet  # lazy: pylsl (keeps --help fast)
+
+    return irregular_outlet(name, "Markers", ["predicted_class"], source_id, "string",
+                            {"classes": list(classes), "model_hash": model_hash, "timestamps": "emission",
+                             "meaning": "the predicted class name of each decoded window"},
+                            units=["none"], types=["Markers"])
 
 
 def make_buffer(engine: InferenceEngine, dtype: type = np.float64) -> RingBuffer:
@@ -129,12 +152,15 @@ def run_loop(
     }
 
 
-def lsl_sink(outlet) -> Callable[[object], None]:
+def lsl_sink(outlet, labels=None) -> Callable[[object], None]:
+    """Push each prediction to ``outlet`` (and its class name to the ``labels`` marker outlet, if given)."""
     from neurofed.edge.infer import Prediction  # lazy: onnx, onnxruntime (keeps --help fast)
 
     def push(res: object) -> None:
         if isinstance(res, Prediction):
             outlet.push_sample([float(res.index), *res.probabilities, res.t_end], res.t_emit)
+            if labels is not None:
+                labels.push_sample([res.label], res.t_emit)
 
     return push
 
@@ -222,6 +248,7 @@ def infer(
     from neurofed.edge.infer import (  # lazy: onnx, onnxruntime (keeps --help fast)
         InferenceEngine,
         StandaloneStep,
+        model_files,
         pick_model,
     )
     from neurofed.edge.lsl_io import (  # lazy: pylsl (keeps --help fast)
@@ -231,18 +258,22 @@ def infer(
         find_stream,
     )
     from neurofed.export.decoder import StandaloneModel  # lazy: onnx, onnxruntime (keeps --help fast)
-    from neurofed.export.runtime import OnnxModel, load_model  # lazy: onnx, onnxruntime (keeps --help fast)
+    from neurofed.export.runtime import (  # lazy: onnx, onnxruntime (keeps --help fast)
+        OnnxModel,
+        read_onnx_meta,
+    )
 
     console = Console()
     if mode not in ("cue", "sliding"):
         raise typer.BadParameter(f"mode {mode!r}: use cue or sliding")
+    model = model_files(model)  # every model loaded and checked against its metadata before waiting for a stream
     eeg = Inlet(find_stream(name=stream, source_id=source_id, timeout=timeout, unique=False))
     mk = transport = None
     # every inlet and connection opened here is closed on any exit, errors included: an inlet left to the garbage
     # collector while its stream's outlet is destroyed crashed liblsl (a segfault in CI)
     try:
         chosen = pick_model(model, eeg.meta.ch_names, eeg.meta.sfreq)
-        standalone = bool(load_model(chosen)[1].standalone)
+        standalone = bool(read_onnx_meta(chosen).standalone)
         om = StandaloneModel(chosen, threads=threads) if standalone else OnnxModel(chosen, threads=threads)
         ref = None
         if ea_reference is not None:
@@ -267,7 +298,9 @@ def infer(
         check_unique([(stream, None, source_id)] + ([(mk.meta.name, None, None)] if mk is not None else []))
         name = out_name or f"{stream}-predictions"
         outlet = prediction_outlet(name, f"{eeg.meta.source_id}-predictions", om.meta.classes, om.meta.model_hash)
-        sinks = [lsl_sink(outlet)] + ([] if quiet else [log_sink(console)])
+        names = label_outlet(f"{name}-markers", f"{eeg.meta.source_id}-predictions-markers", om.meta.classes,
+                             om.meta.model_hash)
+        sinks = [lsl_sink(outlet, names)] + ([] if quiet else [log_sink(console)])
         if mqtt:
             from neurofed.broker.transport import MqttTransport  # lazy: paho-mqtt (keeps --help fast)
 
@@ -275,7 +308,8 @@ def infer(
             sinks.append(mqtt_sink(transport, mqtt_topic or f"neurofed/predictions/{stream}"))
         console.print(
             f"decoding {stream!r} ({eeg.meta.n_channels} ch @ {eeg.meta.sfreq:g} Hz) with {om.meta.model} "
-            f"[{mode}], publishing LSL stream {name!r}" + (f" and MQTT {mqtt}" if mqtt else "")
+            f"[{mode}], publishing LSL streams {name!r} and {name + '-markers'!r}"
+            + (f" and MQTT {mqtt}" if mqtt else "")
         )
         stop = threading.Event()
         stats = run_loop(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pylsl
+from neurofed_runtime.channels import lsl_channels
 from pylsl.util import LostError
 from pylsl.util import TimeoutError as LslTimeout
 
@@ -128,15 +129,8 @@ def check_marker_stream(meta: StreamMeta) -> None:
 
 
 def _meta(info) -> StreamMeta:
-    names, units = [], []
-    ch = info.desc().child("channels").child("channel")
-    while not ch.empty():
-        names.append(ch.child_value("label"))
-        units.append(ch.child_value("unit"))
-        ch = ch.next_sibling("channel")
-    n = info.channel_count()
-    if len(names) != n:  # no (or partial) channel description
-        names, units = [f"ch{i + 1}" for i in range(n)], [""] * n
+    ch = lsl_channels(info)  # desc/channels: the runtime's reading (one rule for every consumer)
+    names, units, n = ch.ch_names, ch.units, info.channel_count()
     return StreamMeta(info.name(), info.type(), info.source_id(), float(info.nominal_srate()), n, names, units,
                       int(info.channel_format()), info.hostname(), info.uid())
 
@@ -264,14 +258,18 @@ class Inlet:
 
 def irregular_outlet(
     name: str, stype: str, labels: list[str], source_id: str, fmt: str = "float32",
-    extra_desc: dict[str, str | list[str]] | None = None,
+    extra_desc: dict[str, str | list[str]] | None = None, units: Sequence[str] | None = None,
+    types: Sequence[str] | None = None,
 ):
-    """An irregular-rate outlet (e.g. decoded predictions), channels labelled in ``desc/channels``.
+    """An irregular-rate outlet (e.g. decoded predictions), channels described in ``desc/channels`` (the XDF
+    meta-data convention: ``label``, and ``unit``/``type`` when given).
 
     Parameters
     ----------
     fmt : str
         ``float32``, ``double64`` or ``string``.
+    units, types : sequence of str, optional
+        Per channel, its unit and type.
     extra_desc : dict, optional
         More ``desc`` entries: a string value becomes ``<key>value</key>``; a list becomes
         ``<key><item>v</item>...</key>`` with the singular of key (``classes`` -> ``class``).
@@ -282,8 +280,13 @@ def irregular_outlet(
     cf = formats[fmt]
     info = pylsl.StreamInfo(name, stype, len(labels), pylsl.IRREGULAR_RATE, cf, source_id)
     chans = info.desc().append_child("channels")
-    for lab in labels:
-        chans.append_child("channel").append_child_value("label", lab)
+    for i, lab in enumerate(labels):
+        ch = chans.append_child("channel")
+        ch.append_child_value("label", lab)
+        if units is not None:
+            ch.append_child_value("unit", units[i])
+        if types is not None:
+            ch.append_child_value("type", types[i])
     for key, value in (extra_desc or {}).items():
         if isinstance(value, str):
             info.desc().append_child_value(key, value)

@@ -13,6 +13,7 @@ torn last index line is cut off when the store is reopened. Earlier trials are n
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -33,6 +34,23 @@ from neurofed.trainer.errors import DataError
 
 FORMAT = "neurofed-trials/1"
 
+#: errors that mean "no room left" for a write: a full file system, a quota, the process's file size limit
+#: (``ulimit -f``; Python ignores SIGXFSZ, so the write fails with EFBIG)
+NO_ROOM = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EFBIG: "file size limit reached"}
+
+
+class StoreWriteError(DataError):
+    """A trial could not be written (disk full, quota, file size limit, I/O error); the store is left as it was."""
+
+
+def _undo(f, end: int, trial_path: Path) -> None:
+    """Best effort after a failed index write: truncate the index back to ``end`` and remove the trial's file."""
+    try:
+        f.truncate(end)
+    except OSError:  # a torn last line is also cut when the store is reopened
+        pass
+    trial_path.unlink(missing_ok=True)
+
 
 class LocalStore:
     """Append-only store of raw trials for one subject/headset.
@@ -49,7 +67,11 @@ class LocalStore:
 
     def __init__(self, path: str | os.PathLike, subject: str = "local", classes: Sequence[str] | None = None) -> None:
         self.path = Path(path)
-        (self.path / "trials").mkdir(parents=True, exist_ok=True)
+        try:
+            (self.path / "trials").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            what = NO_ROOM.get(exc.errno or 0, "cannot create the store")
+            raise StoreWriteError(f"{self.path}: {what} ({exc.strerror or exc})") from None
         self.index_path = self.path / "index.jsonl"
         self.meta_path = self.path / "meta.json"
         self.subject = subject
@@ -111,7 +133,23 @@ class LocalStore:
             raise DataError(f"{self.path}: trial channels differ from the store's ({len(self.meta['ch_names'])} ch)")
 
     def append(self, trial: RawTrial) -> int:
-        """Commit one raw trial; returns its sequence number."""
+        """Commit one raw trial; returns its sequence number.
+
+        Raises
+        ------
+        StoreWriteError
+            The disk is full (or another write error): one line naming the problem; the trial is not
+            committed and every trial committed before is intact (a torn index line is cut back, an orphaned
+            trial file removed).
+        """
+        try:
+            return self._append(trial)
+        except OSError as exc:
+            what = NO_ROOM.get(exc.errno or 0, "cannot write")
+            raise StoreWriteError(f"{self.path}: {what} ({exc.strerror or exc}) storing trial {self._next}; the "
+                                  f"{len(self)} trials already stored are intact") from None
+
+    def _append(self, trial: RawTrial) -> int:
         self._check_meta(trial)
         data = np.asarray(trial.data, dtype=np.float32)
         if data.ndim != 2 or data.shape[0] != len(trial.ch_names):
@@ -121,13 +159,19 @@ class LocalStore:
         np.savez(bio, data=data, label=np.array(trial.label), onset=np.array(trial.onset))
         payload = bio.getvalue()
         name = f"{seq:06d}.npz"
-        atomic_write_bytes(self.path / "trials" / name, payload)
+        trial_path = atomic_write_bytes(self.path / "trials" / name, payload)
         entry = {"seq": seq, "file": f"trials/{name}", "sha256": hashlib.sha256(payload).hexdigest(),
                  "label": trial.label, "onset": trial.onset, "n_times": int(data.shape[1]), "time": time.time()}
-        with open(self.index_path, "ab") as f:
-            f.write((json.dumps(entry) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
+        line = memoryview((json.dumps(entry) + "\n").encode())
+        with open(self.index_path, "ab", buffering=0) as f:  # unbuffered: a failed write fails here, not at close
+            end = f.seek(0, os.SEEK_END)
+            try:
+                while line:
+                    line = line[f.write(line):]
+                os.fsync(f.fileno())
+            except OSError:  # e.g. the disk filled up mid-line: cut the torn line, drop the uncommitted trial
+                _undo(f, end, trial_path)
+                raise
         self.entries.append(entry)
         self._next = seq + 1
         return seq

@@ -61,6 +61,8 @@ def write_recording(
         "classes": list(meta.classes),
         "labels": [int(v) for v in labels],
         "sessions": sessions,
+        # per session "trained_on": its file is in the model's data_hashes (null: the model does not say)
+        "training_data_source": "model metadata (data_hashes)",
     }
     p = out / "recording.json"
     p.write_text(json.dumps(doc, indent=1))
@@ -96,7 +98,13 @@ def make_bundle(
         raise NeuroFedError(f"S{subject:03d} is recorded at {sessions[0][3]} Hz, the model was exported for {rate} Hz")
     windows = np.concatenate([w for _, w, _, _ in sessions])
     labels = [int(v) for _, _, y, _ in sessions for v in y]
-    info = [{"file": f, "subject": f"S{subject:03d}", "windows": len(w)} for f, w, _, _ in sessions]
+    # a recording whose file is in the model's data_hashes was training data: scores on it are not accuracy
+    known = bool(meta.data_hashes)
+    info = [{"file": f, "subject": f"S{subject:03d}", "windows": len(w),
+             "trained_on": (f in meta.data_hashes) if known else None} for f, w, _, _ in sessions]
+    if any(i["trained_on"] for i in info):
+        logger.warning("S%03d: the model was trained on these recordings (its data_hashes): the bundle's accuracy "
+                       "is a training-set score", subject)
     return out / "model.onnx", write_recording(out, windows, labels, meta, info)
 
 

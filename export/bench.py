@@ -135,7 +135,7 @@ def bench_onnx(reps: int = 500, warmup: int = 50, out_dir: Path = BENCH_DIR) -> 
     from rich.console import Console
 
     console = Console()
-    # the last case: the 6-model ensemble of BENCHMARKS "What closes the gap" as one graph
+    # the last case: the 6-model ensemble of studies/table46 (SAFE + FedBS x 3 seeds) as one graph
     cases = [("eegnet", 21, 320, 80.0, 1), ("eegnet", 64, 640, 160.0, 1), ("shallow", 21, 320, 80.0, 1),
              ("eegnet", 21, 320, 80.0, 6)]
     results = []

@@ -10,13 +10,16 @@ onnxruntime, as an attacker holding only the app's model file would (:func:`quer
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 import torch
+from neurofed_runtime.errors import SmallBatchWarning
 from onnx import numpy_helper
 from torch import nn
 
@@ -29,6 +32,8 @@ from neurofed.trainer.data.dataset import load_recordings
 from neurofed.trainer.data.eegmmidb import TASKS
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.evaluate import adversarial_batches, bca
+
+logger = logging.getLogger("neurofed.export")
 
 
 def torch_twin(
@@ -201,18 +206,27 @@ def evaluate(
 
     om = OnnxModel(model_path)
     bs = batch_size or om.meta.test_batch_size
+    need = om.min_windows  # a plain batch-specific-BN export's minimum batch (1 otherwise)
+    if bs < need:
+        logger.warning("--batch-size %d is below the model's minimum batch %d (batch-specific BN): every batch is "
+                       "normalised with too few windows, BCA falls", bs, need)
     black_box = attack in BLACK_BOX_ATTACKS
     twin = torch_twin(om.meta, model_path, checkpoint) if attack and not black_box else None
     per: dict[str, dict] = {}
-    for subj, (X, y) in data.items():
-        row = {"n_trials": len(X), "bca": bca(y, om.predict(X, bs))}
-        if attack:
-            Xa = (query_attack_batches(om, X, y, attack, eps, bs, seed) if black_box
-                  else attack_batches(twin, X, y, attack, eps, bs, seed))
-            row["bca_attacked"] = bca(y, om.predict(Xa, bs))
-        per[subj] = row
-        if on_subject:
-            on_subject(subj)
+    with warnings.catch_warnings():  # the minimum batch is said in one log line (above, and per subject below)
+        warnings.simplefilter("ignore", SmallBatchWarning)
+        for subj, (X, y) in data.items():
+            if 0 < len(X) < need:
+                logger.warning("%s: %d trials, fewer than the model's minimum batch %d (batch-specific BN): its "
+                               "BCA is computed from under-filled batches", subj, len(X), need)
+            row = {"n_trials": len(X), "bca": bca(y, om.predict(X, bs))}
+            if attack:
+                Xa = (query_attack_batches(om, X, y, attack, eps, bs, seed) if black_box
+                      else attack_batches(twin, X, y, attack, eps, bs, seed))
+                row["bca_attacked"] = bca(y, om.predict(Xa, bs))
+            per[subj] = row
+            if on_subject:
+                on_subject(subj)
     metrics = ["bca"] + (["bca_attacked"] if attack else [])
     trained, source = training_subjects(om.meta, trained_on)
     for subj, row in per.items():

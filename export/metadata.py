@@ -27,6 +27,13 @@ from neurofed.export.runtime import (  # the model card's reader is the runtime'
     read_onnx_meta,
 )
 from neurofed.trainer.checkpoint import ModelMeta, device_of
+from neurofed.trainer.model_meta import FORMAT_VERSION
+
+#: what ``training_rate_hz`` and ``input_rate_hz`` mean (written into every card beside them)
+RATES_NOTE = ("training_rate_hz: the rate the network was trained at (sfreq, after resampling; n_times samples per "
+              "window); input_rate_hz: the rate of the samples the graph's input takes (a plain graph takes "
+              "preprocessed windows at the training rate; a standalone graph takes raw device samples at the "
+              "device rate and resamples them itself)")
 
 
 def model_hash(state: Mapping[str, torch.Tensor]) -> str:
@@ -72,15 +79,39 @@ def build_meta(ckpt_meta: ModelMeta, state: Mapping[str, torch.Tensor]) -> OnnxM
         model_hash=model_hash(state),
         neurofed_version=package_version(),
         profile=device.to_dict() if device is not None else None,
+        min_batch=int(ckpt_meta.test_batch_size) if ckpt_meta.bn_mode == "batch_specific" else None,
+        training_rate_hz=float(ckpt_meta.sfreq),
+        input_rate_hz=float(ckpt_meta.sfreq),
+        rates_note=RATES_NOTE,
     )
 
 
+def doc_string(meta: OnnxModelMeta) -> str:
+    """The graph's one-paragraph description (ONNX ``doc_string``): what it takes and gives."""
+    classes = ", ".join(meta.classes)
+    if meta.standalone:
+        sa = meta.standalone
+        io = (f"Standalone decoder: raw window ({meta.n_channels} channels in ch_names order x {sa['window_samples']} "
+              f"samples at {sa['rate']:g} Hz, {sa['unit']}) and state in; class probabilities, next state and "
+              "input-guard flags out. Decodes one window at a time.")
+    else:
+        io = (f"Plain graph: preprocessed windows (batch x {meta.n_channels} x {meta.n_times} at "
+              f"{meta.sfreq:g} Hz) in, logits out." + (
+                  f" Batch-specific BN: feed at least {meta.min_batch} windows per run (metadata min_batch); "
+                  "use the standalone export for one window at a time." if meta.min_batch else ""))
+    return (f"NeuroFed {meta.model} motor-imagery decoder ({classes}). {io} Full description: metadata_props "
+            f"'{META_KEY}' (JSON). model_version = NeuroFed ONNX metadata format {FORMAT_VERSION}.")
+
+
 def embed_meta(model: onnx.ModelProto, meta: OnnxModelMeta) -> None:
-    """Write ``meta`` as JSON under ``metadata_props['neurofed']`` (replacing any previous one)."""
+    """Write ``meta`` as JSON under ``metadata_props['neurofed']`` (replacing any previous one), the graph's
+    ``doc_string`` and its ``model_version`` (the metadata format version, not the exporter's 2**63 - 1)."""
     keep = [p for p in model.metadata_props if p.key != META_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(keep)
     onnx.helper.set_model_props(model, {**{p.key: p.value for p in keep}, META_KEY: meta.model_dump_json()})
+    model.doc_string = doc_string(meta)
+    model.model_version = FORMAT_VERSION
 
 
 __all__ = ["INPUT_NAME", "META_KEY", "OUTPUT_NAME", "ModelCard", "OnnxModelMeta", "build_meta", "embed_meta",

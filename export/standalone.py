@@ -626,7 +626,8 @@ def write_standalone(model: nn.Module, cmeta: Any, out: str | os.PathLike, rate:
     dec = StandaloneDecoder(model, cmeta, meta.model_hash, rate, unit, unit_to_uv=to_uv)
     proto = to_standalone_onnx(dec)
     info = standalone_info(dec, rate, unit, step_s)
-    meta = meta.model_copy(update={"standalone": info.model_dump(), "input_name": "window", "output_name": "probs"})
+    meta = meta.model_copy(update={"standalone": info.to_dict(), "input_name": "window", "output_name": "probs",
+                                   "input_rate_hz": float(rate), "min_batch": None})
     embed_meta(proto, meta)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

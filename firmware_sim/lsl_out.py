@@ -47,9 +47,21 @@ def eeg_outlet(
     return pylsl.StreamOutlet(info, chunk_size=chunk_size, max_buffered=360)
 
 
-def marker_outlet(name: str, source_id: str) -> pylsl.StreamOutlet:
-    """An irregular-rate string marker outlet (one cue label per sample)."""
+def marker_outlet(name: str, source_id: str, classes: Sequence[str] = ()) -> pylsl.StreamOutlet:
+    """An irregular-rate string marker outlet (one cue label per sample), self-described for other tools:
+    ``desc/channels`` (label ``cue``, type ``Markers``, unit ``none``), ``desc/classes/class`` (the labels it
+    sends) and ``desc/meaning``."""
     info = pylsl.StreamInfo(name, "Markers", 1, pylsl.IRREGULAR_RATE, pylsl.cf_string, source_id)
+    desc = info.desc()
+    ch = desc.append_child("channels").append_child("channel")
+    ch.append_child_value("label", "cue")
+    ch.append_child_value("type", "Markers")
+    ch.append_child_value("unit", "none")
+    node = desc.append_child("classes")
+    for c in classes:
+        node.append_child_value("class", c)
+    desc.append_child_value("meaning", "one cue per sample: the class name the subject is asked to perform, "
+                                       "stamped at the cue's onset on the EEG stream's clock")
     return pylsl.StreamOutlet(info)
 
 

@@ -144,7 +144,8 @@ class HeadsetPlayer(threading.Thread):
         c = self.cfg
         self._eeg = lsl_out.eeg_outlet(c.name, c.source_id, self.rec.ch_names, self.rec.sfreq, unit=c.unit,
                                         source=self.rec.source)
-        self._mrk = lsl_out.marker_outlet(c.marker_name, c.marker_source_id) if c.markers else None
+        classes = sorted({label for _, label in self.rec.markers})
+        self._mrk = lsl_out.marker_outlet(c.marker_name, c.marker_source_id, classes) if c.markers else None
 
     def _close(self) -> None:
         self._eeg = None  # dropping the last reference destroys the outlet

@@ -163,38 +163,74 @@ def _swarm_rounds(marks: list[tuple[str, int, float, int]]) -> dict[int, tuple[f
     return out
 
 
-def run_rounds(url: str, n: int, secure: bool, rounds: int, phase_s: float = 60.0, procs: int = 1) -> dict[str, Any]:
-    """One federation of ``n`` swarm clients, ``rounds`` rounds; per-round time and bytes.
+def run_rounds(url: str, n: int, secure: bool, rounds: int, phase_s: float = 60.0, procs: int = 1, *,
+               fed: str | None = None, swarm_urls: list[str] | None = None,
+               federation: dict[str, Any] | None = None, profiler: Any = None, model: str = "eegnet"
+               ) -> dict[str, Any]:
+    """One federation of ``n`` swarm clients, ``rounds`` rounds; per-round time, bytes, the coordinator's CPU and RSS.
 
     The coordinator runs here (a thread), the clients in ``procs`` child processes (each plays a contiguous
     slice of them in turn): on the critical path of a round the clients' work then overlaps the coordinator's,
     and each other's, as it would with clients on their own hosts, although here ``n`` clients share
     ``procs`` processes on the same cores as the coordinator and the broker (``swarm_cpu_s`` is their total).
+
+    ``fed``: the federation's name (default: a fresh one); ``swarm_urls``: one broker URL per swarm process
+    (e.g. each with its own credentials; default ``url`` for all); ``federation``: overrides of its
+    ``[federation]`` section; ``model``: the model's name; ``profiler``: a :class:`cProfile.Profile` the coordinator's thread runs under. A
+    coordinator that fails (e.g. not every client joined in time) is raised here.
     """
-    fed = f"sa{uuid.uuid4().hex[:6]}"
+    import psutil
+
+    fed = fed or f"sa{uuid.uuid4().hex[:6]}"
     cfg = config_from_dict({"federation": {"name": fed, "rounds": rounds, "fraction": 1.0, "min_clients": n,
                                            "round_deadline_s": 600, "strategy": "fedavg", "join_timeout_s": 300,
-                                           "strategy_overrides": {"clip_mult": 0.0}, "secure_aggregation": secure},
-                            "secagg": {"phase_s": phase_s},
+                                           "strategy_overrides": {"clip_mult": 0.0}, "secure_aggregation": secure,
+                                           **(federation or {})},
+                            "secagg": {"phase_s": phase_s}, "model": {"name": model},
                             "output": {"dir": f"/tmp/neurofed-bench/{fed}"}})
+    me = psutil.Process()
+    rss0 = me.memory_info().rss
     coord = Coordinator(cfg, url)
     stop = threading.Event()
-    ct = threading.Thread(target=coord.run, kwargs={"stop": stop}, daemon=True)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            if profiler is not None:
+                profiler.runcall(coord.run, stop)
+            else:
+                coord.run(stop)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread below
+            failed.append(exc)
+
+    ct = threading.Thread(target=run, daemon=True)
+    t_start = time.monotonic()
     ct.start()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     cuts = np.linspace(0, n, max(1, min(procs, n)) + 1).astype(int)
-    kids = [ctx.Process(target=_swarm_process, args=(url, fed, int(a), int(b - a), q), daemon=True)
-            for a, b in zip(cuts[:-1], cuts[1:])]
+    urls = swarm_urls or [url] * (len(cuts) - 1)
+    kids = [ctx.Process(target=_swarm_process, args=(urls[i], fed, int(a), int(b - a), q), daemon=True)
+            for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))]
     for p in kids:
         p.start()
-    snaps, seen = [], 0
+    snaps, seen, peak, t_joined = [], 0, rss0, None
+    cpu = [me.cpu_times()]
     while ct.is_alive():  # the coordinator's per-round counters: snapshot at every round's end
+        peak = max(peak, me.memory_info().rss)
+        if t_joined is None and coord.current is not None:  # the first round opened: the join phase is over
+            t_joined, cpu[0] = time.monotonic(), me.cpu_times()
         if len(coord.metrics) > seen:
             seen = len(coord.metrics)
             snaps.append(coord.transport.bytes_in + coord.transport.bytes_out)
+            cpu.append(me.cpu_times())
         time.sleep(0.005)
     ct.join()
+    if failed:
+        for p in kids:
+            p.terminate()
+            p.join(10)
+        raise failed[0]
     reps = []
     try:
         for _ in kids:
@@ -214,13 +250,19 @@ def run_rounds(url: str, n: int, secure: bool, rounds: int, phase_s: float = 60.
     for m, snap in zip(coord.metrics, snaps):
         r = int(m["round"]) - 1  # task r is the round that ends as r + 1
         got = [p[r] for p in per if r in p]
-        cpu = sum(c for c, _ in got) if len(got) == len(per) else float("nan")
+        cpu_s = sum(c for c, _ in got) if len(got) == len(per) else float("nan")
         sb = sum(b for _, b in got)
+        c0, c1 = cpu[len(rows)], cpu[len(rows) + 1]
         rows.append({"round": m["round"], "round_s": round(m["seconds"], 3), "participants": len(m["participants"]),
                      "coordinator_bytes": snap - prev, "broker_bytes": snap - prev + sb,
-                     "swarm_cpu_s": round(cpu, 3), "secagg": m.get("secagg")})
+                     "swarm_cpu_s": round(cpu_s, 3), "secagg": m.get("secagg"),
+                     # this process: the coordinator, its transport's network thread (and this loop's polling)
+                     "coordinator_process_cpu_s": round(c1.user + c1.system - c0.user - c0.system, 3)})
         prev = snap
     return {"clients": n, "secure": secure, "swarm_processes": len(kids), "rounds": rows,
+            "joined": len(coord.registry), "rejections": dict(coord.rejections),
+            "join_s": round(t_joined - t_start, 2) if t_joined is not None else None,  # start to the first task
+            "coordinator_rss_mb": {"before": round(rss0 / 2**20, 1), "peak": round(peak / 2**20, 1)},
             "refused": [x for r in reps for x in r["refused"]]}
 
 

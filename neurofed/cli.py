@@ -1,5 +1,5 @@
 """The ``neurofed`` command: each package's CLI contributes its commands through ``register(app, bench)``, and the
-typer adapters of the lab in ``neurofed/`` (``demo``, ``bench e2e/lsl/secagg/standalone``) are here: the lab
+typer adapters of the lab in ``neurofed/`` (``demo``, ``bench e2e/lsl/secagg/fleet/standalone``) are here: the lab
 modules hold plain Python functions and import no CLI.
 
 Errors NeuroFed raises on purpose (:class:`neurofed.trainer.errors.NeuroFedError`) print one clear line
@@ -32,9 +32,15 @@ try:
 except ImportError as _exc:
     run_standalone_bench, BENCH_DIR, _standalone_exc = None, Path("docs/bench"), _exc
 try:
+    from neurofed.bench_runtime import bench_runtime as run_runtime_bench
+except ImportError as _exc:
+    run_runtime_bench, _runtime_exc = None, _exc
+try:
+    from neurofed.bench_fleet import bench_fleet as run_fleet_bench
     from neurofed.bench_secagg import bench_secagg as run_secagg_bench
 except ImportError as _exc:
-    run_secagg_bench, _secagg_exc = None, _exc
+    run_secagg_bench = run_fleet_bench = None
+    _secagg_exc = _exc
 try:
     from neurofed.bench_e2e import bench_e2e as run_e2e_bench
     from neurofed.edge.bench_lsl import run_bench as run_lsl_bench
@@ -155,6 +161,20 @@ def bench_secagg(
     run_secagg_bench(parse_int_list(clients, "--clients"), rounds, broker, out, core, swarm_procs, clients)
 
 
+def bench_fleet(
+    clients: str = typer.Option("100,1000,10000", help="Client counts, comma-separated."),
+    rounds: int = typer.Option(2, help="Rounds per federation (clients join before the first).", min=1),
+    out: Path = typer.Option(Path("docs/bench/fleet_scale.json"), help="Result JSON."),
+    swarm_procs: int = typer.Option(0, help="Processes playing the clients (0: one per CPU core).", min=0),
+    profile: bool = typer.Option(False, help="Run the coordinator under cProfile; keep its top functions."),
+    model: str = typer.Option("eegnet", help="The federation's model (eegnet, shallow, deep)."),
+    compress: bool = typer.Option(True, help="[federation] compress: delta-coded, bit-shuffled LZMA2 bodies."),
+) -> None:
+    """Rounds of N clients through a Mosquitto sized by broker-config: time per round, coordinator RSS and CPU
+    per update, bytes, broker CPU; every join and update accounted for (no training)."""
+    run_fleet_bench(parse_int_list(clients, "--clients"), rounds, out, swarm_procs, profile, clients, model, compress)
+
+
 def bench_standalone(
     checkpoint: Annotated[Path, typer.Option(help="trained .safetensors checkpoint")],
     subjects: Annotated[str, typer.Option(help="held-out EEGMMIDB subjects, e.g. '13-19'")] = "13-16",
@@ -167,6 +187,25 @@ def bench_standalone(
 ) -> None:
     """Standalone graph == Python pipeline on real held-out sessions (ORT, tract, onnx.reference); p50 per window."""
     run_standalone_bench(checkpoint, parse_subjects(subjects, data_dir), data_dir, reps, warmup, out_dir, browser, name)
+
+
+def bench_runtime(
+    checkpoint: Annotated[Path | None, typer.Option(help="trained .safetensors checkpoint (exported to a standalone "
+                                                         "graph at 160 Hz)")] = None,
+    model: Annotated[Path | None, typer.Option(help="or: a standalone .onnx at 160 Hz")] = None,
+    subject: Annotated[int, typer.Option(help="EEGMMIDB subject whose sessions are decoded and streamed")] = 3,
+    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None,
+    live_seconds: Annotated[float, typer.Option(help="seconds of real-time LSL streaming per decoder")] = 30.0,
+    venv_dir: Annotated[Path | None, typer.Option(help="where to build the runtime-only venv (default: a temp dir)")]
+    = None,
+    out_dir: Annotated[Path, typer.Option()] = BENCH_DIR,
+    name: Annotated[str, typer.Option(help="result name: OUT_DIR/NAME.json")] = "runtime",
+) -> None:
+    """neurofed-runtime alone in a fresh venv (no torch) vs the full package: installed size, import time,
+    per-window latency, peak RSS decoding a live LSL stream."""
+    res = run_runtime_bench(checkpoint, model, subject, data_dir, live_seconds, venv_dir, out_dir, name)
+    typer.echo(json.dumps({k: res[k] for k in ("installed_size_mb", "import_ms_median_of_5", "latency_per_window",
+                                               "live_lsl_rss_mb", "targets")}, indent=1))
 
 
 def bench_lsl(
@@ -194,12 +233,17 @@ for _mod in COMMAND_MODULES:
     except ImportError as _exc:  # a broken optional part must not take the other commands down
         print(f"warning: commands of {_mod.split('.')[0]}/ unavailable ({_exc})", file=sys.stderr)
 app.command("demo")(demo_cmd)
+if run_runtime_bench is not None:
+    bench.command("runtime")(bench_runtime)
+else:
+    print(f"warning: runtime benchmark unavailable ({_runtime_exc})", file=sys.stderr)
 if run_standalone_bench is not None:
     bench.command("standalone")(bench_standalone)
 else:
     print(f"warning: standalone benchmark unavailable ({_standalone_exc})", file=sys.stderr)
 if run_secagg_bench is not None:
     bench.command("secagg")(bench_secagg)
+    bench.command("fleet")(bench_fleet)
 else:
     print(f"warning: secure aggregation benchmark unavailable ({_secagg_exc})", file=sys.stderr)
 if run_e2e_bench is not None and run_lsl_bench is not None:

@@ -41,11 +41,11 @@ class DemoConfig:
         ``fedbs`` or ``safe``.
     rounds, fraction, batch_size, local_epochs : federation schedule. A quarter of 32 clients (8) per
         round rather than the papers' half: the same compute per round as half of 16 clients, with twice
-        the subjects to generalise from (experiments/demo_sizing/).
+        the subjects to generalise from (studies/demo_sizing/).
     lr : float
         Client SGD learning rate. Batch size, local epochs and lr default to the published protocol's
         single definition (:class:`neurofed.trainer.fl.local.LocalConfig`): 0.05, not the papers' 0.005, which with
-        45 trials per client leaves the model at chance for 100 rounds (docs/BENCHMARKS.md).
+        45 trials per client leaves the model at chance for 100 rounds (studies/table30/README.md).
     speed : float
         Playback speed of the training headsets (capture phase).
     live_speed : float

@@ -4,6 +4,8 @@
 # Installs what the test tiers need and is missing, saying what it installs, then runs every tier:
 #   Debian packages  mosquitto (MQTT broker), chromium + chromium-driver (the web app's browser test),
 #                    nodejs + npm (the Node app)            -- apt-get, only when a command is missing
+#                    rabbitmq-server (tests/broker/test_cluster.py: a 3-node MQTT cluster it starts on loopback;
+#                    installed without starting its system service; the test skips if it cannot be installed)
 #   a broker         Mosquitto on 127.0.0.1:1883, started when nothing listens there
 #   npm packages     apps/web and apps/node, pinned by their package-lock.json (npm ci, when the lock changed)
 #   Python packages  this checkout, editable, with the dev/moabb/attacks/grid extras (pip)
@@ -28,6 +30,14 @@ if [ ${#need[@]} -gt 0 ]; then
   say "installing Debian packages: ${need[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+if [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+  say "installing Debian package rabbitmq-server (its system service is not started)"
+  made_policy=""  # policy-rc.d exit 101: the package's postinst does not start the service
+  if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; made_policy=1; fi
+  { [ ${#need[@]} -gt 0 ] || apt-get update -qq; } && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null \
+    || say "rabbitmq-server could not be installed: tests/broker/test_cluster.py will skip"
+  [ -z "$made_policy" ] || rm -f /usr/sbin/policy-rc.d
+fi
 
 # 2. An MQTT broker at 127.0.0.1:1883 (this machine kind starts one; a fresh machine may not).
 if ! (exec 3<>/dev/tcp/127.0.0.1/1883) 2>/dev/null; then
@@ -50,8 +60,10 @@ for d in apps/web apps/node; do
   fi
 done
 
-# 4. Python: this checkout with the test extras (torch is pinned to the CPU build in pyproject.toml).
-say "pip install -e '.[dev,moabb,attacks,grid]'"
+# 4. Python: the torch-free runtime (runtime/, not on PyPI: the main package depends on it), then this checkout with
+#    the test extras (torch is pinned to the CPU build in pyproject.toml).
+say "pip install -e runtime/ && pip install -e '.[dev,moabb,attacks,grid]'"
+pip install -q -e runtime/
 pip install -q -e '.[dev,moabb,attacks,grid]'
 
 # 5. Every tier (unit, integration, e2e; tests/tiers.py), on every core (pytest-xdist; tests that stream over

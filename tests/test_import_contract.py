@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the runtime distribution's package (runtime/, its own wheel), linted with the main package
+RUNTIME_PKG = ROOT / "runtime" / "neurofed_runtime"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PACKAGE_DIR: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]
 OLD_ROOTS = {name.split(".")[-1] for name in PACKAGE_DIR if name != "neurofed"}
@@ -66,6 +68,7 @@ def staging(tmp_path_factory) -> Path:
             os.link(src, dest)
         except OSError:
             shutil.copy2(src, dest)
+    shutil.copytree(RUNTIME_PKG, tmp / "neurofed_runtime", ignore=shutil.ignore_patterns("__pycache__"))
     return tmp
 
 
@@ -194,7 +197,9 @@ def test_contract_covers_every_rule_and_core_module():
     fw = set(c["firmware-sim-alone"]["forbidden_modules"])
     assert fw >= {"neurofed.broker", "neurofed.edge", "neurofed.export"}
     # firmware_sim may use neurofed.trainer.data, .errors and .atomic (the data cache's atomic writer) of core only
-    core = _layer_entries()[-1]
+    core = next(e for e in _layer_entries() if "neurofed.trainer.data" in e)
+    assert _layer_entries()[-1] == ["neurofed_runtime"]  # the runtime distribution is the bottom layer
+    assert {"neurofed", "torch", "onnx", "pydantic"} <= set(c["runtime-distribution-alone"]["forbidden_modules"])
     assert set(core) - {"neurofed.trainer.data", "neurofed.trainer.errors", "neurofed.trainer.atomic"} == {
         m for m in fw if m.startswith("neurofed.trainer.")}
     assert set(c["core-no-transport"]["source_modules"]) == set(core)
@@ -202,7 +207,8 @@ def test_contract_covers_every_rule_and_core_module():
 
 def test_runtime_imports_no_torch():
     """The runtime layer (exported models on onnxruntime + numpy) loads without torch: a fresh interpreter."""
-    code = ("import sys, neurofed.export.runtime, neurofed.export.decoder; "
+    code = ("import sys, neurofed_runtime.decode, neurofed_runtime.lsl, neurofed.export.runtime, "
+            "neurofed.export.decoder; "
             "bad = sorted(m for m in ('torch', 'mne', 'sklearn') if m in sys.modules); "
             "print(','.join(bad)); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -116,8 +116,13 @@ def test_a_wheel_installs_one_root_and_no_generic_names(tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True, system_site_packages=False)
     py = env_dir / "bin" / "python"
-    r = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], capture_output=True,
-                       text=True, timeout=300, env=_env_without_checkout())
+    # the runtime distribution it depends on (its error types are NeuroFed's root ones), from runtime/
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "rt"),
+                        str(ROOT / "runtime")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (rt_wheel,) = (tmp_path / "rt").glob("neurofed_runtime-*.whl")
+    r = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel), str(rt_wheel)],
+                       capture_output=True, text=True, timeout=300, env=_env_without_checkout())
     assert r.returncode == 0, r.stdout + r.stderr
     code = ("import importlib, neurofed.trainer.errors as e\n"
             "print('root', e.__file__)\n"
@@ -132,3 +137,26 @@ def test_a_wheel_installs_one_root_and_no_generic_names(tmp_path):
     assert f"root {env_dir}" in r.stdout
     for name in MAPPED:
         assert f"absent {name}" in r.stdout
+
+
+@pytest.mark.integration
+def test_the_runtime_wheel_installs_one_root_neurofed_runtime(tmp_path):
+    """runtime/ builds its own wheel (``neurofed-runtime``) holding only ``neurofed_runtime/``, and declares only
+    numpy and onnxruntime (pylsl and mne as extras): the main wheel keeps its one root ``neurofed``."""
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"),
+                        str(ROOT / "runtime")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (wheel,) = (tmp_path / "dist").glob("neurofed_runtime-*.whl")
+    zf = zipfile.ZipFile(wheel)
+    roots = {n.split("/")[0] for n in zf.namelist()}
+    assert roots == {"neurofed_runtime", wheel.name.split("-py3")[0] + ".dist-info"}
+    for must in ("neurofed_runtime/model.py", "neurofed_runtime/decode.py", "neurofed_runtime/channels.py",
+                 "neurofed_runtime/guard.py", "neurofed_runtime/errors.py", "neurofed_runtime/lsl.py"):
+        assert must in zf.namelist(), must
+    meta = zf.read(next(n for n in zf.namelist() if n.endswith("METADATA"))).decode()
+    requires = [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
+    assert sorted(r.split(";")[0].strip().split("=")[0].split(">")[0] for r in requires if "extra ==" not in r) == [
+        "numpy", "onnxruntime"]
+    assert any("pylsl" in r and "extra" in r for r in requires) and any("mne" in r and "extra" in r for r in requires)
+    # the main package depends on it by name (installed from runtime/ first: it is not on PyPI)
+    assert any(d.startswith("neurofed-runtime") for d in PYPROJECT["project"]["dependencies"])

@@ -26,15 +26,18 @@ TIERS = ("unit", "integration", "e2e")
 #: file (relative to the repository) -> the tier of its tests that carry no explicit tier mark
 FILE_TIERS: dict[str, str] = {
     # broker/
+    "tests/broker/test_cluster.py": "integration",            # a 3-node RabbitMQ cluster (skips without it)
     "tests/broker/test_coordinator_cli.py": "integration",   # 2 unit tests marked in the file
     "tests/broker/test_equivalence.py": "unit",               # the real-process case is marked integration
     "tests/broker/test_fedbm_wire.py": "integration",
+    "tests/broker/test_fleet_broker.py": "integration",       # 1 unit test marked in the file
     "tests/broker/test_fuzz.py": "integration",
     "tests/broker/test_hostile.py": "integration",            # 1 unit test marked in the file
     "tests/broker/test_memory_broker.py": "unit",
     "tests/broker/test_profiles_mqtt.py": "integration",      # 1 unit, 1 e2e (kill -9 and resume) marked
     "tests/broker/test_protocol.py": "unit",
-    "tests/broker/test_reliability.py": "e2e",                # kill -9, resume, broker restart mid-training
+    "tests/broker/test_reliability.py": "e2e",
+    "tests/broker/test_rounds.py": "unit",                # kill -9, resume, broker restart mid-training
     "tests/broker/test_secagg_mqtt.py": "integration",        # 1 unit test marked in the file
     "tests/broker/test_secagg_round.py": "unit",
     "tests/broker/test_secagg_swarm.py": "integration",
@@ -61,19 +64,26 @@ FILE_TIERS: dict[str, str] = {
     # export/
     "tests/export/test_apps.py": "e2e",                       # Node and a real browser; 1 unit test marked
     "tests/export/test_bench.py": "unit",
+    "tests/export/test_bundle_training.py": "unit",
     "tests/export/test_classical_onnx.py": "unit",
-    "tests/export/test_evaluate.py": "unit",
+    "tests/export/test_evaluate.py": "unit",                  # 1 integration (CLI process) marked
     "tests/export/test_export.py": "unit",                    # 1 integration (CLI process) marked
     "tests/export/test_import_rule.py": "unit",
     "tests/export/test_profiles_export.py": "unit",           # 1 integration (LSL + CLI) marked
     "tests/export/test_quantize.py": "unit",
     "tests/export/test_standalone.py": "unit",
+    # runtime/ (the neurofed-runtime distribution)
+    "tests/runtime/test_model.py": "unit",
+    "tests/runtime/test_decode.py": "unit",
+    "tests/runtime/test_lsl.py": "integration",               # live LSL, mne-lsl's StreamLSL, CLIs
+    "tests/runtime/test_venv.py": "e2e",                      # a fresh venv with the runtime alone (no torch)
     # firmware_sim/
     "tests/firmware_sim/test_cli.py": "integration",
     "tests/firmware_sim/test_player.py": "integration",       # LSL; 3 unit tests marked
     "tests/firmware_sim/test_profile.py": "unit",             # 2 integration (CLI streaming) marked
     # neurofed/
     "tests/neurofed/test_bench_e2e.py": "e2e",                # 1 integration (bad options) marked
+    "tests/neurofed/test_bench_fleet.py": "integration",
     "tests/neurofed/test_bench_secagg.py": "unit",
     "tests/neurofed/test_demo.py": "e2e",
     "tests/neurofed/test_preflight.py": "unit",
@@ -107,11 +117,14 @@ FILE_TIERS: dict[str, str] = {
     "tests/trainer/test_models.py": "unit",
     "tests/trainer/test_partition.py": "unit",
     "tests/trainer/test_profiles.py": "unit",
+    "tests/trainer/test_raw.py": "unit",
     "tests/trainer/test_registry.py": "unit",
     "tests/trainer/test_report.py": "unit",
     "tests/trainer/test_robust.py": "unit",
     "tests/trainer/test_secagg.py": "unit",
+    "tests/trainer/test_sklearn_honest.py": "unit",
     "tests/trainer/test_spec.py": "unit",
+    "tests/trainer/test_studies.py": "unit",
     "tests/trainer/test_strategy_regression.py": "e2e",       # a whole `neurofed simulate` at the reference commit
     "tests/trainer/test_sweep.py": "unit",                    # 1 integration (process pool) marked
 }
@@ -136,7 +149,7 @@ LSL_FILES = frozenset({
     "tests/edge/test_capture.py", "tests/edge/test_capture_cli.py", "tests/edge/test_capture_mnelsl.py",
     "tests/edge/test_infer_lsl.py", "tests/edge/test_lsl_bench.py", "tests/edge/test_lsl_buffer.py",
     "tests/edge/test_lsl_config.py", "tests/edge/test_record_profiles.py",
-    "tests/export/test_profiles_export.py",
+    "tests/export/test_profiles_export.py", "tests/runtime/test_lsl.py",
     "tests/firmware_sim/test_cli.py", "tests/firmware_sim/test_player.py", "tests/firmware_sim/test_profile.py",
     "tests/neurofed/test_bench_e2e.py", "tests/neurofed/test_demo.py",
 })
@@ -145,4 +158,5 @@ LSL_FILES = frozenset({
 #: once (on one worker) rather than once per worker
 SHARED_SETUP_FILES = {
     "tests/trainer/test_strategy_regression.py": "strategy_regression",  # the reference commit's runs (~15 s)
+    "tests/broker/test_cluster.py": "rabbitmq_cluster",  # a 3-node RabbitMQ cluster (~30 s to start)
 }

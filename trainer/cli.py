@@ -30,6 +30,7 @@ from neurofed.trainer.checkpoint import combine_checkpoints
 from neurofed.trainer.data import resolve_data_dir
 from neurofed.trainer.data.eegmmidb import check_files, download
 from neurofed.trainer.errors import DataError, NeuroFedError, run_cli
+from neurofed.trainer.experiments import raw as study_raw
 from neurofed.trainer.experiments.classical import METHOD_EA, METHODS, ClassicalConfig, run_classical
 from neurofed.trainer.experiments.ensemble import ensemble_runs
 from neurofed.trainer.experiments.grid import (
@@ -224,15 +225,31 @@ def data_download(
 
 
 def report(
-    run_dirs: Annotated[list[Path], typer.Argument(help="run directories (each with results.json)")],
+    run_dirs: Annotated[list[Path] | None, typer.Argument(
+        help="run directories (each with results.json), or a study's raw results: studies/NAME (every run in it), "
+             "studies/NAME/raw.jsonl.gz:GROUP/RUN (one run) or ...:GROUP (the runs under it)")] = None,
     out: Annotated[Path, typer.Option(help="folder for report.md and PNG plots")] = Path("runs/report"),
     seeds: Annotated[str | None, typer.Option(help="only these seeds, e.g. '0' or '0,1' (default: all a run has)")] = None,
     refs: Annotated[str | None, typer.Option(help="algorithms to give paired p-values against (their plain run); "
                                                  "default ct,fedavg where present; a name given here that matches no "
                                                  "run is a warning")] = None,
     p_metrics: Annotated[str, typer.Option(help="metrics to test, e.g. 'bca,pgd@0.03'")] = "bca",
+    headline: Annotated[bool, typer.Option(
+        "--headline", help="(re)write studies/headline.json from the studies' raw results (rows: "
+        "studies/headline.toml) and the README's headline table from it; no run directories")] = False,
 ) -> None:
     """Render a markdown table (mean ± std, paired t-test p-values) and PNG plots from runs."""
+    if headline:
+        if run_dirs:
+            raise typer.BadParameter("--headline takes no run directories (its rows: studies/headline.toml)")
+        from neurofed.trainer.experiments import studies  # lazy: scipy (keeps --help fast)
+
+        doc = studies.write_headline(Path("studies"), Path("README.md"))
+        typer.echo(studies.headline_markdown(doc))
+        typer.echo("wrote studies/headline.json and the README's headline table")
+        return
+    if not run_dirs:
+        raise typer.BadParameter("give run directories or a study (e.g. studies/table46), or --headline")
     wanted = None
     if seeds is not None:
         wanted = parse_int_list(seeds, "--seeds")
@@ -373,10 +390,16 @@ def _progress() -> Progress:
 
 
 def grid(
-    spec: Annotated[Path, typer.Argument(help="grid spec: lines 'NAME <neurofed simulate options>'")],
-    group: Annotated[str | None, typer.Option(help="results sub-folder (default: the spec's name)")] = None,
-    results: Annotated[Path, typer.Option(help="results root")] = Path("experiments/results"),
-    only: Annotated[str | None, typer.Option(help="only these runs, e.g. 'fedbs,safe'")] = None,
+    spec: Annotated[Path, typer.Argument(help="grid spec: a study's spec.toml, or lines 'NAME <neurofed simulate "
+                                              "options>' (.txt)")],
+    group: Annotated[str | None, typer.Option(help="a .toml spec: only this grid; a .txt spec: the results sub-folder "
+                                                   "(default: the spec's name)")] = None,
+    results: Annotated[Path | None, typer.Option(help="results root, or a study's raw.jsonl.gz (unpacked into "
+                                                 "runs/studies/results, finished jobs added back into it); default: "
+                                                 "the raw.jsonl.gz beside the spec if there is one, else runs/grid")]
+    = None,
+    only: Annotated[str | None, typer.Option(help="only these runs, e.g. 'fedbs,safe' (several grids: 'table46/safe')")]
+    = None,
     backend: Annotated[str, typer.Option(help="auto (Ray if installed), ray, or pool")] = "auto",
     address: Annotated[str | None, typer.Option(help="Ray cluster address, e.g. 10.0.0.1:6379 (default: local Ray)")]
     = None,
@@ -393,8 +416,23 @@ def grid(
                                               "numbers can move by a trial between CPUs); the rest are listed")]
     = None,
 ) -> None:
-    """Run a grid of simulate runs as one task per (run, seed, fold); re-running resumes it."""
-    runs = parse_spec(spec, results, group, parse_name_list(only) or None)
+    """Run a grid of simulate runs as one task per (run, seed, fold); re-running resumes it.
+
+    A study's spec (studies/NAME/spec.toml) reads and extends the study's committed raw.jsonl.gz: its jobs are
+    unpacked into runs/studies/results first, so finished jobs are skipped (and --reproduce checks re-runs against
+    them); jobs finished by this run are added back into the raw file."""
+    raw_file = None
+    if results is None:
+        beside = spec.parent / study_raw.RAW_NAME
+        results = beside if beside.is_file() else Path("runs/grid")
+    if study_raw.is_raw(results):
+        raw_file, _ = study_raw.split_ref(results)
+        results = study_raw.WORK / "results"
+    runs = parse_spec(spec, results, group, parse_name_list(only) or None)  # a bad spec fails before any unpacking
+    if raw_file is not None:
+        # --reproduce compares against the committed jobs: unpack them over any local copy
+        study_raw.unpack(raw_file, results, overwrite=reproduce)
+        console.print(f"{raw_file}: unpacked into {results}")
     if (scratch or match) and not reproduce:
         raise NeuroFedError("--scratch and --match go with --reproduce")
     chosen = parse_int_list(seeds, "--seeds") if seeds else None
@@ -416,9 +454,15 @@ def grid(
                 msg = f"BCA {100 * sum(bcas) / len(bcas):.1f}%" if bcas else "trained"
                 prog.console.log(f"{task.run} seed {task.seed} fold {task.fold}: {msg} ({result['seconds']:.0f} s)")
 
-        out = run_grid(runs, backend, address, workers, on_event, seeds=chosen)
+        try:
+            out = run_grid(runs, backend, address, workers, on_event, seeds=chosen)
+        finally:
+            if raw_file is not None:  # what finished (even when some jobs failed) goes back into the study
+                n = study_raw.add_runs(raw_file, results, [r.out for r in runs])
+                console.print(f"{raw_file}: {n} file(s) added or updated")
+    by_name = {r.name: r for r in runs}
     for name in out["finished"]:
-        console.print(f"{name}: {results / (group or spec.stem) / name / 'results.json'}")
+        console.print(f"{name}: {by_name[name].out / 'results.json'}")
     if out["failed"]:
         raise NeuroFedError(f"{len(out['failed'])} job(s) failed (tracebacks above); re-run to retry only those")
 

@@ -1,12 +1,14 @@
-"""Errors raised by the trainer package. Each message names the file or value at fault."""
+"""Errors raised by the trainer package. Each message names the file or value at fault.
 
+The root :class:`NeuroFedError` and :class:`DataError` are the runtime's (``neurofed_runtime.errors``, the
+torch-free distribution the main package depends on): one hierarchy, so ``run_cli`` turns a runtime error into
+one line and exit 2 as it does any other.
+"""
 
-class NeuroFedError(Exception):
-    """Base class of every error NeuroFed raises on purpose (shown to users without a traceback)."""
+from neurofed_runtime.errors import DataError, ModelError, NeuroFedError, WindowRejected
 
-
-class DataError(NeuroFedError, ValueError):
-    """Bad or missing input data: folder, file, channels, sampling rate, events."""
+__all__ = ["DataError", "DownloadUnavailable", "ModelConfigError", "ModelError", "NeuroFedError", "WindowRejected",
+           "run_cli"]
 
 
 class DownloadUnavailable(DataError):

@@ -52,7 +52,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            "2 local epochs, client batch 32, SGD lr 0.005", LocalConfig(lr=0.005, batch_size=32), rounds=200,
            ct_batch_size=32, channels="all", resample=None,
            caveat="the papers had 288-576 trials per client; an EEGMMIDB client has 45, so batch 32 gives ~3 SGD "
-                  "steps per round and lr 0.005 leaves training at chance for 100+ rounds (docs/BENCHMARKS.md, "
+                  "steps per round and lr 0.005 leaves training at chance for 100+ rounds (studies/table30/README.md, "
                   "'The local-step budget'). Use it to reproduce the papers' setting, not to train."),
 )}
 DEFAULT = PRESETS["published"]

@@ -10,6 +10,7 @@ import numpy as np
 from scipy import stats
 
 from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.experiments import raw
 from neurofed.trainer.experiments.partition import parse_partition
 
 
@@ -20,9 +21,22 @@ class ReportError(NeuroFedError):
 def load_runs(run_dirs: list[Path], seeds: list[int] | None = None) -> list[dict]:
     """Read each run's results.json; with ``seeds``, keep only those seeds' results (per subject and summary
     are recomputed from ``per_seed``, the learning curve from ``curve_per_seed`` where the run has it; older
-    results without it keep the mean curve over all their seeds)."""
+    results without it keep the mean curve over all their seeds).
+
+    A study's raw results are read directly (:mod:`neurofed.trainer.experiments.raw`): ``studies/NAME`` or its
+    ``raw.jsonl.gz`` gives every run in it, ``...raw.jsonl.gz:GROUP/RUN`` one run, ``...raw.jsonl.gz:GROUP`` the
+    runs under that folder."""
     runs = []
     for d in run_dirs:
+        if raw.is_raw(d) or ".jsonl.gz:" in str(d):
+            try:
+                found = raw.run_results(d)
+            except NeuroFedError as exc:
+                raise ReportError(str(exc)) from None
+            for path, r in found:
+                r["_dir"] = path
+                runs.append(only_seeds(r, seeds) if seeds is not None else r)
+            continue
         p = d / "results.json" if d.is_dir() else d
         if not p.is_file():
             raise ReportError(f"{p}: no results.json (run `neurofed simulate --out {d}` first)")

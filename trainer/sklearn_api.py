@@ -10,19 +10,32 @@ and predict in consecutive test batches (batch-specific BN).
   ``neurofed simulate --test-subjects none``); ``fit`` only learns the label order.
 * :class:`NeuroFedClassifier`: trains NeuroFed's model and local rule of a strategy on ``fit``'s data:
   centrally (CT), or federated with one client per group when ``fit(X, y, groups=...)`` names subjects.
+
+Honest by default:
+
+* a federated algorithm needs to know whose trials are whose: ``fit(X, y, groups=subject_ids)``, or
+  ``subjects=`` (MOABB's target-aware cross-subject evaluation passes ``subjects`` to an estimator whose ``fit``
+  accepts it). Plain MOABB evaluations call ``fit(X, y)`` with neither: that is refused in one line, unless
+  ``allow_pooled=True`` (then one warning, and the training pools all trials as one client: centralised);
+* both know the subjects they were trained on (``training_subjects_``: the checkpoint's ``data_hashes``, or
+  ``fit``'s groups), and ``score(X, y, subjects=...)`` warns when it scores one of them;
+* a batch-specific-BN model scored on fewer trials than its test batch is warned about (one line,
+  :class:`neurofed_runtime.errors.SmallBatchWarning`): its statistics then come from too few windows.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
+from neurofed_runtime.errors import SmallBatchWarning
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.dataset import SubjectData
 from neurofed.trainer.data.preprocess import euclidean_alignment, n_times_for, preprocess_epochs
-from neurofed.trainer.errors import DataError
+from neurofed.trainer.errors import DataError, NeuroFedError
 
 
 def _prepare(X: np.ndarray, sfreq: float, ch_names: Sequence[str], pre: PreprocessConfig, scale: float) -> np.ndarray:
@@ -44,11 +57,49 @@ def _proba(model, x: np.ndarray, batch: int) -> np.ndarray:
     from scipy.special import softmax
 
     from neurofed.trainer.evaluate import logits  # lazy: torch (loaded only when used)
+    from neurofed.trainer.models import bn_mode_of  # lazy: torch (loaded only when used)
 
+    if 0 < len(x) < batch and bn_mode_of(model) == "batch_specific":
+        warnings.warn(f"{len(x)} trial(s) scored with a batch-specific-BN model whose test batch is {batch}: its BN "
+                      "statistics come from fewer windows than it was evaluated with (score whole sessions, or "
+                      "decode one window at a time with the standalone export)", SmallBatchWarning, stacklevel=3)
     return softmax(logits(model, x, batch), axis=1)
 
 
-class NeuroFedCheckpointClassifier(ClassifierMixin, BaseEstimator):
+def _subject_ids(values) -> set[str]:
+    """Subject ids as ``SNNN`` where they are subject numbers (3, "S3", "S003"), else as given."""
+    from neurofed.export.evaluate import subject_id  # lazy: onnx (loaded only when used)
+
+    out = set()
+    for v in np.unique(np.asarray(values).astype(str)):
+        try:
+            out.add(subject_id(v))
+        except NeuroFedError:
+            out.add(v)
+    return out
+
+
+def _warn_scored_training_subjects(trained: set[str] | None, subjects) -> None:
+    """One warning when ``subjects`` (the scored trials' subject ids) include subjects the model trained on."""
+    if subjects is None or not trained:
+        return
+    seen = sorted(_subject_ids(subjects) & trained)
+    if seen:
+        warnings.warn(f"scoring subjects the model was trained on ({', '.join(seen)}): their scores are "
+                      "training-set scores, not accuracy estimates", UserWarning, stacklevel=3)
+
+
+class _Scoring:
+    """``score(X, y, subjects=None)``: accuracy, warning when a scored subject is in ``training_subjects_``."""
+
+    training_subjects_: set[str] | None = None
+
+    def score(self, X: np.ndarray, y: np.ndarray, sample_weight=None, subjects=None) -> float:
+        _warn_scored_training_subjects(self.training_subjects_, subjects)
+        return super().score(X, y, sample_weight=sample_weight)  # type: ignore[misc]
+
+
+class NeuroFedCheckpointClassifier(_Scoring, ClassifierMixin, BaseEstimator):
     """A trained NeuroFed checkpoint as a classifier.
 
     Parameters
@@ -74,10 +125,13 @@ class NeuroFedCheckpointClassifier(ClassifierMixin, BaseEstimator):
         self.classes = classes
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> NeuroFedCheckpointClassifier:
-        """No training: checks the model and learns which label is which output."""
+        """No training: checks the model and learns which label is which output (and, from the checkpoint's
+        ``data_hashes``, which subjects it was trained on: ``training_subjects_``)."""
+        from neurofed.export.evaluate import training_subjects  # lazy: onnx (loaded only when used)
         from neurofed.trainer.checkpoint import load_checkpoint  # lazy: torch (loaded only when used)
 
         self.model_, self.meta_ = load_checkpoint(self.checkpoint)
+        self.training_subjects_ = training_subjects(self.meta_)[0]
         self.classes_ = np.asarray(self.classes if self.classes is not None else np.unique(y))
         if len(self.classes_) != self.meta_.n_classes:
             raise DataError(f"{len(self.classes_)} labels but the checkpoint has {self.meta_.n_classes} classes")
@@ -93,7 +147,7 @@ class NeuroFedCheckpointClassifier(ClassifierMixin, BaseEstimator):
         return self.classes_[self.predict_proba(X).argmax(1)]
 
 
-class NeuroFedClassifier(ClassifierMixin, BaseEstimator):
+class NeuroFedClassifier(_Scoring, ClassifierMixin, BaseEstimator):
     """NeuroFed's model trained with a strategy's local rule on ``fit``'s data.
 
     Parameters
@@ -108,13 +162,16 @@ class NeuroFedClassifier(ClassifierMixin, BaseEstimator):
         As for :class:`NeuroFedCheckpointClassifier`.
     channels, resample, fmin, fmax : preprocessing (NeuroFed's reduced protocol by default).
     lr, batch_size, local_epochs, fraction, test_batch, seed : training settings.
+    allow_pooled : bool
+        Let a federated ``algorithm`` train on ``fit(X, y)`` without groups (one warning; all trials pooled as one
+        client: centralised training). Default: refused, since the result would not be federated.
     """
 
     def __init__(self, algorithm: str = "fedbs", model: str = "eegnet", rounds: int = 50, sfreq: float = 160.0,
                  ch_names: Sequence[str] = (), scale: float = 1.0, channels: str = "sensorimotor21",
                  resample: float | None = 80.0, fmin: float = 8.0, fmax: float = 30.0, lr: float = 0.05,
                  batch_size: int = 8, ct_batch_size: int = 64, local_epochs: int = 2, fraction: float = 0.5,
-                 test_batch: int = 8, seed: int = 0) -> None:
+                 test_batch: int = 8, seed: int = 0, allow_pooled: bool = False) -> None:
         self.algorithm = algorithm
         self.model = model
         self.rounds = rounds
@@ -132,15 +189,19 @@ class NeuroFedClassifier(ClassifierMixin, BaseEstimator):
         self.fraction = fraction
         self.test_batch = test_batch
         self.seed = seed
+        self.allow_pooled = allow_pooled
 
     def _pre(self, n_times: int) -> PreprocessConfig:
         return PreprocessConfig.from_preset(self.channels, resample=self.resample, fmin=self.fmin, fmax=self.fmax,
                                             tmin=0.0, tmax=n_times / self.sfreq)
 
-    def fit(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None) -> NeuroFedClassifier:
-        """Train: centrally without ``groups`` (or for ``ct``), else one federated client per group.
+    def fit(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None,
+            subjects: np.ndarray | None = None) -> NeuroFedClassifier:
+        """Train: one federated client per group (``groups``, or ``subjects`` as MOABB's target-aware evaluation
+        passes them), or centrally for ``ct``.
 
-        EA runs per group (per subject) when ``groups`` is given, else over all of ``X``.
+        A federated algorithm without groups is refused (``allow_pooled=True``: trained centrally, with a warning).
+        EA runs per group (per subject) when groups are given, else over all of ``X``.
         """
         from neurofed.trainer.experiments.runner import (  # lazy: torch (loaded only when used)
             run_centralised,
@@ -152,7 +213,20 @@ class NeuroFedClassifier(ClassifierMixin, BaseEstimator):
         X, y = np.asarray(X), np.asarray(y)
         self.classes_, yi = np.unique(y, return_inverse=True)
         pre = self._pre(X.shape[2])
+        if groups is None:
+            groups = subjects
+        n_groups = 0 if groups is None else len(np.unique(np.asarray(groups)))
+        if self.algorithm != "ct" and n_groups < 2:
+            why = "no groups" if groups is None else "one group"
+            if not self.allow_pooled:
+                raise DataError(f"{self.algorithm}: federated training got {why} (MOABB calls fit(X, y)): pass "
+                                "fit(X, y, groups=subject_ids) (or subjects=...), use algorithm='ct', or "
+                                "allow_pooled=True to train centrally on the pooled trials")
+            warnings.warn(f"{self.algorithm}: federated training got {why}: training centrally on the pooled "
+                          "trials (allow_pooled=True); the result is not a federated model", UserWarning,
+                          stacklevel=2)
         groups = np.zeros(len(y), dtype=int) if groups is None else np.asarray(groups)
+        self.training_subjects_ = None if n_groups == 0 else _subject_ids(groups)
         clients = {}
         for g in np.unique(groups):
             m = groups == g

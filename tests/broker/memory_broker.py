@@ -23,6 +23,7 @@ import itertools
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Self
 
 from paho.mqtt.client import topic_matches_sub
@@ -59,6 +60,9 @@ class MemoryBroker:
         self.retained: dict[str, bytes] = {}
         self.log: list[tuple[str, str, int, bool]] = []  # (client id, topic, payload bytes, retain) of every publish
         self.connects: list[str] = []
+        #: which clients (by client id) a new subscription hands the retained messages to: all on Mosquitto; a
+        #: clustered broker with a node-local retained store (RabbitMQ 3.10) only those on the publisher's node
+        self.retained_to: Callable[[str], bool] = lambda client_id: True
         MemoryBroker.registry[self.url] = self
 
     def close(self) -> None:
@@ -82,6 +86,8 @@ class MemoryBroker:
 
     def _deliver_retained(self, client: MemoryTransport, topic_filter: str) -> None:
         with self.lock:
+            if not self.retained_to(client.client_id):
+                return
             for topic, payload in sorted(self.retained.items()):
                 if topic_matches(topic_filter, topic):
                     client._deliver(Incoming("message", topic, payload, True))

@@ -84,3 +84,23 @@ def test_broker_config_command_writes_locked_down_files(tmp_path):
     passwd = (tmp_path / "m" / "passwd").read_text()
     assert all(pw not in passwd for pw in creds.values())  # hashed
     assert (tmp_path / "m" / "credentials.json").stat().st_mode & 0o077 == 0
+
+
+def test_broker_config_sizes_its_limits_from_the_federation_config(tmp_path):
+    """Issue 54 (D2): with --config the packet limit is the federation's largest legitimate frame (EEGNet here:
+    about a MiB, header cap included) and the queue fits every client's messages of a round."""
+    from neurofed.broker.config import load_config
+    from neurofed.broker.coordinator import largest_body
+    from neurofed.broker.secure import BrokerLimits
+
+    toml = tmp_path / "federation.toml"
+    toml.write_text('[federation]\nname = "fleet"\nstrategy = "fedavg"\n')
+    ids = ",".join(f"c{i}" for i in range(2000))
+    r = subprocess.run(NEUROFED + ["broker-config", "--out", str(tmp_path / "m"), "--config", str(toml),
+                                   "--clients", ids], check=False, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    want = BrokerLimits(2000, largest_body(load_config(toml)))
+    conf = (tmp_path / "m" / "mosquitto.conf").read_text().splitlines()
+    assert f"max_packet_size {want.max_packet_size}" in conf and want.max_packet_size < 2 << 20
+    assert "max_queued_messages 16008" in conf and f"max_queued_bytes {want.max_queued_bytes}" in conf
+    assert "topic write neurofed/fleet/update/c1999" in (tmp_path / "m" / "acl").read_text()  # the config's name

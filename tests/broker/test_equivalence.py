@@ -8,6 +8,7 @@ processes (`neurofed coordinator`, `edge-client join`): the integration test of 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -55,6 +56,11 @@ CASES = {"fedbs": ("fedbs", 0.5, {}), "ga": ("ga", 1.0, {}), "fedfa": ("fedfa", 
 SECURE = {"fedavg+secagg"}
 
 
+def round_seconds(out: Path) -> list[float]:
+    """Seconds of each round of a finished coordinator run (its metrics.json)."""
+    return [round(r["seconds"], 2) for r in json.loads((out / "metrics.json").read_text())["rounds"]]
+
+
 def overrides_toml(overrides: dict) -> str:
     if not overrides:
         return ""
@@ -89,6 +95,21 @@ def assert_equals_simulation(got: dict[str, torch.Tensor], subjects, cfg: Path, 
 def test_federation_over_the_protocol_matches_in_process(subjects4, memory_broker, fed_name, tmp_path, case):
     """The coordinator and 4 edge clients (each loading its subject as `edge-client join --subject` does) on
     threads of this process, over the in-memory broker."""
+    run_in_process(memory_broker, subjects4, fed_name, tmp_path, case)
+
+
+def test_federation_with_node_local_retained_messages_matches_in_process(subjects4, memory_broker, fed_name,
+                                                                          tmp_path):
+    """A clustered broker's node-local retained store (RabbitMQ 3.10; tests/broker/test_cluster.py does it for
+    real): no client ever gets a retained copy (as on a node other than the coordinator's), so the clients ask for
+    the model and extras again (status ``idle``) and the coordinator re-publishes them; same model."""
+    memory_broker.retained_to = lambda client_id: client_id.endswith("-coordinator")
+    run_in_process(memory_broker, subjects4, fed_name, tmp_path, "safe+fedbm")
+    models = [n for who, topic, n, retain in memory_broker.log if topic.endswith("/model") and n]
+    assert len(models) > 3 + 1  # the initial model and one per round, and re-published ones
+
+
+def run_in_process(memory_broker, subjects4, fed_name, tmp_path, case: str) -> None:
     from tests.broker.test_hostile import Bg  # (test_hostile imports reference_state from here)
     from tests.broker.test_profiles_mqtt import serialise_training
 
@@ -125,4 +146,5 @@ def test_real_processes_over_mosquitto_match_in_process(subjects4, mosquitto, fe
         assert wait_all(edges, 30) == [0, 0, 0, 0], [(tmp_path / f"edge{s}.log").read_text()[-1500:] for s in (1, 2, 3, 4)]
     finally:
         kill_all([coord, *edges])
+    print(f"{case} over Mosquitto: {round_seconds(out)}")  # docs/brokers.md compares them with the cluster's
     assert_equals_simulation(load_file(str(out / "global_model.safetensors")), subjects4, cfg, case)

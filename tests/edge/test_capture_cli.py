@@ -78,3 +78,33 @@ def test_record_errors_are_one_line(tmp_path):
 
     res = CliRunner().invoke(app, ["record", "--store", str(tmp_path / "s")])
     assert isinstance(res.exception, NeuroFedError) and "give --stream NAME or --source-id" in str(res.exception)
+
+
+@pytest.mark.slow
+def test_record_on_a_full_disk_is_one_line_exit_2_and_keeps_the_stored_trials(headset, tmp_path):
+    """Issue 54 (D4): `edge-client record` runs out of room (here the process's file size limit, `ulimit -f`, so
+    its writes fail with EFBIG as on a full disk they fail with ENOSPC): one line naming the problem, exit 2,
+    and the trials stored before are intact (no temp file or torn index line left)."""
+    import resource
+
+    cfg, _ = headset
+    store = tmp_path / "store"
+    args = EDGE + ["record", "--stream", cfg.name, "--store", str(store), "--subject", "S001", "--duration", "60"]
+    r = subprocess.run(args + ["--max-trials", "2"], capture_output=True, text=True, check=False, timeout=90)
+    assert r.returncode == 0, r.stderr
+    index = (store / "index.jsonl").read_bytes()
+    limit = 64 << 10  # a 64-channel trial file is ~160 kB: the next one cannot be written
+
+    def small_files() -> None:  # in the child, before it runs the CLI
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    r = subprocess.run(args + ["--max-trials", "1"], capture_output=True, text=True, check=False, timeout=90,
+                       preexec_fn=small_files)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    err = r.stderr.strip()
+    assert "\n" not in err and "Traceback" not in r.stderr, r.stderr
+    assert err.startswith(f"error: {store}: file size limit reached (File too large) storing trial 2; "
+                          "the 2 trials already stored are intact"), err
+    st = LocalStore(store)
+    assert len(st) == 2 and st.verify() == [] and (store / "index.jsonl").read_bytes() == index
+    assert sorted(p.name for p in (store / "trials").iterdir()) == ["000000.npz", "000001.npz"]

@@ -148,3 +148,24 @@ def test_stream_mismatch_errors(recording, eegnet_bs):
         check_stream(fixed, names, 160.0)
     with pytest.raises(NeuroFedError, match="window shape"):
         InferenceEngine(om, names, 160.0).process(np.zeros((64, 10)), 0.0)
+
+
+def test_plain_batch_specific_export_is_said_once(recording, eegnet_bs, caplog):
+    """The batch-1 trap: decoding with a plain batch-specific-BN export logs one line naming the minimum batch
+    and the standalone graph (with --context 1: every window is decoded with too few)."""
+    import logging
+    import warnings
+
+    from neurofed_runtime.errors import SmallBatchWarning
+
+    _, data, ch_names, sfreq, _ = recording
+    om = OnnxModel(eegnet_bs[1])
+    assert om.min_windows == om.meta.min_batch == 8
+    with caplog.at_level(logging.WARNING, logger="neurofed.edge"):
+        eng = InferenceEngine(om, ch_names, sfreq, context=1)
+    (rec,) = [r for r in caplog.records if "minimum batch" in r.getMessage()]
+    msg = rec.getMessage()
+    assert "--context 1 is below its minimum batch 8" in msg and "--standalone" in msg and "\n" not in msg
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallBatchWarning)  # said once above, not once per window
+        eng.process(data[:, 1000 : 1000 + eng.window_samples], 0.0)

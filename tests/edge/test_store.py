@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from neurofed.edge.capture import RawTrial
-from neurofed.edge.store import LocalStore
+from neurofed.edge.store import LocalStore, StoreWriteError
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.dataset import load_recordings
 from neurofed.trainer.data.eegmmidb import LR_IMAGERY_RUNS, RUN_EVENT_LABELS, subject_files
@@ -76,10 +77,102 @@ def test_store_refuses_mismatched_trials(tmp_path):
         LocalStore(tmp_path / "empty").raw_trials()
 
 
+def _full_store(tmp_path, n: int = 3) -> tuple[LocalStore, bytes, list[str]]:
+    store = LocalStore(tmp_path / "st")
+    for i in range(n):
+        store.append(_trial(i))
+    return store, (tmp_path / "st" / "index.jsonl").read_bytes(), sorted(os.listdir(tmp_path / "st" / "trials"))
+
+
+def _enospc(*_a, **_k):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("code, words", [(errno.ENOSPC, "disk full"), (errno.EFBIG, "file size limit reached"),
+                                         (errno.EDQUOT, "disk quota exceeded")])
+def test_full_disk_writing_a_trial_file_is_one_error_and_loses_nothing(tmp_path, monkeypatch, code, words):
+    """Issue 54 (D4): the disk fills up while a trial's file is written -> one StoreWriteError line naming the
+    problem; the trials stored before are intact, nothing half-written is left, and the store goes on once
+    there is room."""
+    import neurofed.edge.store as store_mod
+
+    store, index, files = _full_store(tmp_path)
+
+    def no_room(path, payload):  # the atomic writer fails part-way (its temp file is removed)
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(store_mod, "atomic_write_bytes", no_room)
+    with pytest.raises(StoreWriteError) as ei:
+        store.append(_trial(7))
+    msg = str(ei.value)
+    assert "\n" not in msg and words in msg and "storing trial 3" in msg and "3 trials already stored are intact" in msg
+    monkeypatch.undo()
+    assert (tmp_path / "st" / "index.jsonl").read_bytes() == index
+    assert sorted(os.listdir(tmp_path / "st" / "trials")) == files
+    again = LocalStore(tmp_path / "st")
+    assert len(again) == 3 and again.verify() == []
+    assert again.append(_trial(8)) == 3  # room again: the store continues
+
+
+def test_full_disk_writing_the_index_line_cuts_it_back_and_removes_the_trial_file(tmp_path, monkeypatch):
+    """The trial's file was written but the disk fills up in the middle of its index line: the torn line is cut
+    off and the uncommitted file removed, so the store reads exactly as before."""
+    import neurofed.edge.store as store_mod
+
+    store, index, files = _full_store(tmp_path)
+    real_open = open
+
+    class HalfWriter:
+        def __init__(self, f):
+            self.f = f
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            if len(data) > 10:
+                return self.f.write(bytes(data[:10]))  # a short write, then no room for the rest
+            return _enospc()
+
+    def fake_open(path, mode="r", *a, **k):
+        f = real_open(path, mode, *a, **k)
+        return HalfWriter(f) if str(path).endswith("index.jsonl") and "a" in mode else f
+
+    monkeypatch.setattr(store_mod, "open", fake_open, raising=False)
+    with pytest.raises(StoreWriteError, match="disk full .* storing trial 3; the 3 trials already stored are intact"):
+        store.append(_trial(7))
+    monkeypatch.undo()
+    assert (tmp_path / "st" / "index.jsonl").read_bytes() == index
+    assert sorted(os.listdir(tmp_path / "st" / "trials")) == files
+    again = LocalStore(tmp_path / "st")
+    assert len(again) == 3 and again.verify() == [] and again.append(_trial(8)) == 3
+
+
+def test_a_store_that_cannot_be_created_is_one_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StoreWriteError, match="cannot create the store"):
+        LocalStore(tmp_path / "file" / "st")  # a file where its parent folder should be
+
+
+def test_full_disk_on_fsync_is_one_error_too(tmp_path, monkeypatch):
+    store, index, _ = _full_store(tmp_path, 1)
+    monkeypatch.setattr("neurofed.edge.store.os.fsync", _enospc)
+    with pytest.raises(StoreWriteError, match="disk full"):
+        store.append(_trial(5))
+    monkeypatch.undo()
+    assert (tmp_path / "st" / "index.jsonl").read_bytes() == index and LocalStore(tmp_path / "st").verify() == []
+
+
 WRITER = textwrap.dedent("""
     import sys, numpy as np
     from neurofed.edge.capture import RawTrial
-    from neurofed.edge.store import LocalStore
+    from neurofed.edge.store import LocalStore, StoreWriteError
     st = LocalStore(sys.argv[1])
     i = len(st)
     print("ready", flush=True)

@@ -169,3 +169,38 @@ def test_black_box_attacks_query_the_onnx_graph_itself(eegnet_bs, data_dir, monk
     assert 0.0 <= res["per_subject"]["S003"]["bca_attacked"] <= res["per_subject"]["S003"]["bca"] + 1e-9
     with pytest.raises(NeuroFedError, match="not a black-box attack"):
         query_attack_batches(om, X, y, "fgsm", 0.1, 8)
+
+
+@pytest.mark.integration  # the CLI as a process: its exit code and its whole stderr
+def test_graph_metadata_mismatch_is_one_line_through_the_cli(eegnet_bs, data_dir, tmp_path):
+    """Issue 53/54 (D5): a model whose metadata declares 8 channels on a 21-channel graph is refused by
+    `neurofed evaluate` in one line, exit 2 (it used to be a 58-line onnxruntime traceback)."""
+    import subprocess
+    import sys
+
+    from tests.runtime.conftest import eight_channel_card
+
+    bad = eight_channel_card(eegnet_bs[1], tmp_path / "bad.onnx")
+    r = subprocess.run([sys.executable, "-m", "neurofed.cli", "evaluate", "--model", str(bad), "--data-dir",
+                        str(data_dir), "--subjects", "3"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "bad.onnx" in lines[0] and "metadata declares 8 channels" in lines[0], r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_fewer_trials_than_the_minimum_batch_is_one_log_line(eegnet_bs, data_dir, caplog):
+    """The batch-1 trap in `neurofed evaluate`: a subject with fewer trials than the plain export's minimum batch
+    (metadata min_batch 8), and --batch-size below it, are each said in one line."""
+    import logging
+
+    _, onnx_path = eegnet_bs
+    meta = read_onnx_meta(onnx_path)
+    assert meta.min_batch == 8 and meta.training_rate_hz == meta.input_rate_hz == 80.0
+    X, y = load_eegmmidb_for(meta, [3], data_dir)["S003"]
+    with caplog.at_level(logging.WARNING, logger="neurofed.export"):
+        res = evaluate(onnx_path, {"S003": (X[:3], y[:3])}, batch_size=1)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any("--batch-size 1 is below the model's minimum batch 8" in m for m in msgs)
+    assert any(m.startswith("S003: 3 trials, fewer than the model's minimum batch 8") for m in msgs)
+    assert all("\n" not in m for m in msgs) and res["per_subject"]["S003"]["n_trials"] == 3

@@ -126,8 +126,8 @@ def test_simulate_options_refuse_partial_participation_and_the_baseline_grid_par
     bad.write_text("ga --algorithm ga --subjects 1-4 --rounds 2\n")  # the preset's fraction 0.5
     with pytest.raises(NeuroFedError, match="needs every client in every round"):
         parse_spec(bad, tmp_path)
-    spec = Path(__file__).resolve().parents[2] / "experiments" / "baselines46.txt"
-    runs = {r.name: r.cfg for r in parse_spec(spec, tmp_path)}
+    spec = Path(__file__).resolve().parents[2] / "studies" / "table46" / "spec.toml"
+    runs = {r.name: r.cfg for r in parse_spec(spec, tmp_path, group="baselines46")}
     assert sorted(runs) == ["ct_at", "fal", "fedfa", "fedprox_mu1", "ga"]
     assert runs["ga"].fraction == 1.0 and runs["fedfa"].fraction == 0.5
     assert runs["fedprox_mu1"].strategy_overrides == {"prox_mu": 1.0} and runs["ct_at"].ct_batch_size == 64

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from neurofed.trainer.experiments.spec import SimOptions, SpecError, parse_line
+from neurofed.trainer.experiments.spec import SimOptions, SpecError, parse_line, parse_options
 from neurofed.trainer.fl.strategies import PARAMS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,9 +52,17 @@ def test_bad_values_name_the_option(data_dir):
         parse_line(f"--seeds a --data-dir {data_dir}").to_sim_config()
 
 
-def test_every_committed_spec_line_parses():
-    """experiments/*.txt keep their syntax: every line's options are valid under the schema."""
-    for spec in sorted((ROOT / "experiments").glob("*.txt")):
-        for n, line in enumerate(spec.read_text().splitlines(), 1):
-            if line.strip() and not line.lstrip().startswith("#"):
-                parse_line(line.strip().partition(" ")[2])  # raises naming the problem
+def test_every_committed_spec_parses():
+    """studies/*/spec.toml keep their syntax: every run's options are valid under the schema."""
+    from neurofed.trainer.experiments.grid import spec_entries
+
+    specs = sorted((ROOT / "studies").glob("*/spec.toml"))
+    assert specs
+    for spec in specs:
+        entries = spec_entries(spec)
+        assert entries, spec
+        for *_, values, where in entries:
+            try:
+                parse_options(values)  # raises naming the problem
+            except SpecError as exc:
+                raise AssertionError(f"{where}: {exc}") from None

@@ -1,7 +1,8 @@
 """``neurofed grid``: a grid of ``neurofed simulate`` runs, one task per (run, seed, fold), on Ray or a process pool.
 
-A grid spec is the line format ``experiments/*.txt`` already use: ``NAME <neurofed simulate options>``
-(``#`` comments). Each run goes to ``<results>/<group>/<NAME>/`` exactly as ``neurofed simulate --out``
+A grid spec is either the line format ``NAME <neurofed simulate options>`` (``.txt``, ``#`` comments) or a
+study's ``spec.toml`` (one table per grid, see :func:`spec_entries`). Each run goes to
+``<results>/<group>/<NAME>/`` exactly as ``neurofed simulate --out``
 would write it; finished (seed, fold) jobs (their ``jobs/*.json``) are skipped, so re-running a grid
 resumes it, and a run's ``results.json`` is written as soon as all its jobs are done. ``--seeds`` runs only those
 seeds' jobs (e.g. the first seed of a costly run first); a run's ``results.json`` still waits for all its spec seeds.
@@ -22,12 +23,13 @@ import dataclasses
 import json
 import logging
 import shutil
+import tomllib
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments.simulate import (
@@ -66,34 +68,86 @@ class Task:
     path: str
 
 
+def spec_entries(spec: Path, group: str | None = None) -> list[tuple[str, str, dict[str, Any], str]]:
+    """The runs a grid spec declares: (group, run name, option values by field name, where) per run.
+
+    Two formats, read alike:
+
+    * ``.txt``: lines ``NAME <neurofed simulate options>`` (``#`` comments); the group is ``group`` or the
+      file's stem.
+    * ``.toml`` (the studies' specs): one table per grid, named by its group (the results sub-folder), with
+      ``common`` options shared by its runs and one ``runs.NAME`` table of options per run (the field names of
+      :class:`neurofed.trainer.experiments.spec.SimOptions`, e.g. ``algorithm = "safe"``, ``rounds = 50``,
+      ``seeds = "0,1,2"``); a run's own options override ``common``. ``group`` picks one grid of the file.
+
+    Raises
+    ------
+    NeuroFedError
+        Missing file, unreadable TOML, an unknown ``group``, or a malformed line, naming the spec.
+    """
+    if not spec.is_file():
+        raise NeuroFedError(f"{spec}: grid spec not found")
+    out: list[tuple[str, str, dict[str, Any], str]] = []
+    if spec.suffix == ".toml":
+        try:
+            doc = tomllib.loads(spec.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise NeuroFedError(f"{spec}: not a TOML grid spec ({exc})") from None
+        grids = {k: v for k, v in doc.items() if isinstance(v, dict)}
+        if group is not None:
+            if group not in grids:
+                raise NeuroFedError(f"{spec}: no grid {group!r} (it has: {', '.join(grids) or 'none'})")
+            grids = {group: grids[group]}
+        for g, table in grids.items():
+            common = table.get("common", {})
+            runs = table.get("runs", {})
+            if not isinstance(runs, dict) or not isinstance(common, dict) or set(table) - {"common", "runs"}:
+                raise NeuroFedError(f"{spec} [{g}]: a grid holds only 'common' and 'runs.NAME' tables")
+            for name, opts in runs.items():
+                if not isinstance(opts, dict):
+                    raise NeuroFedError(f"{spec} [{g}.runs.{name}]: expected a table of options")
+                out.append((g, name, {**common, **opts}, f"{spec} [{g}.runs.{name}]"))
+        return out
+    group = group or spec.stem
+    for n, line in enumerate(spec.read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, _, opts = line.strip().partition(" ")
+        try:
+            values = options_of_line(opts)
+        except SpecError as exc:
+            raise NeuroFedError(f"{spec}:{n} ({name}): {exc}") from None
+        out.append((group, name, values, f"{spec}:{n} ({name})"))
+    return out
+
+
 def parse_spec(spec: Path, results: Path, group: str | None = None,
                only: list[str] | None = None) -> list[GridRun]:
-    """Read a grid spec into runs: each line's options are validated by the schema of ``neurofed simulate``'s
-    options (:class:`neurofed.trainer.experiments.spec.SimOptions`), exactly as ``neurofed simulate`` reads them.
+    """Read a grid spec (``.txt`` lines or ``.toml``, see :func:`spec_entries`) into runs: each run's options are
+    validated by the schema of ``neurofed simulate``'s options
+    (:class:`neurofed.trainer.experiments.spec.SimOptions`), exactly as ``neurofed simulate`` reads them. A run
+    goes to ``results/<group>/<NAME>``; when a spec holds several grids, runs are named ``<group>/<NAME>``
+    (``only`` takes either form).
 
     Raises
     ------
     NeuroFedError
         Unknown option or bad value, naming the spec line.
     """
-    if not spec.is_file():
-        raise NeuroFedError(f"{spec}: grid spec not found")
-    group = group or spec.stem
+    entries = spec_entries(spec, group)
+    several = len({g for g, *_ in entries}) > 1
     runs = []
-    for n, line in enumerate(spec.read_text().splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        name, _, opts = line.strip().partition(" ")
-        if only and name not in only:
+    for g, name, values, where in entries:
+        full = f"{g}/{name}" if several else name
+        if only and name not in only and full not in only:
             continue
         try:
-            values = options_of_line(opts)
             if "out" in values:
                 raise NeuroFedError("--out is set by the grid (<results>/<group>/<NAME>)")
             cfg = parse_options(values).to_sim_config(warn=logger.warning)
         except (SpecError, NeuroFedError) as exc:
-            raise NeuroFedError(f"{spec}:{n} ({name}): {exc}") from None
-        runs.append(GridRun(name, cfg, results / group / name))
+            raise NeuroFedError(f"{where}: {exc}") from None
+        runs.append(GridRun(full, cfg, results / g / name))
     if len({r.name for r in runs}) != len(runs):
         raise NeuroFedError(f"{spec}: run names must be unique")
     return runs
@@ -344,7 +398,7 @@ def reproduce_grid(
         if unfinished:
             raise NeuroFedError(f"{r.name}: {len(unfinished)} job(s) not finished in {r.out} (e.g. {unfinished[0]}): "
                                 "nothing to reproduce there; run the grid without --reproduce to finish them")
-        twins[r.name] = GridRun(r.name, r.cfg, scratch / r.out.parent.name / r.name)
+        twins[r.name] = GridRun(r.name, r.cfg, scratch / r.out.parent.name / r.out.name)
     if match and (unknown := sorted(set(match) - (known := committed_metrics(chosen)))):
         raise NeuroFedError(f"--match {','.join(unknown)}: no committed job has that metric (they hold: "
                             f"{', '.join(sorted(known))})")

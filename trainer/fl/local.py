@@ -21,7 +21,7 @@ class LocalConfig:
     :mod:`neurofed.trainer.presets`): SGD lr 0.05, momentum 0.9, wd 1e-4, client batch 8, 2 local epochs.
 
     The papers use lr 0.005 and batch 32 (``--preset paper``); with 45 trials a client then takes ~3
-    SGD steps per round and training stays at chance on this data (docs/BENCHMARKS.md).
+    SGD steps per round and training stays at chance on this data (studies/table30/README.md).
 
     Parameters
     ----------

@@ -8,10 +8,10 @@ once, so the round's states are buffered (memory O(clients x model): ~12 kB per 
   ``delta_i = w_i - w_global`` is scaled to at most ``k x median_j ||delta_j||`` (the bound comes from
   the round's own updates, so no absolute scale has to be configured); updates under the bound pass
   bit-for-bit unchanged. Honest EEGMMIDB clients' update norms stay within 1.09-1.25 x their round's median
-  for FedAvg, FedBS, SAFE and the baselines (measured: ``python experiments/update_norms.py ALGORITHMS``,
-  docs/bench/update_norms_algorithms.json), so k = 1.5 does not touch an honest round; k = 3 (the default
+  for FedAvg, FedBS, SAFE and the baselines (measured: ``python studies/update_norms/update_norms.py ALGORITHMS``,
+  studies/update_norms/update_norms_algorithms.json), so k = 1.5 does not touch an honest round; k = 3 (the default
   until 2026-11-24) let 20 % of clients sending 10x updates keep 3x an honest weight and cost 5.9 points on
-  three folds, k = 1.5 none (docs/BENCHMARKS.md). ``--clip-mult 0`` turns it
+  three folds, k = 1.5 none (studies/byzantine_dp). ``--clip-mult 0`` turns it
   off (and gives back the pure streaming O(model) mean). With DP-FedAvg (``dp_clip`` > 0) DP's own
   fixed clip replaces it.
 * **median**: coordinate-wise median of the states (``numpy.median``: the mean of the two middle
