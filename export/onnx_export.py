@@ -36,6 +36,7 @@ from neurofed.trainer.data import PreprocessConfig, list_subjects, load_eegmmidb
 from neurofed.trainer.data.eegmmidb import TASKS
 from neurofed.trainer.data.profiles import load_profile_subject
 from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.models.classical import graph_form
 
 logger = logging.getLogger("neurofed.export")
 
@@ -69,7 +70,7 @@ def quiet_exporter() -> Iterator[None]:
 
 def to_onnx(model: nn.Module, n_channels: int, n_times: int, batch: int = 8) -> onnx.ModelProto:
     """Export ``model`` (eval mode) with the dynamo exporter, opset 18, dynamic batch axis."""
-    model = model.eval()
+    model = graph_form(model).eval()
     x = torch.randn(batch, n_channels, n_times, generator=torch.Generator().manual_seed(0))
     with quiet_exporter():
         try:

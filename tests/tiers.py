@@ -68,6 +68,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/export/test_app_serve.py": "integration",          # a wheel's `neurofed app serve` outside the checkout
     "tests/export/test_bench.py": "unit",
     "tests/export/test_bundle_training.py": "unit",
+    "tests/export/test_classical_onnx.py": "unit",
     "tests/export/test_evaluate.py": "unit",                  # 1 integration (CLI process) marked
     "tests/export/test_export.py": "unit",                    # 1 integration (CLI process) marked
     "tests/export/test_import_rule.py": "unit",
@@ -108,6 +109,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/trainer/test_data.py": "unit",                     # 1 integration (a loader process) marked
     "tests/trainer/test_ensemble.py": "unit",
     "tests/trainer/test_fal.py": "unit",
+    "tests/trainer/test_fed_classical.py": "unit",
     "tests/trainer/test_fedavgm.py": "unit",
     "tests/trainer/test_fedbm.py": "unit",
     "tests/trainer/test_fedfa.py": "unit",

@@ -10,6 +10,10 @@ Methods
 ``csp-lda``
     Per-subject Euclidean alignment (the epochs' own EA) -> ``mne.decoding.CSP`` (6 log-variance
     components) -> ``LinearDiscriminantAnalysis``, fitted on the pooled training subjects.
+``tangent-lda``
+    Per-subject EA'd epochs -> ``pyriemann`` covariances (OAS) -> tangent space at the log-Euclidean mean of the
+    training covariances -> ``LinearDiscriminantAnalysis``: the centralised twin of ``neurofed simulate
+    --algorithm fed-tangent`` (which federates it exactly, :mod:`neurofed.trainer.fl.algorithms.classical`).
 ``riemann``
     Unaligned epochs -> ``pyriemann`` covariances (OAS shrinkage) -> per-subject re-centring of the
     covariances to the identity (``pyriemann.transfer.TLCenter``, each subject from its own unlabelled
@@ -45,9 +49,12 @@ from neurofed.trainer.experiments.simulate import aggregate_seeds, open_run
 
 logger = logging.getLogger("neurofed.trainer")
 
-METHODS = ("csp-lda", "riemann")
-#: Whether a method works on per-subject EA'd epochs (csp-lda) or re-centres covariances itself (riemann).
-METHOD_EA = {"csp-lda": True, "riemann": False}
+METHODS = ("csp-lda", "riemann", "tangent-lda")
+#: tangent-lda's LDA shrinkage (231 tangent coordinates at 21 channels: a few hundred trials make the within-class
+#: covariance singular); fed-tangent's default too
+TANGENT_SHRINKAGE = 0.5
+#: Whether a method works on per-subject EA'd epochs (csp-lda, tangent-lda) or re-centres covariances itself (riemann).
+METHOD_EA = {"csp-lda": True, "riemann": False, "tangent-lda": True}
 
 
 @dataclass
@@ -87,16 +94,19 @@ class ClassicalConfig:
                                 "(square, hsj)")
 
 
-def build_pipeline(method: str, seed: int = 0, n_components: int = 6, C: float = 1.0):
+def build_pipeline(method: str, seed: int = 0, n_components: int = 6, C: float = 1.0,
+                   shrinkage: float = TANGENT_SHRINKAGE):
     """The scikit-learn pipeline of ``method`` on trials (csp-lda) or re-centred covariances (riemann).
 
     Parameters
     ----------
     method : str
-        ``csp-lda`` (input: EA'd trials, shape (n, ch, t)) or ``riemann`` (input: SPD matrices,
+        ``csp-lda`` or ``tangent-lda`` (input: EA'd trials, shape (n, ch, t)) or ``riemann`` (input: SPD matrices,
         shape (n, ch, ch), already re-centred per subject by :func:`recentred_covariances`).
     seed : int
         ``random_state`` of the logistic regression.
+    shrinkage : float
+        tangent-lda: the LDA's shrinkage (scikit-learn's lsqr solver; 0: its svd solver).
     """
     from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
     from sklearn.linear_model import LogisticRegression
@@ -107,6 +117,13 @@ def build_pipeline(method: str, seed: int = 0, n_components: int = 6, C: float =
 
         return make_pipeline(CSP(n_components=n_components, log=True, norm_trace=False),
                              LinearDiscriminantAnalysis())
+    if method == "tangent-lda":
+        from pyriemann.estimation import Covariances
+        from pyriemann.tangentspace import TangentSpace
+
+        lda = LinearDiscriminantAnalysis(solver="lsqr", shrinkage=shrinkage) if shrinkage else LinearDiscriminantAnalysis()
+        return make_pipeline(Covariances(estimator="oas"), TangentSpace(metric={"mean": "logeuclid", "map": "riemann"}),
+                             lda)
     if method == "riemann":
         from pyriemann.tangentspace import TangentSpace
 
@@ -195,7 +212,9 @@ def run_classical(cfg: ClassicalConfig, out_dir: str | os.PathLike,
     data = {int(sd.subject[1:]): sd for sd in load_subjects(cfg.subjects, pre, cfg.data_dir)}
     folds = make_folds(cfg.subjects, cfg.protocol, cfg.fold_seed)
     if folds == [[]]:
-        raise NeuroFedError("classical references need held-out subjects: use --protocol loso or kfold:K")
+        raise NeuroFedError("classical references need held-out subjects: use --protocol loso or kfold:K; for a "
+                            "deployable classical model train `neurofed simulate --algorithm fed-csp-lda` (or "
+                            "fed-tangent) `--test-subjects none` and score it with `neurofed evaluate`")
     jobs, total = [], len(folds) * len(cfg.seeds)
     for seed in cfg.seeds:
         for k, fold in enumerate(folds):

@@ -25,6 +25,7 @@ from neurofed.trainer.data.profiles import parse_assignment
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments.partition import parse_partition
 from neurofed.trainer.experiments.simulate import SimConfig
+from neurofed.trainer.fl.algorithms.classical import CLASSICAL_MODELS
 from neurofed.trainer.fl.byzantine import Byzantine
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.strategies import PARAMS
@@ -174,10 +175,16 @@ class _SimOptionsBase(BaseModel):
         except ValueError as exc:
             raise SpecError(str(exc), "--partition") from None
         folds = o.folds
+        model, rounds, fraction = o.model, pick(o.rounds, pre_set.rounds), pick(o.fraction, pre_set.fraction)
+        if o.algorithm in CLASSICAL_MODELS:  # fitted from summed statistics: its model, two rounds, every client
+            if o.model not in ("eegnet", CLASSICAL_MODELS[o.algorithm]):
+                raise SpecError(f"--algorithm {o.algorithm} trains model {CLASSICAL_MODELS[o.algorithm]}, not "
+                                f"{o.model}", "--model")
+            model, rounds, fraction = CLASSICAL_MODELS[o.algorithm], pick(o.rounds, 2), pick(o.fraction, 1.0)
         strategy_overrides = {k: getattr(o, k) for k in PARAMS if getattr(o, k, None) is not None}
         cfg = SimConfig(
-            algorithm=o.algorithm, model=o.model, subjects=subject_ids, protocol=protocol,
-            rounds=pick(o.rounds, pre_set.rounds), fraction=pick(o.fraction, pre_set.fraction),
+            algorithm=o.algorithm, model=model, subjects=subject_ids, protocol=protocol,
+            rounds=rounds, fraction=fraction,
             seeds=int_list(o.seeds, "--seeds"), local=local.to_dict(),
             ct_batch_size=pick(o.ct_batch_size, pre_set.ct_batch_size), preprocess=pre.to_dict(),
             test_batch=o.test_batch, eval_every=o.eval_every, attacks=attack_list(o.attack),

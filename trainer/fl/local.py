@@ -80,6 +80,9 @@ def train_local(
     dict
         ``loss`` (mean over steps) and ``steps``.
     """
+    local_fit = getattr(model, "local_fit", None)
+    if local_fit is not None:  # a model fitted from summed statistics (neurofed.trainer.models.classical): no SGD
+        return local_fit(X, y, strategy.settings)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model.train()

@@ -12,6 +12,7 @@ from typing import Any
 
 from neurofed.trainer.fl.algorithms import (
     base,
+    classical,
     dp,
     fal,
     fedavgm,
@@ -47,6 +48,8 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     hierarchical.FLEEG,
     fedfa.FEDFA,  # after MOON: its hooks must not be in MOON's frozen copies
     ga.GA,
+    classical.FED_CSP_LDA,
+    classical.FED_TANGENT,
 )}
 
 #: component types in registry order (the order in which loss terms and weight perturbations compose)

@@ -14,6 +14,7 @@ from neurofed.trainer.models.bn import (
     float_state_keys,
     make_bn,
 )
+from neurofed.trainer.models.classical import CSPLDA, TangentLDA
 from neurofed.trainer.models.deep import DeepConvNet
 from neurofed.trainer.models.eegnet import EEGNet
 from neurofed.trainer.models.fleeg import LOCAL_PREFIX, FleegEEGNet
@@ -22,7 +23,9 @@ from neurofed.trainer.models.shallow import ShallowConvNet
 
 MODELS: dict[str, type[nn.Module]] = {"eegnet": EEGNet, "shallow": ShallowConvNet, "deep": DeepConvNet,
                                       "fleeg_eegnet": FleegEEGNet, "fleeg_proj_eegnet": FleegProjEEGNet,
-                                      "fleeg_fixmap_eegnet": FleegFixedMapEEGNet}
+                                      "fleeg_fixmap_eegnet": FleegFixedMapEEGNet,
+                                      # fitted from summed statistics (fed-csp-lda, fed-tangent), not by SGD
+                                      "csp_lda": CSPLDA, "tangent_lda": TangentLDA}
 #: every model name (the wire schema and the coordinator's config accept exactly these)
 MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
 #: models with a per-device module ``local.*`` (a mixed-device federation aggregates it per profile)
@@ -58,6 +61,8 @@ def count_parameters(model: nn.Module) -> int:
 
 __all__ = [
     "BN_MODES",
+    "CSPLDA",
+    "TangentLDA",
     "LOCAL_PREFIX",
     "MODELS",
     "MODEL_NAMES",

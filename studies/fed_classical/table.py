@@ -1,0 +1,130 @@
+"""Summary of the fed_classical study: accuracy vs epsilon of fed-csp-lda / fed-tangent beside DP-FedAvg.
+
+Usage::
+
+    python studies/fed_classical/table.py [RESULTS_ROOT]   # runs in RESULTS_ROOT/fed_classical/<run>/results.json
+    python studies/fed_classical/table.py --pack RESULTS_ROOT  # also (re)write raw.jsonl.gz from those runs
+
+Without RESULTS_ROOT the runs are read from the study's ``raw.jsonl.gz`` (one gzip'd JSON line per file:
+``{"path": "fed_classical/<run>/...", "json": {...}}``). Writes ``summary.json`` and ``table.md`` beside this file.
+DP-FedAvg's numbers are the committed runs of issue 17 (``experiments/results/dp/<run>/results.json``: fold 0 of
+the same split, 10 held-out subjects, one seed), read from the repository when present.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+GROUP = "fed_classical"
+PIPES = {"csp": "fed-csp-lda", "tan": "fed-tangent"}
+EPS = (8, 4, 1)
+DPFEDAVG = {"dp_clip_only": "clip only (no noise)", "dp_eps512": "eps 520", "dp_eps64": "eps 66", "dp_eps8": "eps 8",
+            "dp_eps8_all10": "eps 8, every client, 10 rounds", "clean_all10": "no DP, every client, 10 rounds"}
+
+
+def load_runs(root: Path | None) -> dict[str, dict]:
+    """``{run: results.json}`` from a results root or from raw.jsonl.gz."""
+    out = {}
+    if root is not None:
+        for p in sorted((root / GROUP).glob("*/results.json")):
+            out[p.parent.name] = json.loads(p.read_text())
+        return out
+    with gzip.open(HERE / "raw.jsonl.gz", "rt") as f:
+        for line in f:
+            rec = json.loads(line)
+            parts = rec["path"].split("/")
+            if len(parts) == 3 and parts[2] == "results.json":
+                out[parts[1]] = rec["json"]
+    return out
+
+
+def pack(root: Path) -> None:
+    """Every JSON of the group's runs (config, results, jobs) into raw.jsonl.gz."""
+    with gzip.open(HERE / "raw.jsonl.gz", "wt") as f:
+        for p in sorted((root / GROUP).rglob("*.json")):
+            f.write(json.dumps({"path": str(p.relative_to(root)), "json": json.loads(p.read_text())}) + "\n")
+
+
+def per_subject(res: dict) -> dict[str, float]:
+    return {s: v["bca"] for s, v in res["per_subject"].items()}
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    root = None
+    if args and args[0] == "--pack":
+        root = Path(args[1])
+        pack(root)
+    elif args:
+        root = Path(args[0])
+    runs = load_runs(root)
+    rows, summary = [], {"pipelines": {}, "dpfedavg": {}}
+    dp_dir = REPO / "experiments/results/dp"
+    fold0 = sorted(json.loads((dp_dir / "dp_eps8/results.json").read_text())["per_subject"]) if dp_dir.exists() else []
+    for p, algo in PIPES.items():
+        if f"{p}_nodp" not in runs:
+            continue
+        base = per_subject(runs[f"{p}_nodp"])
+        subs = sorted(base)
+        b = np.array([base[s] for s in subs])
+        entry = {"no_dp": {"bca": float(b.mean()), "subjects": len(subs),
+                           "fold0_bca": float(np.mean([base[s] for s in fold0])) if fold0 else None}}
+        rows.append((algo, "no DP", "-", 100 * b.mean(), 100 * b.std(ddof=1), "", "", "",
+                     100 * entry["no_dp"]["fold0_bca"] if fold0 else float("nan")))
+        for eps in EPS:
+            seeds = [runs[f"{p}_eps{eps}_s{s}"] for s in range(3) if f"{p}_eps{eps}_s{s}" in runs]
+            if not seeds:
+                continue
+            ps = [per_subject(r) for r in seeds]
+            m = np.array([[d[s] for s in subs] for d in ps])  # seeds x subjects
+            subj = m.mean(0)
+            seed_means = m.mean(1)
+            t = stats.ttest_rel(subj, b)
+            priv = seeds[0].get("privacy", {})
+            entry[f"eps{eps}"] = {"bca": float(subj.mean()), "std_subjects": float(subj.std(ddof=1)),
+                                  "std_seeds": float(seed_means.std()), "per_seed": seed_means.tolist(),
+                                  "delta_points": float(100 * (subj.mean() - b.mean())), "paired_p": float(t.pvalue),
+                                  "epsilon": priv.get("epsilon"), "noise_multiplier": priv.get("noise_multiplier"),
+                                  "clip": priv.get("clip"), "clip_lda": priv.get("clip_lda"),
+                                  "count_weight": priv.get("count_weight"), "seeds": len(seeds),
+                                  "fold0_bca": float(np.mean([np.mean([d[s] for d in ps]) for s in fold0]))
+                                  if fold0 else None}
+            e = entry[f"eps{eps}"]
+            rows.append((algo, f"{priv.get('epsilon', float('nan')):.2f}", f"{priv.get('noise_multiplier', 0):.3f}",
+                         100 * e["bca"], 100 * e["std_subjects"], f"{100 * e['std_seeds']:.1f}",
+                         f"{e['delta_points']:+.1f}", f"{e['paired_p']:.2g}",
+                         100 * e["fold0_bca"] if fold0 else float("nan")))
+        summary["pipelines"][algo] = entry
+    lines = ["| pipeline | epsilon (delta 1e-5) | noise z | BCA % (46 subjects, mean of 3 noise seeds) | sd over "
+             "subjects | sd of seed means | vs no DP (points) | paired p | fold 0 (10 subjects) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.1f} | {r[5]} | {r[6]} | {r[7]} | {r[8]:.1f} |")
+    if dp_dir.exists():
+        lines += ["", "DP-FedAvg (issue 17's committed runs, `experiments/results/dp/<run>`: FedAvg + EEGNet, clip 1.0, "
+                  "fold 0 of the same split = the 10 subjects of the last column above, seed 0):", "",
+                  "| DP-FedAvg run | epsilon (delta 1e-5) | BCA % (fold 0, 10 subjects) |", "|---|---|---|"]
+        for run, what in DPFEDAVG.items():
+            f = dp_dir / run / "results.json"
+            if f.exists():
+                r = json.loads(f.read_text())
+                eps = r.get("privacy", {}).get("epsilon")
+                lines.append(f"| {run} ({what}) | {'-' if eps is None else f'{eps:.3g}'} | "
+                             f"{100 * r['summary']['bca']['mean']:.1f} |")
+                summary["dpfedavg"][run] = {"epsilon": eps, "bca_fold0": r["summary"]["bca"]["mean"],
+                                            "source": f"experiments/results/dp/{run}/results.json"}
+    (HERE / "table.md").write_text("\n".join(lines) + "\n")
+    (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
