@@ -7,19 +7,20 @@ Usage::
 
 Without RESULTS_ROOT the runs are read from the study's ``raw.jsonl.gz`` (one gzip'd JSON line per file:
 ``{"path": "fed_classical/<run>/...", "json": {...}}``). Writes ``summary.json`` and ``table.md`` beside this file.
-DP-FedAvg's numbers are the committed runs of issue 17 (``experiments/results/dp/<run>/results.json``: fold 0 of
+DP-FedAvg's numbers are the committed runs of issue 17 (``dp/<run>/results.json`` in studies/byzantine_dp/raw.jsonl.gz: fold 0 of
 the same split, 10 held-out subjects, one seed), read from the repository when present.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
+
+from neurofed.trainer.experiments.raw import RAW_NAME, pack, read
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -32,25 +33,15 @@ DPFEDAVG = {"dp_clip_only": "clip only (no noise)", "dp_eps512": "eps 520", "dp_
 
 def load_runs(root: Path | None) -> dict[str, dict]:
     """``{run: results.json}`` from a results root or from raw.jsonl.gz."""
-    out = {}
     if root is not None:
-        for p in sorted((root / GROUP).glob("*/results.json")):
-            out[p.parent.name] = json.loads(p.read_text())
-        return out
-    with gzip.open(HERE / "raw.jsonl.gz", "rt") as f:
-        for line in f:
-            rec = json.loads(line)
-            parts = rec["path"].split("/")
-            if len(parts) == 3 and parts[2] == "results.json":
-                out[parts[1]] = rec["json"]
-    return out
+        return {p.parent.name: json.loads(p.read_text()) for p in sorted((root / GROUP).glob("*/results.json"))}
+    return {k.split("/")[1]: v for k, v in read(HERE / RAW_NAME).items()
+            if k.count("/") == 2 and k.endswith("/results.json")}
 
 
-def pack(root: Path) -> None:
+def pack_group(root: Path) -> None:
     """Every JSON of the group's runs (config, results, jobs) into raw.jsonl.gz."""
-    with gzip.open(HERE / "raw.jsonl.gz", "wt") as f:
-        for p in sorted((root / GROUP).rglob("*.json")):
-            f.write(json.dumps({"path": str(p.relative_to(root)), "json": json.loads(p.read_text())}) + "\n")
+    pack(root, HERE / RAW_NAME, prefixes=[GROUP])
 
 
 def per_subject(res: dict) -> dict[str, float]:
@@ -62,13 +53,15 @@ def main() -> None:
     root = None
     if args and args[0] == "--pack":
         root = Path(args[1])
-        pack(root)
+        pack_group(root)
     elif args:
         root = Path(args[0])
     runs = load_runs(root)
     rows, summary = [], {"pipelines": {}, "dpfedavg": {}}
-    dp_dir = REPO / "experiments/results/dp"
-    fold0 = sorted(json.loads((dp_dir / "dp_eps8/results.json").read_text())["per_subject"]) if dp_dir.exists() else []
+    dp_raw = REPO / "studies/byzantine_dp/raw.jsonl.gz"
+    dp = {k[len("dp/"):-len("/results.json")]: v for k, v in read(dp_raw).items()
+          if k.startswith("dp/") and k.endswith("/results.json")} if dp_raw.exists() else {}
+    fold0 = sorted(dp["dp_eps8"]["per_subject"]) if "dp_eps8" in dp else []
     for p, algo in PIPES.items():
         if f"{p}_nodp" not in runs:
             continue
@@ -108,19 +101,18 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.1f} | {r[5]} | {r[6]} | {r[7]} | {r[8]:.1f} |")
-    if dp_dir.exists():
-        lines += ["", "DP-FedAvg (issue 17's committed runs, `experiments/results/dp/<run>`: FedAvg + EEGNet, clip 1.0, "
+    if dp:
+        lines += ["", "DP-FedAvg (issue 17's committed runs, `dp/<run>` in studies/byzantine_dp/raw.jsonl.gz: FedAvg + EEGNet, clip 1.0, "
                   "fold 0 of the same split = the 10 subjects of the last column above, seed 0):", "",
                   "| DP-FedAvg run | epsilon (delta 1e-5) | BCA % (fold 0, 10 subjects) |", "|---|---|---|"]
         for run, what in DPFEDAVG.items():
-            f = dp_dir / run / "results.json"
-            if f.exists():
-                r = json.loads(f.read_text())
+            if run in dp:
+                r = dp[run]
                 eps = r.get("privacy", {}).get("epsilon")
                 lines.append(f"| {run} ({what}) | {'-' if eps is None else f'{eps:.3g}'} | "
                              f"{100 * r['summary']['bca']['mean']:.1f} |")
                 summary["dpfedavg"][run] = {"epsilon": eps, "bca_fold0": r["summary"]["bca"]["mean"],
-                                            "source": f"experiments/results/dp/{run}/results.json"}
+                                            "source": f"studies/byzantine_dp/raw.jsonl.gz:dp/{run}/results.json"}
     (HERE / "table.md").write_text("\n".join(lines) + "\n")
     (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print("\n".join(lines))
