@@ -95,6 +95,10 @@ def simulate(
     save_models: Annotated[bool, typer.Option(
         help="also save each (fold, seed) job's trained global model beside its JSON (jobs/seedS_foldKK.safetensors, "
              "a few kB) so `neurofed sweep` can attack it later without training again")] = False,
+    engine: Annotated[str, typer.Option(
+        help="local training: vectorised (a round's clients trained together, equal to sequential to float "
+             "tolerance, faster; falls back to sequential, saying so once, for what it does not know) or sequential "
+             "(one client after the other, as an edge client trains)")] = "vectorised",
     partition: Annotated[str, typer.Option(help="clients of the training subjects: subject (one each), "
                                            "dirichlet:BETA[:K] (label skew within subjects, K clients each), "
                                            "missing-class; held-out subjects stay whole")] = "subject",
@@ -127,9 +131,17 @@ def simulate(
 
     opts = {k: v for k, v in locals().items() if k != "strategy_params"}
     cfg = build_sim_config({**opts, **strategy_params})
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} {task.fields[unit]}"),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console) as prog:
-        task = prog.add_task(f"{algorithm} {cfg.protocol}", total=None)
+        task = prog.add_task(f"{algorithm} {cfg.protocol}", total=None, unit="jobs")
+        rounds_task = prog.add_task("rounds", total=None, visible=workers <= 1, unit="rounds")
+
+        def on_round(fold: int, seed: int, r: int, total: int, point: dict) -> None:
+            if r == 1:  # a new job: its own time estimate
+                prog.reset(rounds_task, total=total)
+            bca = f" held-out BCA {100 * point['bca']:.1f}%" if "bca" in point else ""
+            prog.update(rounds_task, completed=r, total=total,
+                        description=f"fold {fold} seed {seed} round {r}/{total} loss {point['loss']:.3f}{bca}")
 
         def on_done(job: dict, n: int, total: int) -> None:
             prog.update(task, completed=n, total=total)
@@ -138,7 +150,7 @@ def simulate(
                 f"BCA {100 * sum(bcas) / len(bcas):.1f}%" if bcas else "trained (no held-out subject)")
             prog.console.log(msg + f" ({job['seconds']:.0f} s)")
 
-        results = run_simulation(cfg, out, workers, on_done, threads)
+        results = run_simulation(cfg, out, workers, on_done, threads, on_round)
     if results["per_subject"]:
         print_results(results)
     for c in results["checkpoints"]:
