@@ -490,6 +490,21 @@ def bench_train(
     trainer_bench.bench_train(threads, batch_size, steps, models, out_dir)
 
 
+def bench_simulate(
+    algorithms: Annotated[str, typer.Option(help="comma list of registered algorithms")] = "fedbs,safe",
+    subjects: Annotated[str, typer.Option(help="'all' or e.g. '1-10'; the clients: fold 0 of kfold:5 held out")] = "all",
+    rounds: Annotated[int, typer.Option(help="timed rounds per engine (after one warm-up round)")] = 2,
+    fraction: Annotated[float, typer.Option(help="fraction of clients per round")] = 0.5,
+    model: Annotated[str, typer.Option()] = "eegnet",
+    threads: Annotated[int, typer.Option(help="torch threads")] = 1,
+    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None,
+    out_dir: Annotated[Path, typer.Option()] = trainer_bench.BENCH_DIR,
+) -> None:
+    """The same short federation on both engines (sequential, vectorised): rounds/s, passes/s, their ratio, the
+    pure-compute floor, and how far the two results are apart (docs/bench/simulate.json)."""
+    trainer_bench.bench_simulate(algorithms, subjects, rounds, fraction, model, threads, data_dir, out_dir)
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add trainer commands and benchmarks."""
     app.command("simulate")(with_strategy_options(simulate))
@@ -503,6 +518,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     app.command("ensemble")(ensemble)
     bench.command("data")(bench_data)
     bench.command("train")(bench_train)
+    bench.command("simulate")(bench_simulate)
 
 
 def _standalone() -> None:

@@ -56,7 +56,7 @@ ENGINES = ("sequential", "vectorised")
 #: layer types whose forward is a pure function of (parameters, buffers, input): safe under functional_call + vmap
 _PLAIN_LAYERS: tuple[type[nn.Module], ...] = (
     nn.Conv1d, nn.Conv2d, nn.Linear, nn.ELU, nn.ReLU, nn.AvgPool2d, nn.MaxPool2d, nn.ZeroPad2d, nn.Sequential,
-    nn.Flatten, nn.Identity, nn.BatchNorm1d, nn.BatchNorm2d, nn.Dropout,
+    nn.Flatten, nn.Identity, nn.BatchNorm1d, nn.BatchNorm2d, nn.Dropout, nn.ModuleList,
 )
 #: model classes whose own forward is plain (layers called in order, no state)
 _MODELS = ("EEGNet", "ShallowConvNet", "DeepConvNet")
