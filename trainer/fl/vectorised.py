@@ -131,6 +131,63 @@ def _dropout_forward(self: nn.Dropout, x: Tensor) -> Tensor:
     return x * ctx.noises.pop(0)
 
 
+def _eegnet_features(self: nn.Module, x: Tensor) -> Tensor:
+    """EEGNet's features with its first block (temporal conv -> batch-specific BN -> depthwise spatial conv) in the
+    cheaper order: all three are linear in the input, so the spatial filters go first (21 channels -> 16 maps) and the
+    temporal filters run on 16 maps instead of 8 filters x 21 channels (~4x fewer multiply-adds, no
+    (batch, 8, 21, time) activation). The BN's batch statistics over (batch, channels, time) of the temporal output
+    come exactly from the input's windowed sums and lagged products. Same function as the module's, to float
+    rounding; used by the vectorised engine only."""
+    ctx: _Ctx = self._vctx  # type: ignore[assignment]
+    pad, conv = self.temporal[0], self.temporal[1]
+    bn, spatial = self.bnorm_temporal, self.conv_spatial
+    wt = conv.weight  # (F1, 1, 1, k)
+    f1, k = wt.shape[0], wt.shape[-1]
+    left, right = pad.padding[0], pad.padding[1]
+    b, c, t = x.shape
+    xp = F.pad(x, (left, right)).reshape(b * c, t + k - 1)
+    p_len = t + k - 1
+    n = b * c * t
+    w = wt.reshape(f1, k)
+    ones = torch.ones((1, 1, t), dtype=x.dtype)
+    # mean_f = sum_j w_fj * (sum over b, c and the window t+j of the padded input) / n
+    win = F.conv1d(xp.sum(0).reshape(1, 1, p_len), ones).reshape(k)
+    mean = (w @ win) / n
+    # E[u_f^2] = sum_{j,j'} w_fj w_fj' R[j, j'] with R[j, j+L] = sum_t sum_bc xp[t+j] xp[t+j+L] (lag L >= 0)
+    sq = torch.zeros(f1, dtype=x.dtype)
+    for lag in range(k):
+        q = (xp[:, : p_len - lag] * xp[:, lag:]).sum(0)
+        r = F.conv1d(q.reshape(1, 1, p_len - lag), ones).reshape(k - lag)
+        term = (w[:, : k - lag] * w[:, lag:]) @ r
+        sq = sq + (term if lag == 0 else 2 * term)
+    var = sq / n - mean * mean
+    if ctx.record and bn.track_running_stats:
+        ctx.stats.append((mean.detach(), (var * (n / (n - 1))).detach()))
+    scale = bn.weight / torch.sqrt(var + bn.eps)  # (F1,)
+    d = spatial.weight.shape[0] // f1
+    ws = spatial.weight.reshape(f1 * d, c)  # (F1*D, C)
+    z = torch.einsum("oc,bcp->bop", ws, xp.reshape(b, c, p_len))  # spatial maps of the padded input
+    wrep = w.repeat_interleave(d, 0).reshape(f1 * d, 1, k)
+    y = F.conv1d(z, wrep, groups=f1 * d)  # (B, F1*D, T): the temporal filters on the maps
+    srep, mrep, brep = scale.repeat_interleave(d), mean.repeat_interleave(d), bn.bias.repeat_interleave(d)
+    wsum = ws.sum(1)
+    y = srep.reshape(1, -1, 1) * (y - (mrep * wsum).reshape(1, -1, 1)) + (brep * wsum).reshape(1, -1, 1)
+    x = y.unsqueeze(2)  # (B, F1*D, 1, T), as conv_spatial's output
+    x = self.pool_1(self.bnorm_1(x))
+    x = self.pool_2(self.bnorm_2(self.conv_separable(x)))
+    return x.flatten(1)
+
+
+def _fusable(model: nn.Module) -> bool:
+    """EEGNet with a plain first block (the fused order above applies)."""
+    if type(model).__name__ != "EEGNet":
+        return False
+    conv, bn, sp = model.temporal[1], model.bnorm_temporal, model.conv_spatial
+    return (conv.in_channels == 1 and conv.bias is None and conv.kernel_size[0] == 1 and conv.stride == (1, 1)
+            and conv.dilation == (1, 1) and isinstance(model.temporal[0], nn.ZeroPad2d) and bn.affine
+            and sp.bias is None and sp.groups == conv.out_channels and sp.kernel_size[1] == 1)
+
+
 class BatchedModel:
     """A model's architecture as a function of stacked per-client parameters (one vmapped call for all clients).
 
@@ -143,7 +200,7 @@ class BatchedModel:
         One trial's shape (channels, times).
     """
 
-    def __init__(self, model: nn.Module, sample_shape: tuple[int, ...]) -> None:
+    def __init__(self, model: nn.Module, sample_shape: tuple[int, ...], fused: bool = True) -> None:
         self.shadow = copy.deepcopy(model).train()
         self.ctx = _Ctx()
         self.bns = {n: m for n, m in self.shadow.named_modules() if isinstance(m, _BatchNorm)}
@@ -154,6 +211,10 @@ class BatchedModel:
             elif isinstance(m, nn.Dropout):
                 m._vctx = self.ctx
                 m.forward = types.MethodType(_dropout_forward, m)
+        self.fused = fused and _fusable(self.shadow)
+        if self.fused:
+            self.shadow.features = types.MethodType(_eegnet_features, self.shadow)
+            self.shadow._vctx = self.ctx
         if hasattr(self.shadow, "classifier"):
             self.shadow.classifier.register_forward_pre_hook(self._grab_z)
         # the dropout layers in call order and the per-trial shape of their inputs (the noise each pass draws)
