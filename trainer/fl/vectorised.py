@@ -153,13 +153,21 @@ def _eegnet_features(self: nn.Module, x: Tensor) -> Tensor:
     # mean_f = sum_j w_fj * (sum over b, c and the window t+j of the padded input) / n
     win = F.conv1d(xp.sum(0).reshape(1, 1, p_len), ones).reshape(k)
     mean = (w @ win) / n
-    # E[u_f^2] = sum_{j,j'} w_fj w_fj' R[j, j'] with R[j, j+L] = sum_t sum_bc xp[t+j] xp[t+j+L] (lag L >= 0)
-    sq = torch.zeros(f1, dtype=x.dtype)
-    for lag in range(k):
-        q = (xp[:, : p_len - lag] * xp[:, lag:]).sum(0)
-        r = F.conv1d(q.reshape(1, 1, p_len - lag), ones).reshape(k - lag)
-        term = (w[:, : k - lag] * w[:, lag:]) @ r
-        sq = sq + (term if lag == 0 else 2 * term)
+    # sum of u_f^2 over (b, c, t): the full linear correlation's energy by Parseval (FFT of length >= T + k - 1),
+    # minus the outputs the 'same' padding drops at both ends (computed directly on the edge samples)
+    nfft = 1 << (t + k - 2).bit_length()
+    xs = x.reshape(b * c, t)
+    spec = torch.fft.rfft(xs, n=nfft)
+    power = (spec.real * spec.real + spec.imag * spec.imag).sum(0)  # (nfft // 2 + 1,)
+    wspec = torch.fft.rfft(w, n=nfft)
+    wpow = wspec.real * wspec.real + wspec.imag * wspec.imag  # (F1, nfft // 2 + 1)
+    both = torch.ones(nfft // 2 + 1, dtype=x.dtype)
+    both[1: (nfft + 1) // 2] = 2.0  # the half spectrum counts the mirrored bins twice (not DC, not Nyquist)
+    full = (wpow * (power * both)).sum(1) / nfft
+    wk = w.reshape(f1, 1, k)
+    lo = F.conv1d(F.pad(xs[:, : k - 1], (k - 1, 0)).reshape(b * c, 1, 2 * (k - 1)), wk)[:, :, : k - 1 - left]
+    hi = F.conv1d(F.pad(xs[:, t - (k - 1):], (0, k - 1)).reshape(b * c, 1, 2 * (k - 1)), wk)[:, :, k - 1 - left:]
+    sq = full - (lo * lo).sum((0, 2)) - (hi * hi).sum((0, 2))
     var = sq / n - mean * mean
     if ctx.record and bn.track_running_stats:
         ctx.stats.append((mean.detach(), (var * (n / (n - 1))).detach()))
