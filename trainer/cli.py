@@ -7,7 +7,10 @@ functions (:mod:`neurofed.trainer.experiments`, :mod:`neurofed.trainer.report`, 
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +21,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -39,6 +43,7 @@ from neurofed.trainer.experiments.grid import (
     parse_spec,
     reproduce_grid,
     run_grid,
+    running_jobs,
     select_seeds,
 )
 from neurofed.trainer.experiments.simulate import run_simulation
@@ -384,6 +389,35 @@ def _progress() -> Progress:
                     TimeRemainingColumn(), console=console)
 
 
+@contextlib.contextmanager
+def _job_rounds(prog: Progress, runs: list[GridRun], every: float = 1.0) -> Iterator[None]:
+    """While the block runs, one progress line per running job (its round, loss and time left), read from the
+    files the jobs write (:func:`neurofed.trainer.experiments.grid.running_jobs`)."""
+    stop = threading.Event()
+    shown: dict[str, TaskID] = {}
+
+    def poll() -> None:
+        while not stop.wait(every):
+            now = running_jobs(runs)
+            for key, info in now.items():
+                desc = f"  {key} loss {info['loss']:.3f}"
+                if key not in shown:
+                    shown[key] = prog.add_task(desc, total=info["rounds"])
+                prog.update(shown[key], completed=info["round"], total=info["rounds"], description=desc)
+            for key in [k for k in shown if k not in now]:
+                prog.remove_task(shown.pop(key))
+
+    th = threading.Thread(target=poll, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join()
+        for tid in shown.values():
+            prog.remove_task(tid)
+
+
 def grid(
     spec: Annotated[Path, typer.Argument(help="grid spec: lines 'NAME <neurofed simulate options>'")],
     group: Annotated[str | None, typer.Option(help="results sub-folder (default: the spec's name)")] = None,
@@ -428,7 +462,8 @@ def grid(
                 msg = f"BCA {100 * sum(bcas) / len(bcas):.1f}%" if bcas else "trained"
                 prog.console.log(f"{task.run} seed {task.seed} fold {task.fold}: {msg} ({result['seconds']:.0f} s)")
 
-        out = run_grid(runs, backend, address, workers, on_event, seeds=chosen)
+        with _job_rounds(prog, runs):
+            out = run_grid(runs, backend, address, workers, on_event, seeds=chosen)
     for name in out["finished"]:
         console.print(f"{name}: {results / (group or spec.stem) / name / 'results.json'}")
     if out["failed"]:
