@@ -35,37 +35,6 @@ def logits(model: nn.Module, X: np.ndarray, batch_size: int = 8) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 
-def logits_many(model: nn.Module, Xs: list[np.ndarray], batch_size: int = 8) -> list[np.ndarray]:
-    """:func:`logits` of several trial sets (e.g. every held-out subject of a fold) in few calls.
-
-    Each set is cut into consecutive batches of ``batch_size`` exactly as :func:`logits` cuts it (with batch-specific
-    BN a trial's output depends on its batch), and every batch of one size, across all sets, goes through the model
-    in one vmapped call (:func:`torch.func.vmap`: BN statistics per batch). Equal to :func:`logits` per set to
-    float rounding.
-    """
-    from torch.func import vmap  # here: torch.func loads functorch (not needed by the one-set path)
-
-    model.eval()
-    cuts = [[(i, min(i + batch_size, len(X))) for i in range(0, len(X), batch_size)] for X in Xs]
-    by_size: dict[int, list[tuple[int, int]]] = {}
-    for s, cs in enumerate(cuts):
-        for j, (a, b) in enumerate(cs):
-            by_size.setdefault(b - a, []).append((s, j))
-    out: list[list[np.ndarray | None]] = [[None] * len(cs) for cs in cuts]
-    with torch.no_grad():
-        for members in by_size.values():
-            xb = torch.stack([torch.as_tensor(Xs[s][slice(*cuts[s][j])]) for s, j in members])
-            res = vmap(model)(xb).numpy()
-            for (s, j), r in zip(members, res):
-                out[s][j] = r
-    return [np.concatenate(o) if o else np.zeros((0, 0), np.float32) for o in out]
-
-
-def predict_many(model: nn.Module, Xs: list[np.ndarray], batch_size: int = 8) -> list[np.ndarray]:
-    """:func:`predict` of several trial sets in few calls (:func:`logits_many`)."""
-    return [lg.argmax(1) for lg in logits_many(model, Xs, batch_size)]
-
-
 def mean_loss(model: nn.Module, X: np.ndarray, y: np.ndarray, batch_size: int = 8) -> float:
     """Mean cross-entropy over the trials in eval mode (consecutive batches of ``batch_size``); the model's
     train/eval mode is restored afterwards."""

@@ -117,15 +117,3 @@ def test_unknown_hook_falls_back_and_says_so_once(subjects4, caplog):
     with pytest.raises(ValueError, match="engine must be one of"):
         run_federated(clients, "eegnet", get_strategy("fedavg"), CFG, 1, 1.0, 0, engine="gpu")
 
-
-@pytest.mark.parametrize("bn_mode", ["batch_specific", "standard"])
-def test_batched_evaluation_equals_per_subject(subjects4, bn_mode):
-    """All held-out subjects in few calls; each subject still cut into its own test batches of 8 (the last one 5)."""
-    from neurofed.trainer.evaluate import logits, logits_many
-
-    torch.manual_seed(0)
-    model = build_model("eegnet", 21, 2, 320, 80.0, bn_mode)
-    Xs = [sd.X[:n] for sd, n in zip(subjects4, (45, 37, 26, 3))]
-    many = logits_many(model, Xs, 8)
-    for X, lg in zip(Xs, many):
-        np.testing.assert_allclose(lg, logits(model, X, 8), atol=1e-5)

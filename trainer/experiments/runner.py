@@ -16,7 +16,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from neurofed.trainer.data.dataset import SubjectData
-from neurofed.trainer.evaluate import attacked_predict, bca, predict, predict_many
+from neurofed.trainer.evaluate import attacked_predict, bca, predict
 from neurofed.trainer.fl.byzantine import Byzantine
 from neurofed.trainer.fl.client import ClientState, client_update, init_client_state
 from neurofed.trainer.fl.init import client_seed, init_group_models, init_model, init_server_state
@@ -54,9 +54,8 @@ class EvalSpec:
 def evaluate_subjects(model: nn.Module, spec: EvalSpec, seed: int = 0) -> dict[str, dict[str, float]]:
     """Benign (and attacked) BCA per held-out subject."""
     out: dict[str, dict[str, float]] = {}
-    preds = predict_many(model, [sd.X for sd in spec.test], spec.test_batch)  # every subject's test batches at once
-    for sd, pred in zip(spec.test, preds):
-        row = {"bca": bca(sd.y, pred)}
+    for sd in spec.test:
+        row = {"bca": bca(sd.y, predict(model, sd.X, spec.test_batch))}
         for attack, eps in spec.attacks:
             pred = attacked_predict(model, sd.X, sd.y, attack, eps, spec.test_batch, seed)
             row[f"{attack}@{eps:g}"] = bca(sd.y, pred)
@@ -67,11 +66,8 @@ def evaluate_subjects(model: nn.Module, spec: EvalSpec, seed: int = 0) -> dict[s
 def _mean_bca(model: nn.Module | Mapping[str, nn.Module], spec: EvalSpec,
               groups: Mapping[str, str] | None = None) -> float:
     """Mean held-out BCA; with ``groups``, each subject is decoded by its group's model."""
-    if not groups:
-        preds = predict_many(model, [sd.X for sd in spec.test], spec.test_batch)  # type: ignore[arg-type]
-        return float(np.mean([bca(sd.y, p) for sd, p in zip(spec.test, preds)]))
-    return float(np.mean([bca(sd.y, predict(model[groups[sd.subject]], sd.X, spec.test_batch))  # type: ignore[index]
-                          for sd in spec.test]))
+    pick = (lambda sd: model[groups[sd.subject]]) if groups else (lambda sd: model)  # type: ignore[index]
+    return float(np.mean([bca(sd.y, predict(pick(sd), sd.X, spec.test_batch)) for sd in spec.test]))
 
 
 def run_centralised(
