@@ -20,6 +20,7 @@ from neurofed.trainer.experiments.runner import run_federated
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.server import CLIPPED_KEY
 from neurofed.trainer.fl.strategies import ALGORITHMS, get_strategy
+from neurofed.trainer.fl import vectorised
 from neurofed.trainer.fl.vectorised import _warned, unsupported
 from neurofed.trainer.models import build_model
 
@@ -70,8 +71,10 @@ def test_vectorised_equals_sequential(subjects4, name):
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedbs", "safe", "scaffold", "moon"])
-def test_ragged_clients_equal(subjects4, name):
-    """Clients with different numbers of trials: different step counts and last-batch sizes (45, 37, 26, 19)."""
+def test_ragged_clients_equal(subjects4, name, monkeypatch):
+    """Clients with different numbers of trials: different step counts and last-batch sizes (45, 37, 26, 19); at most
+    two clients per vmapped call (so a step runs as several calls)."""
+    monkeypatch.setattr(vectorised, "CHUNK", 2)
     ragged = [replace(sd, X=sd.X[:n], y=sd.y[:n]) for sd, n in zip(subjects4, (45, 37, 26, 19))]
     st = get_strategy(name)
     clients = {sd.subject: sd for sd in ragged}

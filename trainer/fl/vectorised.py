@@ -64,6 +64,9 @@ _MODELS = ("EEGNet", "ShallowConvNet", "DeepConvNet")
 _HOOKS: tuple[type[LocalHook], ...] = (_SamHook, _FatHook, _AwpHook, _ProxHook, _ScaffoldHook, _MoonHook)
 
 _warned: set[str] = set()
+#: most clients in one vmapped call (a step of more clients runs as several calls): keeps the working set in cache
+#: (18 clients of EEGNet, fedbs, one round: 2.97 s CPU in one call, 2.62 s in chunks of 6, 3.23 s in chunks of 3)
+CHUNK = 6
 
 
 def warn_once(reason: str) -> None:
@@ -361,6 +364,7 @@ class _Components:
 def _train(bm: BatchedModel, model: nn.Module, jobs: Sequence[ClientJob], states: list[dict[str, Tensor]],
            hooks: list[list[LocalHook]], cfg: LocalConfig) -> tuple[list[dict[str, Tensor]], list[dict[str, float]]]:
     K, B = len(jobs), cfg.batch_size
+    chunk = max(1, CHUNK)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     state_keys = list(states[0])
     stacked = {k: torch.stack([s[k] for s in states]) for k in state_keys}
@@ -390,7 +394,8 @@ def _train(bm: BatchedModel, model: nn.Module, jobs: Sequence[ClientJob], states
         grads: dict[str, Tensor] = {n: torch.zeros_like(P[n]) for n in names}
         stats_all: list[Tensor] | None = None
         act = torch.zeros(K, dtype=torch.bool)
-        for size, ks in sorted(by_size.items()):
+        chunks = [(size, ks[i: i + chunk]) for size, ks in sorted(by_size.items()) for i in range(0, len(ks), chunk)]
+        for size, ks in chunks:
             sel = torch.tensor(ks)
             whole = len(ks) == K
             xb = torch.stack([Xs[k][steps[k][s]] for k in ks])
