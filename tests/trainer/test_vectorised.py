@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from neurofed.trainer.experiments.runner import run_federated
+from neurofed.trainer.fl import vectorised
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.server import CLIPPED_KEY
 from neurofed.trainer.fl.strategies import ALGORITHMS, get_strategy
-from neurofed.trainer.fl import vectorised
 from neurofed.trainer.fl.vectorised import _warned, unsupported
 from neurofed.trainer.models import build_model
 
@@ -98,14 +98,21 @@ def test_dropout_noise_from_a_client_generator_is_the_global_streams():
     assert torch.equal(a, x * na) and torch.equal(b, x[:3] * nb)
 
 
-@pytest.mark.parametrize("model", ["shallow"])  # (DeepConvNet needs >= 441 samples: not at 80 Hz)
-def test_other_models_equal(subjects4, model):
+@pytest.mark.parametrize("model", ["shallow", "deep"])
+def test_other_models_equal(subjects4, data_dir, model):
+    if model == "deep":  # DeepConvNet needs >= 441 samples: 21 channels at 160 Hz
+        from neurofed.trainer.data import PreprocessConfig, load_subjects
+
+        subjects4 = load_subjects([1, 2], PreprocessConfig.from_preset("sensorimotor21"), data_dir)
     clients = {sd.subject: sd for sd in subjects4[:3]}
     st = get_strategy("fedbs")
     out = {}
     for engine in ("sequential", "vectorised"):
         m, _ = run_federated(clients, model, st, CFG, 1, 1.0, 0, engine=engine)
         out[engine] = m.state_dict()
+    if model == "deep":  # not vectorised (see neurofed.trainer.fl.vectorised._MODELS): the sequential path, bit-identical
+        assert all(torch.equal(out["sequential"][k], out["vectorised"][k]) for k in out["sequential"])
+        return
     assert _max_diff(out["sequential"], out["vectorised"]) <= TOL
 
 

@@ -55,11 +55,13 @@ ENGINES = ("sequential", "vectorised")
 
 #: layer types whose forward is a pure function of (parameters, buffers, input): safe under functional_call + vmap
 _PLAIN_LAYERS: tuple[type[nn.Module], ...] = (
-    nn.Conv1d, nn.Conv2d, nn.Linear, nn.ELU, nn.ReLU, nn.AvgPool2d, nn.MaxPool2d, nn.ZeroPad2d, nn.Sequential,
+    nn.Conv1d, nn.Conv2d, nn.Linear, nn.ELU, nn.ReLU, nn.AvgPool2d, nn.ZeroPad2d, nn.Sequential,
     nn.Flatten, nn.Identity, nn.BatchNorm1d, nn.BatchNorm2d, nn.Dropout, nn.ModuleList,
 )
-#: model classes whose own forward is plain (layers called in order, no state)
-_MODELS = ("EEGNet", "ShallowConvNet", "DeepConvNet")
+#: model classes whose own forward is plain (layers called in order, no state) and that are tested equal.
+#: DeepConvNet is not: with SAM over 12 steps the engines drifted 8e-3 apart (1 step, or without SAM: 6e-7); its
+#: max-pooling is the suspect (a tie broken differently routes a gradient elsewhere), not investigated further
+_MODELS = ("EEGNet", "ShallowConvNet")
 #: hook types this engine reproduces
 _HOOKS: tuple[type[LocalHook], ...] = (_SamHook, _FatHook, _AwpHook, _ProxHook, _ScaffoldHook, _MoonHook)
 
