@@ -134,9 +134,9 @@ def bench_train(threads: int = 1, batch_size: int = 32, steps: int = 30, models:
 
 
 
-def bench_simulate(algorithms: str = "fedbs,safe", subjects: str = "all", rounds: int = 2, fraction: float = 0.5,
+def bench_simulate(algorithms: str = "fedbs,safe", subjects: str = "all", rounds: int = 1, fraction: float = 0.5,
                    model: str = "eegnet", threads: int = 1, data_dir: str | None = None,
-                   out_dir: Path = BENCH_DIR, name: str = "simulate") -> dict:
+                   out_dir: Path = BENCH_DIR, name: str = "simulate", repeats: int = 2) -> dict:
     """The same short federation with the sequential and the vectorised engine in one process.
 
     The clients are the training subjects of fold 0 of ``kfold:5`` (46 subjects: 37 clients, 18 per round at
@@ -144,7 +144,8 @@ def bench_simulate(algorithms: str = "fedbs,safe", subjects: str = "all", rounds
     algorithm: rounds/s and passes/s (a pass = one forward+backward of one client batch; FedBS 2 per step,
     SAFE 3: FGSM, loss, perturbed), wall and CPU time (``time.thread_time``: comparable on a shared machine);
     the engines' ratio; the pure-compute floor (plain forward+backward of the model at batch clients x batch
-    over the same number of samples); the largest difference between the engines' final global states.
+    over the same number of samples); the largest difference between the engines' final global states. Each engine
+    runs the federation ``repeats`` times, interleaved with the other (times are means over the repeats).
     """
     import torch
 
@@ -176,12 +177,19 @@ def bench_simulate(algorithms: str = "fedbs,safe", subjects: str = "all", rounds
                 samples += per_step * sum(bs)
         per_round = len(select_clients(cids, fraction, 0, 0))
         timing, states = {}, {}
-        for engine in ("sequential", "vectorised"):
+        engines = ("sequential", "vectorised")
+        for engine in engines:
             run_federated(clients, model, st, cfg, 1, fraction, 0, engine=engine)  # warm-up (not timed)
-            t0, c0 = time.perf_counter(), time.thread_time()
-            m, _ = run_federated(clients, model, st, cfg, rounds, fraction, 0, engine=engine)
-            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-            states[engine] = m.state_dict()
+        spent = {e: [0.0, 0.0] for e in engines}
+        for _ in range(repeats):  # interleaved, so that a change in the machine's load hits both engines alike
+            for engine in engines:
+                t0, c0 = time.perf_counter(), time.thread_time()
+                m, _ = run_federated(clients, model, st, cfg, rounds, fraction, 0, engine=engine)
+                spent[engine][0] += time.perf_counter() - t0
+                spent[engine][1] += time.thread_time() - c0
+                states[engine] = m.state_dict()
+        for engine, (wall, cpu) in spent.items():
+            wall, cpu = wall / repeats, cpu / repeats
             timing[engine] = {"wall_s": wall, "cpu_s": cpu, "rounds_per_s": rounds / wall,
                               "rounds_per_cpu_s": rounds / cpu, "passes_per_s": passes / wall,
                               "passes_per_cpu_s": passes / cpu}
@@ -214,8 +222,8 @@ def bench_simulate(algorithms: str = "fedbs,safe", subjects: str = "all", rounds
               f"x{row['speedup_cpu']:.2f} CPU; floor {floor['rounds_per_s']:.3f} rounds/s (vectorised/floor "
               f"{row['vectorised_over_floor_cpu']:.2f} CPU); max |state difference| {diff:.1e}", flush=True)
     res = {"command": f"neurofed bench simulate --algorithms {algorithms} --subjects {subjects} --rounds {rounds} "
-                      f"--fraction {fraction} --model {model} --threads {threads}",
-           "held_out": held, "rows": rows, "peak_rss_mb": peak_rss_mb()}
+                      f"--fraction {fraction} --model {model} --threads {threads} --repeats {repeats}",
+           "held_out": held, "repeats": repeats, "rows": rows, "peak_rss_mb": peak_rss_mb()}
     p = write_result(name, res, out_dir)
     print(f"-> {p}")
     return res

@@ -528,7 +528,8 @@ def bench_train(
 def bench_simulate(
     algorithms: Annotated[str, typer.Option(help="comma list of registered algorithms")] = "fedbs,safe",
     subjects: Annotated[str, typer.Option(help="'all' or e.g. '1-10'; the clients: fold 0 of kfold:5 held out")] = "all",
-    rounds: Annotated[int, typer.Option(help="timed rounds per engine (after one warm-up round)")] = 2,
+    rounds: Annotated[int, typer.Option(help="rounds of the timed federation (after one warm-up round)")] = 1,
+    repeats: Annotated[int, typer.Option(help="timed federations per engine, interleaved with the other's")] = 2,
     fraction: Annotated[float, typer.Option(help="fraction of clients per round")] = 0.5,
     model: Annotated[str, typer.Option()] = "eegnet",
     threads: Annotated[int, typer.Option(help="torch threads")] = 1,
@@ -537,7 +538,8 @@ def bench_simulate(
 ) -> None:
     """The same short federation on both engines (sequential, vectorised): rounds/s, passes/s, their ratio, the
     pure-compute floor, and how far the two results are apart (docs/bench/simulate.json)."""
-    trainer_bench.bench_simulate(algorithms, subjects, rounds, fraction, model, threads, data_dir, out_dir)
+    trainer_bench.bench_simulate(algorithms, subjects, rounds, fraction, model, threads, data_dir, out_dir,
+                                 repeats=repeats)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
