@@ -1,10 +1,10 @@
 """Vectorised local training: all of a round's clients train together as one batched computation.
 
-The sequential path (:func:`neurofed.trainer.fl.client.client_update` per client) spends its time on per-step
-overhead (Python, hooks, the optimiser, tensors of batch 8), not arithmetic. Here every client's parameters,
-buffers and SGD momentum are stacked along a leading client axis and one step of all clients is one call of the
-model under :func:`torch.func.vmap` + :func:`torch.func.functional_call` (PyTorch turns the per-client convolutions
-into grouped ones), so a round costs ~ its steps, not its steps x clients.
+Every client's parameters, buffers and SGD momentum are stacked along a leading client axis and one step of (up to
+:data:`CHUNK`) clients is one call of the model under :func:`torch.func.vmap` + :func:`torch.func.functional_call`
+(PyTorch turns the per-client convolutions into grouped ones). For EEGNet the first block runs in a cheaper,
+equivalent order (:func:`_eegnet_features`). docs/benchmarks/simulate.md has the measured cost against the
+sequential path (:func:`neurofed.trainer.fl.client.client_update` per client).
 
 Same numbers as the sequential path, to float tolerance (tests/trainer/test_vectorised.py):
 
@@ -13,9 +13,9 @@ Same numbers as the sequential path, to float tolerance (tests/trainer/test_vect
   ``torch.Generator().manual_seed(seed)`` (the sequential path seeds the global generator with the same seed:
   the same stream), drawn per forward pass in the sequential order (FGSM's pass, the loss pass, the perturbed
   pass; MOON's global and previous model after the loss pass) with each batch's true size;
-* ragged batches (a client's last batch is smaller, clients hold different numbers of trials and steps) are
-  padded to the batch size and masked: BatchNorm statistics, the loss and FGSM's gradient see only a client's
-  own valid trials, and a client whose steps are done is not updated;
+* ragged batches (a client's last batch is smaller, clients hold different numbers of trials and steps): each
+  step's clients are grouped by batch size, one call per size (nothing padded, BN statistics over a client's own
+  batch), and a client whose steps are done is masked out of the update;
 * SGD (momentum, weight decay) is the same element-wise arithmetic as ``torch.optim.SGD``; SAM's norm, AWP's
   layer norms, FGSM's input gradient, FedProx's anchor, MOON's representations and SCAFFOLD's correction are
   per client.
@@ -45,7 +45,7 @@ from neurofed.trainer.fl.algorithms.fedprox import _ProxHook
 from neurofed.trainer.fl.algorithms.moon import _MoonHook
 from neurofed.trainer.fl.algorithms.safe import _AwpHook, _FatHook
 from neurofed.trainer.fl.algorithms.scaffold import _ScaffoldHook
-from neurofed.trainer.fl.api import Component, LocalHook, RoundInputs, Strategy
+from neurofed.trainer.fl.api import Component, LocalHook, Strategy
 from neurofed.trainer.fl.client import ClientState, ClientUpdate, begin_client_round, end_client_round
 from neurofed.trainer.fl.local import LocalConfig, batches
 
@@ -207,10 +207,12 @@ class BatchedModel:
     Parameters
     ----------
     model : nn.Module
-        Any instance of the architecture (copied; the copy's BatchNorm and Dropout layers read masks and
-        pre-drawn dropout noise instead of batch statistics over padding and the global generator).
+        Any instance of the architecture (copied; the copy's Dropout layers use pre-drawn noise instead of the
+        global generator, its BatchNorm layers record their batch statistics for the running estimates).
     sample_shape : tuple
         One trial's shape (channels, times).
+    fused : bool
+        EEGNet's first block in the cheaper order (:func:`_eegnet_features`).
     """
 
     def __init__(self, model: nn.Module, sample_shape: tuple[int, ...], fused: bool = True) -> None:
@@ -238,7 +240,6 @@ class BatchedModel:
             probe(torch.zeros((2, *sample_shape)))
         for h in handles:
             h.remove()
-        self.track = any(m.track_running_stats for m in self.bns.values())
 
     def _probe_hook(self, m: nn.Module, args: tuple) -> None:
         if m.p > 0:
@@ -523,5 +524,5 @@ def _group_step(bm: BatchedModel, comp: _Components, names: list[str], P: dict[s
     return grads, [float(v) for v in loss.detach()], stats
 
 
-__all__ = ["ENGINES", "BatchedModel", "ClientJob", "RoundInputs", "unsupported", "unsupported_hooks",
+__all__ = ["ENGINES", "BatchedModel", "ClientJob", "unsupported", "unsupported_hooks",
            "vectorised_updates", "warn_once"]
