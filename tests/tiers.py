@@ -114,6 +114,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/trainer/test_fedbm.py": "unit",
     "tests/trainer/test_fedfa.py": "unit",
     "tests/trainer/test_fl.py": "unit",
+    "tests/trainer/test_vectorised.py": "unit",
     "tests/trainer/test_fleeg_proj.py": "unit",
     "tests/trainer/test_ga.py": "unit",
     "tests/trainer/test_grid.py": "unit",                     # 3 integration (Ray, process pools) marked

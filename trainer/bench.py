@@ -132,3 +132,98 @@ def bench_train(threads: int = 1, batch_size: int = 32, steps: int = 30, models:
     print(f"-> {write_result('train', res, out_dir)}")
 
 
+
+
+def bench_simulate(algorithms: str = "fedbs,safe", subjects: str = "all", rounds: int = 1, fraction: float = 0.5,
+                   model: str = "eegnet", threads: int = 1, data_dir: str | None = None,
+                   out_dir: Path = BENCH_DIR, name: str = "simulate", repeats: int = 2) -> dict:
+    """The same short federation with the sequential and the vectorised engine in one process.
+
+    The clients are the training subjects of fold 0 of ``kfold:5`` (46 subjects: 37 clients, 18 per round at
+    fraction 0.5), the published protocol (21 channels at 80 Hz, batch 8, 2 local epochs). Per engine and
+    algorithm: rounds/s and passes/s (a pass = one forward+backward of one client batch; FedBS 2 per step,
+    SAFE 3: FGSM, loss, perturbed), wall and CPU time (``time.thread_time``: comparable on a shared machine);
+    the engines' ratio; the pure-compute floor (plain forward+backward of the model at batch clients x batch
+    over the same number of samples); the largest difference between the engines' final global states. Each engine
+    runs the federation ``repeats`` times, interleaved with the other (times are means over the repeats).
+    """
+    import torch
+
+    from neurofed.trainer.experiments.protocol import make_folds  # lazy: torch (loaded only when used)
+    from neurofed.trainer.experiments.runner import run_federated  # lazy: torch (loaded only when used)
+    from neurofed.trainer.fl.local import LocalConfig, batches  # lazy: torch (loaded only when used)
+    from neurofed.trainer.fl.server import select_clients  # lazy: torch (loaded only when used)
+    from neurofed.trainer.fl.strategies import get_strategy  # lazy: torch (loaded only when used)
+    from neurofed.trainer.models import build_model  # lazy: torch (loaded only when used)
+
+    torch.set_num_threads(threads)
+    ids = parse_subjects(subjects, data_dir)
+    held = make_folds(ids, "kfold:5", 0)[0] if len(ids) >= 5 else []
+    pre = PreprocessConfig.from_preset("sensorimotor21", resample=80.0)
+    clients = {sd.subject: sd for sd in (load_eegmmidb_subject(s, pre, data_dir) for s in ids if s not in held)}
+    cfg = LocalConfig()
+    cids = sorted(clients)
+    rows = []
+    for alg in algorithms.split(","):
+        st = get_strategy(alg)
+        per_step = 1 + (st.settings.get("fat_eps", 0) > 0) + (st.settings.get("sam_rho", 0) > 0
+                                                              or st.settings.get("awp_gamma", 0) > 0)
+        passes = samples = 0
+        for r in range(rounds):
+            for c in select_clients(cids, fraction, r, 0):
+                bs = [len(b) for _ in range(cfg.local_epochs)
+                      for b in batches(len(clients[c].X), cfg.batch_size, np.random.default_rng(0))]
+                passes += per_step * len(bs)
+                samples += per_step * sum(bs)
+        per_round = len(select_clients(cids, fraction, 0, 0))
+        timing, states = {}, {}
+        engines = ("sequential", "vectorised")
+        for engine in engines:
+            run_federated(clients, model, st, cfg, 1, fraction, 0, engine=engine)  # warm-up (not timed)
+        spent = {e: [0.0, 0.0] for e in engines}
+        for _ in range(repeats):  # interleaved, so that a change in the machine's load hits both engines alike
+            for engine in engines:
+                t0, c0 = time.perf_counter(), time.thread_time()
+                m, _ = run_federated(clients, model, st, cfg, rounds, fraction, 0, engine=engine)
+                spent[engine][0] += time.perf_counter() - t0
+                spent[engine][1] += time.thread_time() - c0
+                states[engine] = m.state_dict()
+        for engine, (wall, cpu) in spent.items():
+            wall, cpu = wall / repeats, cpu / repeats
+            timing[engine] = {"wall_s": wall, "cpu_s": cpu, "rounds_per_s": rounds / wall,
+                              "rounds_per_cpu_s": rounds / cpu, "passes_per_s": passes / wall,
+                              "passes_per_cpu_s": passes / cpu}
+        # the floor: the plain model, forward+backward at batch (clients x batch) over the round's samples
+        ref = clients[cids[0]]
+        net = build_model(model, ref.X.shape[1], len(ref.classes), ref.X.shape[2], ref.sfreq, st.bn_mode).train()
+        big = per_round * cfg.batch_size
+        X = torch.as_tensor(np.concatenate([clients[c].X for c in cids])[:big])
+        y = torch.as_tensor(np.concatenate([clients[c].y for c in cids])[:big]).long()
+        reps = max(1, round(samples / big))
+        torch.nn.functional.cross_entropy(net(X), y).backward()  # warm-up
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for _ in range(reps):
+            net.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(net(X), y).backward()
+        fwall, fcpu = (time.perf_counter() - t0) * samples / (reps * big), (time.thread_time() - c0) * samples / (reps * big)
+        floor = {"wall_s": fwall, "cpu_s": fcpu, "rounds_per_s": rounds / fwall, "rounds_per_cpu_s": rounds / fcpu,
+                 "batch": big, "samples": samples}
+        diff = max(float((states["sequential"][k].double() - states["vectorised"][k].double()).abs().max())
+                   for k in states["sequential"])
+        seq, vec = timing["sequential"], timing["vectorised"]
+        row = {"algorithm": alg, "clients": len(cids), "clients_per_round": per_round, "rounds": rounds,
+               "passes": passes, **{e: timing[e] for e in timing}, "floor": floor,
+               "speedup_wall": seq["wall_s"] / vec["wall_s"], "speedup_cpu": seq["cpu_s"] / vec["cpu_s"],
+               "vectorised_over_floor_wall": vec["wall_s"] / fwall, "vectorised_over_floor_cpu": vec["cpu_s"] / fcpu,
+               "sequential_over_floor_cpu": seq["cpu_s"] / fcpu, "max_abs_state_difference": diff}
+        rows.append(row)
+        print(f"{alg}: sequential {seq['rounds_per_s']:.3f} rounds/s ({seq['passes_per_s']:.0f} passes/s), vectorised "
+              f"{vec['rounds_per_s']:.3f} rounds/s ({vec['passes_per_s']:.0f} passes/s): x{row['speedup_wall']:.2f} wall, "
+              f"x{row['speedup_cpu']:.2f} CPU; floor {floor['rounds_per_s']:.3f} rounds/s (vectorised/floor "
+              f"{row['vectorised_over_floor_cpu']:.2f} CPU); max |state difference| {diff:.1e}", flush=True)
+    res = {"command": f"neurofed bench simulate --algorithms {algorithms} --subjects {subjects} --rounds {rounds} "
+                      f"--fraction {fraction} --model {model} --threads {threads} --repeats {repeats}",
+           "held_out": held, "repeats": repeats, "rows": rows, "peak_rss_mb": peak_rss_mb()}
+    p = write_result(name, res, out_dir)
+    print(f"-> {p}")
+    return res

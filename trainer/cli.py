@@ -7,7 +7,10 @@ functions (:mod:`neurofed.trainer.experiments`, :mod:`neurofed.trainer.report`, 
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +21,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -40,6 +44,7 @@ from neurofed.trainer.experiments.grid import (
     parse_spec,
     reproduce_grid,
     run_grid,
+    running_jobs,
     select_seeds,
 )
 from neurofed.trainer.experiments.simulate import run_simulation
@@ -96,6 +101,10 @@ def simulate(
     save_models: Annotated[bool, typer.Option(
         help="also save each (fold, seed) job's trained global model beside its JSON (jobs/seedS_foldKK.safetensors, "
              "a few kB) so `neurofed sweep` can attack it later without training again")] = False,
+    engine: Annotated[str, typer.Option(
+        help="local training: vectorised (a round's clients trained together, equal to sequential to float "
+             "tolerance, faster; falls back to sequential, saying so once, for what it does not know) or sequential "
+             "(one client after the other, as an edge client trains)")] = "vectorised",
     partition: Annotated[str, typer.Option(help="clients of the training subjects: subject (one each), "
                                            "dirichlet:BETA[:K] (label skew within subjects, K clients each), "
                                            "missing-class; held-out subjects stay whole")] = "subject",
@@ -128,9 +137,17 @@ def simulate(
 
     opts = {k: v for k, v in locals().items() if k != "strategy_params"}
     cfg = build_sim_config({**opts, **strategy_params})
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} jobs"),
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} {task.fields[unit]}"),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console) as prog:
-        task = prog.add_task(f"{algorithm} {cfg.protocol}", total=None)
+        task = prog.add_task(f"{algorithm} {cfg.protocol}", total=None, unit="jobs")
+        rounds_task = prog.add_task("rounds", total=None, visible=workers <= 1, unit="rounds")
+
+        def on_round(fold: int, seed: int, r: int, total: int, point: dict) -> None:
+            if r == 1:  # a new job: its own time estimate
+                prog.reset(rounds_task, total=total)
+            bca = f" held-out BCA {100 * point['bca']:.1f}%" if "bca" in point else ""
+            prog.update(rounds_task, completed=r, total=total,
+                        description=f"fold {fold} seed {seed} round {r}/{total} loss {point['loss']:.3f}{bca}")
 
         def on_done(job: dict, n: int, total: int) -> None:
             prog.update(task, completed=n, total=total)
@@ -139,7 +156,7 @@ def simulate(
                 f"BCA {100 * sum(bcas) / len(bcas):.1f}%" if bcas else "trained (no held-out subject)")
             prog.console.log(msg + f" ({job['seconds']:.0f} s)")
 
-        results = run_simulation(cfg, out, workers, on_done, threads)
+        results = run_simulation(cfg, out, workers, on_done, threads, on_round)
     if results["per_subject"]:
         print_results(results)
     for c in results["checkpoints"]:
@@ -389,6 +406,35 @@ def _progress() -> Progress:
                     TimeRemainingColumn(), console=console)
 
 
+@contextlib.contextmanager
+def _job_rounds(prog: Progress, runs: list[GridRun], every: float = 1.0) -> Iterator[None]:
+    """While the block runs, one progress line per running job (its round, loss and time left), read from the
+    files the jobs write (:func:`neurofed.trainer.experiments.grid.running_jobs`)."""
+    stop = threading.Event()
+    shown: dict[str, TaskID] = {}
+
+    def poll() -> None:
+        while not stop.wait(every):
+            now = running_jobs(runs)
+            for key, info in now.items():
+                desc = f"  {key} loss {info['loss']:.3f}"
+                if key not in shown:
+                    shown[key] = prog.add_task(desc, total=info["rounds"])
+                prog.update(shown[key], completed=info["round"], total=info["rounds"], description=desc)
+            for key in [k for k in shown if k not in now]:
+                prog.remove_task(shown.pop(key))
+
+    th = threading.Thread(target=poll, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join()
+        for tid in shown.values():
+            prog.remove_task(tid)
+
+
 def grid(
     spec: Annotated[Path, typer.Argument(help="grid spec: a study's spec.toml, or lines 'NAME <neurofed simulate "
                                               "options>' (.txt)")],
@@ -455,7 +501,8 @@ def grid(
                 prog.console.log(f"{task.run} seed {task.seed} fold {task.fold}: {msg} ({result['seconds']:.0f} s)")
 
         try:
-            out = run_grid(runs, backend, address, workers, on_event, seeds=chosen)
+            with _job_rounds(prog, runs):
+                out = run_grid(runs, backend, address, workers, on_event, seeds=chosen)
         finally:
             if raw_file is not None:  # what finished (even when some jobs failed) goes back into the study
                 n = study_raw.add_runs(raw_file, results, [r.out for r in runs])
@@ -522,6 +569,23 @@ def bench_train(
     trainer_bench.bench_train(threads, batch_size, steps, models, out_dir)
 
 
+def bench_simulate(
+    algorithms: Annotated[str, typer.Option(help="comma list of registered algorithms")] = "fedbs,safe",
+    subjects: Annotated[str, typer.Option(help="'all' or e.g. '1-10'; the clients: fold 0 of kfold:5 held out")] = "all",
+    rounds: Annotated[int, typer.Option(help="rounds of the timed federation (after one warm-up round)")] = 1,
+    repeats: Annotated[int, typer.Option(help="timed federations per engine, interleaved with the other's")] = 2,
+    fraction: Annotated[float, typer.Option(help="fraction of clients per round")] = 0.5,
+    model: Annotated[str, typer.Option()] = "eegnet",
+    threads: Annotated[int, typer.Option(help="torch threads")] = 1,
+    data_dir: Annotated[str | None, typer.Option(envvar="NEUROFED_DATA")] = None,
+    out_dir: Annotated[Path, typer.Option()] = trainer_bench.BENCH_DIR,
+) -> None:
+    """The same short federation on both engines (sequential, vectorised): rounds/s, passes/s, their ratio, the
+    pure-compute floor, and how far the two results are apart (docs/bench/simulate.json)."""
+    trainer_bench.bench_simulate(algorithms, subjects, rounds, fraction, model, threads, data_dir, out_dir,
+                                 repeats=repeats)
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add trainer commands and benchmarks."""
     app.command("simulate")(with_strategy_options(simulate))
@@ -535,6 +599,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     app.command("ensemble")(ensemble)
     bench.command("data")(bench_data)
     bench.command("train")(bench_train)
+    bench.command("simulate")(bench_simulate)
 
 
 def _standalone() -> None:

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 import shutil
+import time
 import tomllib
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neurofed.trainer.atomic import atomic_write_bytes
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments.simulate import (
     SimConfig,
@@ -164,12 +166,51 @@ def plan(runs: list[GridRun]) -> tuple[list[Task], dict[str, list[dict]]]:
     return tasks, done
 
 
+#: beside a running job's JSON: its last finished round (``round``, ``rounds``, ``loss``, ``started``, ``now``)
+PROGRESS_SUFFIX = ".progress"
+
+
+def progress_path(job_path: str | Path) -> Path:
+    """Where a running job reports its rounds (removed when the job ends)."""
+    p = Path(job_path)
+    return p.with_suffix(PROGRESS_SUFFIX)
+
+
+def _round_writer(job_path: str) -> Callable[[int, int, int, int, dict], None]:
+    started = time.time()
+    where = progress_path(job_path)
+
+    def on_round(fold: int, seed: int, r: int, total: int, point: dict) -> None:
+        info = {"round": r, "rounds": total, "loss": point["loss"], "started": started, "now": time.time()}
+        atomic_write_bytes(where, json.dumps(info).encode())
+
+    return on_round
+
+
 def run_task(cfg_dict: dict, task: Task, job_fn: Callable[..., dict] = _job) -> tuple[Task, dict | None, str | None]:
-    """Run one job with one torch thread; never raises: returns (task, result, traceback or None)."""
+    """Run one job with one torch thread; never raises: returns (task, result, traceback or None).
+
+    The simulation's job reports each round in a file beside its JSON (:func:`progress_path`), which the grid's
+    progress display reads (any backend whose workers share this file system: the pool, a local Ray)."""
     try:
-        return task, job_fn(cfg_dict, task.fold, task.test_subjects, task.seed, task.path, 1), None
+        kw = {"on_round": _round_writer(task.path)} if job_fn is _job else {}
+        return task, job_fn(cfg_dict, task.fold, task.test_subjects, task.seed, task.path, 1, **kw), None
     except Exception:  # noqa: BLE001 - a failed job is reported with its traceback, the grid goes on
         return task, None, traceback.format_exc()
+    finally:
+        progress_path(task.path).unlink(missing_ok=True)
+
+
+def running_jobs(runs: Sequence[GridRun]) -> dict[str, dict]:
+    """The progress files of the jobs running now: ``{"<run> <job>": {"round", "rounds", "loss", ...}}``."""
+    out = {}
+    for r in runs:
+        for p in sorted((r.out / "jobs").glob("*" + PROGRESS_SUFFIX)):
+            try:
+                out[f"{r.name} {p.name[: -len(PROGRESS_SUFFIX)]}"] = json.loads(p.read_text())
+            except (OSError, ValueError):  # finished and removed, or being replaced: next poll
+                continue
+    return out
 
 
 def _ray_results(runs: dict[str, GridRun], tasks: list[Task], address: str | None, workers: int,
@@ -386,6 +427,7 @@ def reproduce_grid(
     twins = {}
     for r, c in zip(runs, chosen):
         cfg_path = r.out / "config.json"
+        engine = r.cfg.engine
         if cfg_path.is_file():
             spec_cfg = json.loads(json.dumps(dataclasses.asdict(r.cfg)))
             old = json.loads(cfg_path.read_text())
@@ -394,11 +436,13 @@ def reproduce_grid(
             if diffs:
                 raise NeuroFedError(f"{r.out} was run with another configuration than {r.name}'s spec line "
                                     f"({'; '.join(diffs[:3])}): nothing to reproduce")
+            # the committed jobs' engine (runs before engines existed: sequential): bit-for-bit needs the same one
+            engine = old.get("engine", "sequential")
         unfinished = [p.name for *_, p in job_paths(c.cfg, r.out) if not p.is_file()]
         if unfinished:
             raise NeuroFedError(f"{r.name}: {len(unfinished)} job(s) not finished in {r.out} (e.g. {unfinished[0]}): "
                                 "nothing to reproduce there; run the grid without --reproduce to finish them")
-        twins[r.name] = GridRun(r.name, r.cfg, scratch / r.out.parent.name / r.out.name)
+        twins[r.name] = GridRun(r.name, dataclasses.replace(r.cfg, engine=engine), scratch / r.out.parent.name / r.out.name)
     if match and (unknown := sorted(set(match) - (known := committed_metrics(chosen)))):
         raise NeuroFedError(f"--match {','.join(unknown)}: no committed job has that metric (they hold: "
                             f"{', '.join(sorted(known))})")

@@ -29,6 +29,14 @@ from neurofed.trainer.fl.server import (
     server_update,
 )
 from neurofed.trainer.fl.strategies import Strategy
+from neurofed.trainer.fl.vectorised import (
+    ENGINES,
+    BatchedModel,
+    ClientJob,
+    unsupported,
+    vectorised_updates,
+    warn_once,
+)
 
 ProgressFn = Callable[[int, int, dict], None]
 
@@ -90,6 +98,7 @@ def run_federated(
     server: ServerState | None = None, client_states: dict[str, ClientState] | None = None,
     byzantine: Byzantine | None = None,
     groups: Mapping[str, str] | None = None,
+    engine: str = "sequential",
 ) -> tuple[nn.Module, dict]:
     """Federated training in process (one client per subject).
 
@@ -101,7 +110,14 @@ def run_federated(
     hierarchical strategy (``strategy.group_prefixes``): each group gets its own architecture (its
     channel count), its clients receive the shared entries plus their group's module only, and
     ``info["models"]`` holds the final model of every group (the returned model is the first group's).
+
+    ``engine``: ``sequential`` trains the round's clients one after the other (:func:`client_update`, what an edge
+    client runs; the regression hashes are recorded on it); ``vectorised`` trains them together
+    (:mod:`neurofed.trainer.fl.vectorised`: the same result to float tolerance, several times faster), falling
+    back to the sequential path, with one log line, for what it does not know.
     """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     spec = spec or EvalSpec()
     strategy.check_participation(fraction)
     ids = sorted(clients)
@@ -130,18 +146,34 @@ def run_federated(
             m.load_state_dict(strategy.client_view(server.global_state, g))
 
     eval_groups = groups if prefixes else None
+    batched = None
+    if engine == "vectorised":
+        why = unsupported(workers[min(workers)], strategy)
+        if why is None:
+            ref = clients[ids[0]]
+            batched = BatchedModel(workers[min(workers)], tuple(ref.X.shape[1:]))
+        else:
+            warn_once(why)
     while server.round < rounds:
         r = server.round
         chosen = select_clients(ids, fraction, r, seed)
         downs = {g: downlink(server.global_state, strategy, models[g], g) for g in sorted({groups[c] for c in chosen})}
         extras = server_extras_for_clients(server, strategy)
         updates = []
-        for cid in chosen:
+        labels = {cid: byzantine.labels(clients[cid].y, len(clients[cid].classes)) if cid in attackers
+                  else clients[cid].y for cid in chosen}
+        together = None
+        if batched is not None:
+            jobs = [ClientJob(downs[groups[c]], states[c], clients[c].X, labels[c], client_seed(seed, r, c), groups[c])
+                    for c in chosen]
+            together = vectorised_updates(workers[""], jobs, strategy, cfg, extras, batched)
+        for i, cid in enumerate(chosen):
             sd, g = clients[cid], groups[cid]
-            y = byzantine.labels(sd.y, len(sd.classes)) if cid in attackers else sd.y
-            upd, states[cid] = client_update(
-                workers[g], downs[g], states[cid], sd.X, y, strategy, cfg, client_seed(seed, r, cid), extras, g
-            )
+            if together is not None:
+                upd, states[cid] = together[i]
+            else:
+                upd, states[cid] = client_update(workers[g], downs[g], states[cid], sd.X, labels[cid], strategy, cfg,
+                                                 client_seed(seed, r, cid), extras, g)
             if cid in attackers:
                 upd = byzantine.poison(upd, server.global_state)
             updates.append((cid, upd))

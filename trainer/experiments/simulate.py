@@ -86,6 +86,10 @@ class SimConfig:
     #: also save each held-out job's trained global model beside its JSON (``neurofed sweep`` attacks it later);
     #: output only: a run may be resumed with it switched on or off
     save_models: bool = False
+    #: local-training engine: ``vectorised`` (a round's clients as one batched computation, equal to ``sequential``
+    #: to float tolerance; falls back to it for what it does not know) or ``sequential`` (one client after the other,
+    #: what an edge client runs; the regression hashes). Execution only: a run may be resumed with the other engine
+    engine: str = "vectorised"
 
     def strategy(self):
         return get_strategy(self.algorithm, **self.strategy_overrides)
@@ -125,8 +129,15 @@ def per_profile_summary(cfg: SimConfig, per_subject: dict[str, dict[str, float]]
     return {p: {"bca": float(np.mean(v)), "n": len(v)} for p, v in sorted(out.items())}
 
 
-def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out_path: str, threads: int) -> dict:
-    """One (fold, seed): train, evaluate, write its JSON atomically. Runs in a worker process."""
+RoundFn = Callable[[int, int, int, int, dict], None]
+
+
+def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out_path: str, threads: int,
+         on_round: RoundFn | None = None) -> dict:
+    """One (fold, seed): train, evaluate, write its JSON atomically. Runs in a worker process.
+
+    ``on_round(fold, seed, round, rounds, point)`` is called after every round (``point``: ``loss``, and ``bca`` when
+    evaluated) when the job runs in this process (progress display)."""
     torch.set_num_threads(threads)
     cfg = SimConfig(**cfg_dict)
     pre = PreprocessConfig.from_dict(cfg.preprocess)
@@ -152,6 +163,8 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
     t0 = time.time()
 
     def log_round(r: int, total: int, point: dict) -> None:
+        if on_round is not None:
+            on_round(fold_idx, seed, r, total, point)
         if "bca" in point or r == total:
             logger.info("fold %d seed %d: round %d/%d loss %.3f%s", fold_idx, seed, r, total, point["loss"],
                         f" held-out BCA {100 * point['bca']:.1f}%" if "bca" in point else "")
@@ -167,7 +180,8 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
         clients = partition_clients(train, cfg.partition, seed)
         counts = class_counts(clients)
         model, info = run_federated(clients, cfg.model, strategy, local,
-                                    cfg.rounds, cfg.fraction, seed, spec, log_round, byzantine=byz, groups=groups)
+                                    cfg.rounds, cfg.fraction, seed, spec, log_round, byzantine=byz, groups=groups,
+                                    engine=cfg.engine)
         info["client_classes"] = counts
     seconds = time.time() - t0
     if strategy.group_prefixes and test:  # each held-out subject decoded by its profile's model
@@ -302,6 +316,7 @@ def run_differences(old: dict, new: dict) -> list[str]:
     """
     a, b = dict(old), dict(new)
     a.pop("save_models", None), b.pop("save_models", None)  # output only: switching it on or off is the same run
+    a.pop("engine", None), b.pop("engine", None)  # execution only: the engines agree to float tolerance
     if "local_bn_mode" in a:  # before it was a strategy parameter, fleeg_eegnet's local BN was a field of its own
         lbn = a.pop("local_bn_mode")
         if lbn:
@@ -383,8 +398,12 @@ def write_results(cfg: SimConfig, out_dir: str | os.PathLike, done: list[dict]) 
 def run_simulation(
     cfg: SimConfig, out_dir: str | os.PathLike, workers: int = 1,
     on_done: Callable[[dict, int, int], None] | None = None, threads: int | None = None,
+    on_round: RoundFn | None = None,
 ) -> dict:
-    """Run every (fold, seed) job not already finished in ``out_dir`` (resume), then write results.json."""
+    """Run every (fold, seed) job not already finished in ``out_dir`` (resume), then write results.json.
+
+    ``on_round`` (see :func:`_job`) is called after every round of the jobs that run in this process (``workers``
+    1); with worker processes only ``on_done`` reports."""
     todo, done = plan_jobs(cfg, out_dir)
     total = len(todo) + len(done)
     if todo:
@@ -392,7 +411,7 @@ def run_simulation(
         threads = threads or max(1, (os.cpu_count() or 1) // max(workers, 1))
         if workers <= 1:
             for k, fold, seed, p in todo:
-                done.append(_job(asdict(cfg), k, fold, seed, p, threads))
+                done.append(_job(asdict(cfg), k, fold, seed, p, threads, on_round))
                 if on_done:
                     on_done(done[-1], len(done), total)
         else:

@@ -29,6 +29,7 @@ from neurofed.trainer.fl.algorithms.classical import CLASSICAL_MODELS
 from neurofed.trainer.fl.byzantine import Byzantine
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.strategies import PARAMS
+from neurofed.trainer.fl.vectorised import ENGINES
 from neurofed.trainer.presets import get_preset
 
 
@@ -111,6 +112,7 @@ class _SimOptionsBase(BaseModel):
     fold_seed: int = 0
     folds: str | None = None
     save_models: bool = False
+    engine: str = "vectorised"
     partition: str = "subject"
     data_dir: str | None = None
     out: Path = Path("runs/simulate")
@@ -192,8 +194,10 @@ class _SimOptionsBase(BaseModel):
             data_dir=o.data_dir, fold_seed=o.fold_seed, profiles=assignment,
             profile_channels=o.profile_channels, only_profile=only_profile, noise_seed=o.noise_seed,
             folds=sorted(set(int_list(folds, "--folds"))) if folds else [],
-            partition=o.partition, save_models=bool(o.save_models),
+            partition=o.partition, save_models=bool(o.save_models), engine=o.engine,
         )
+        if o.engine not in ENGINES:
+            raise SpecError(f"use one of {', '.join(ENGINES)}", "--engine")
         try:
             st = cfg.strategy()  # validate overrides before any work
             st.model_kwargs(cfg.model)  # e.g. --local-bn-mode needs fleeg_eegnet

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from neurofed.trainer.evaluate import mean_loss
 from neurofed.trainer.fl.algorithms.scaffold import momentum_displacement  # noqa: F401  (public: tests, docs)
-from neurofed.trainer.fl.api import RoundInputs, Strategy
+from neurofed.trainer.fl.api import LocalHook, RoundInputs, Strategy
 from neurofed.trainer.fl.local import LocalConfig, train_local
 from neurofed.trainer.models.bn import bn_state_keys
 
@@ -125,7 +125,26 @@ def client_update(
     -------
     ClientUpdate, ClientState
     """
-    strategy.prepare_model(model, server_extras or {})  # e.g. FedBM's head on a freshly built edge model
+    start, hooks = begin_client_round(model, down, client_state, strategy, server_extras or {}, cfg)
+    local_loss = any(h.needs_local_loss for _, h in hooks)
+    before = mean_loss(model, X, y, cfg.batch_size) if local_loss else 0.0
+    metrics = train_local(model, X, y, strategy, cfg, seed, [h for _, h in hooks])
+    if local_loss:  # GA: the downlinked and the trained model on the client's own trials
+        metrics.update(loss_global=before, loss_local=mean_loss(model, X, y, cfg.batch_size))
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return end_client_round(model, state, client_state, strategy, hooks, start, metrics, len(X), group)
+
+
+def begin_client_round(
+    model: nn.Module, down: Mapping[str, Tensor], client_state: ClientState, strategy: Strategy,
+    server_extras: Mapping[str, Tensor], cfg: LocalConfig,
+) -> tuple[dict[str, Tensor], list[tuple[str, LocalHook]]]:
+    """A client's round before training: ``model`` shaped and loaded with the downlink merged with what the client
+    kept; returns the starting parameters and this round's hooks (with the keys of what they keep).
+
+    Shared by :func:`client_update` and the vectorised engine (:mod:`neurofed.trainer.fl.vectorised`).
+    """
+    strategy.prepare_model(model, server_extras)  # e.g. FedBM's head on a freshly built edge model
     keys = set(model.state_dict())
     full = {k: v.clone() for k, v in down.items()}
     missing = keys - full.keys()
@@ -138,16 +157,17 @@ def client_update(
         raise ValueError(f"downlink has keys the model does not: {sorted(unknown)}")
     model.load_state_dict(full, strict=True)
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    inputs = RoundInputs(down, server_extras, cfg.lr, cfg.momentum)
+    return start, strategy.local_hooks(model, client_state.parts, inputs)
 
-    inputs = RoundInputs(down, server_extras or {}, cfg.lr, cfg.momentum)
-    hooks = strategy.local_hooks(model, client_state.parts, inputs)
-    local_loss = any(h.needs_local_loss for _, h in hooks)
-    before = mean_loss(model, X, y, cfg.batch_size) if local_loss else 0.0
-    metrics = train_local(model, X, y, strategy, cfg, seed, [h for _, h in hooks])
-    if local_loss:  # GA: the downlinked and the trained model on the client's own trials
-        metrics.update(loss_global=before, loss_local=mean_loss(model, X, y, cfg.batch_size))
 
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+def end_client_round(
+    model: nn.Module, state: dict[str, Tensor], client_state: ClientState, strategy: Strategy,
+    hooks: list[tuple[str, LocalHook]], start: Mapping[str, Tensor], metrics: dict[str, float], n_samples: int,
+    group: str = "",
+) -> tuple[ClientUpdate, ClientState]:
+    """A client's round after training to ``state`` (``model``: the architecture, for its BN keys): the upload
+    and what the client keeps."""
     new = ClientState(bn=client_state.bn, parts=dict(client_state.parts))
     if strategy.local_bn:
         new.bn = {k: state[k].clone() for k in bn_state_keys(model)}
@@ -157,4 +177,4 @@ def client_update(
         extras.update(up)
         if kept is not None:
             new.parts[key] = kept
-    return ClientUpdate(state, len(X), extras, metrics, group), new
+    return ClientUpdate(state, n_samples, extras, metrics, group), new
