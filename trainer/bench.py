@@ -17,14 +17,18 @@ BENCH_DIR = Path("docs/bench")
 
 
 def write_result(name: str, result: dict, out_dir: Path = BENCH_DIR) -> Path:
-    """Write a benchmark's JSON (with machine facts) to ``docs/bench/<name>.json``."""
+    """Write a benchmark's JSON (with machine facts) to ``docs/bench/<name>.json``.
+
+    The platform string is built from ``os.uname`` (system, release, machine): ``platform.platform()`` runs
+    ``uname -p`` in a subprocess, which a unit test may not start.
+    """
     import platform
 
     import torch
 
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+              "machine": {"cpu_count": os.cpu_count(), "platform": "-".join(os.uname()[i] for i in (0, 2, 4)),
                           "python": platform.python_version(), "torch": torch.__version__,
                           "torch_threads": torch.get_num_threads(),
                           "load_average_1m": os.getloadavg()[0]}, **result}
