@@ -105,6 +105,11 @@ class Topics:
     def extras(self) -> str:
         return f"{self.root}/extras"
 
+    @property
+    def release(self) -> str:
+        """Retained signed release (a ``neurofed_runtime.release`` envelope, not a framed message; docs/protocol.md)."""
+        return f"{self.root}/release"
+
     def probe(self, client_id: str) -> str:
         """A client's own liveness probe (neurofed.broker.transport): it publishes there and reads it back, nobody else."""
         return f"{self.root}/probe/{_checked(client_id)}"
@@ -141,7 +146,7 @@ class Topics:
         if len(parts) < 3 or parts[0] != "neurofed" or parts[1] != self.federation:
             raise ProtocolError(f"topic {topic!r} is not in federation {self.federation!r}")
         rest = parts[2:]
-        if len(rest) == 1 and rest[0] in ("task", "model", "result", "extras"):
+        if len(rest) == 1 and rest[0] in ("task", "model", "result", "extras", "release"):
             return rest[0], None
         if len(rest) == 2 and rest[0] == "model" and _is_name(rest[1]):
             return "model", rest[1]  # a device profile's model (the second part names the profile)

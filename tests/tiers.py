@@ -78,6 +78,7 @@ FILE_TIERS: dict[str, str] = {
     # runtime/ (the neurofed-runtime distribution)
     "tests/runtime/test_model.py": "unit",
     "tests/runtime/test_decode.py": "unit",
+    "tests/runtime/test_release.py": "unit",
     "tests/runtime/test_lsl.py": "integration",               # live LSL, mne-lsl's StreamLSL, CLIs
     "tests/runtime/test_venv.py": "e2e",                      # a fresh venv with the runtime alone (no torch)
     # firmware_sim/

@@ -1,0 +1,101 @@
+"""``neurofed release``: keys, detached signatures, publishing and rolling back signed releases (typer adapter).
+
+The work is in :mod:`neurofed_runtime.release` (keys, signatures, the envelope, the version rule) and
+:mod:`neurofed.broker.releases` (the publisher's kept history, the retained publish).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+release_app = typer.Typer(help="Signed model releases: Ed25519 keys, sign/verify, publish retained, roll back.",
+                          no_args_is_help=True)
+
+Store = Annotated[Path, typer.Option(help="folder where the publisher keeps every release it signed")]
+Broker = Annotated[str, typer.Option(help="broker URL (mqtt://host:port or mqtts://...)")]
+Federation = Annotated[str, typer.Option(help="federation name (topic neurofed/<name>/release)")]
+Key = Annotated[Path, typer.Option(help="private key file (neurofed release keygen)")]
+Ca = Annotated[Path | None, typer.Option(help="CA certificate for mqtts://")]
+
+
+@release_app.command("keygen")
+def keygen_cmd(out: Annotated[Path, typer.Option(help="folder for release.key (mode 600) and release.pub")]) -> None:
+    """Generate the federation's Ed25519 release key pair."""
+    from neurofed_runtime.release import keygen
+
+    priv, pub = keygen(out)
+    print(f"private key {priv} (mode 600: keep it on the publisher only); public key {pub} (give it to decoders)")
+
+
+@release_app.command("sign")
+def sign_cmd(
+    model: Annotated[Path, typer.Argument(help="standalone .onnx model")],
+    key: Key,
+    version: Annotated[int, typer.Option(help="release version (>= 1)")] = 1,
+    parent: Annotated[int | None, typer.Option(help="the release it follows")] = None,
+) -> None:
+    """Write MODEL.onnx.sig: a detached Ed25519 signature over the file's SHA-256 and a small JSON header."""
+    from neurofed_runtime import release as rel
+
+    from neurofed.trainer.errors import NeuroFedError
+
+    try:
+        data = model.read_bytes()
+    except OSError:
+        raise NeuroFedError(f"{model}: model file not found") from None
+    doc = rel.sign(data, rel.load_private(key), version, parent)
+    rel.sig_path(model).write_text(json.dumps(doc, indent=1))
+    print(f"signed {model} as release {version} -> {rel.sig_path(model)}")
+
+
+@release_app.command("verify")
+def verify_cmd(
+    model: Annotated[Path, typer.Argument(help=".onnx model with MODEL.onnx.sig beside it")],
+    pub: Annotated[Path, typer.Option(help="the federation's public release key")],
+    sig: Annotated[Path | None, typer.Option(help="signature file (default MODEL.onnx.sig)")] = None,
+) -> None:
+    """Verify a model against its detached signature (exit 2 with one line if it does not verify)."""
+    from neurofed_runtime.release import verify_file
+
+    r = verify_file(model, pub, sig)
+    print(f"OK: {model} is release {r.version} (parent {r.parent}, created {r.created}, sha256 {r.sha256[:16]}...)")
+
+
+@release_app.command("publish")
+def publish_cmd(model: Annotated[Path, typer.Argument(help="standalone .onnx model")], key: Key,
+                broker: Broker, federation: Federation, store: Store = Path("releases"), ca: Ca = None) -> None:
+    """Sign MODEL as the next release, keep it in --store and publish it retained on the release topic."""
+    from neurofed.broker.releases import publish
+
+    h = publish(model, key, broker, federation, store, str(ca) if ca else None)
+    print(f"published release {h['version']} (parent {h['parent']}, sha256 {h['sha256'][:16]}...) "
+          f"on neurofed/{federation}/release")
+
+
+@release_app.command("rollback")
+def rollback_cmd(version: Annotated[int, typer.Option(help="kept release to make current again")], key: Key,
+                 broker: Broker, federation: Federation, store: Store = Path("releases"), ca: Ca = None) -> None:
+    """Republish an earlier kept release as current, signed anew with the next (higher) version number."""
+    from neurofed.broker.releases import rollback
+
+    h = rollback(version, key, broker, federation, store, str(ca) if ca else None)
+    print(f"rolled back to release {version}'s model: published as release {h['version']} (parent {h['parent']})")
+
+
+@release_app.command("list")
+def list_cmd(store: Store = Path("releases")) -> None:
+    """The releases kept in --store (version, parent, rollback_of, created, sha256)."""
+    from neurofed.broker.releases import ReleaseStore
+
+    for h in ReleaseStore(store).history():
+        back = f" (rollback of {h['rollback_of']})" if h.get("rollback_of") else ""
+        print(f"{h['version']:>4}  parent {h['parent']}  {h['created']}  {h['sha256'][:16]}...{back}")
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    """Add ``neurofed release``."""
+    app.add_typer(release_app, name="release")
