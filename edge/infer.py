@@ -27,6 +27,7 @@ A standalone ONNX graph ``probs, state = run(window, state)`` plugs in as anothe
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,6 +177,9 @@ class StandaloneStep:
         self.model = model
         self.from_uv = None if info.unit_to_uv == 1.0 else 1.0 / float(info.unit_to_uv)
         self.offsets = {e["name"]: int(e["offset"]) for e in info.state_layout}
+        #: the last accepted windows (in the graph's unit), as many as the graph keeps as BN context: a new release
+        #: rebuilds its own context from them (neurofed.edge.follow.carry_state)
+        self.recent: deque[np.ndarray] = deque(maxlen=max(int(info.context_windows), 1))
 
     #: the graph runs the input guard itself (the default thresholds of neurofed.trainer.data.guard) and raises
     #: ``neurofed.export.decoder.WindowRejected``: the engine need not run the same check in Python first
@@ -185,7 +189,9 @@ class StandaloneStep:
         return self.model.initial_state()
 
     def step(self, window: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        probs, nxt = self.model.run(window if self.from_uv is None else window * self.from_uv, state)
+        w = window if self.from_uv is None else window * self.from_uv
+        probs, nxt = self.model.run(w, state)
+        self.recent.append(np.array(w, copy=True))
         return np.asarray(probs, np.float64).reshape(-1), nxt
 
     def describe(self, state: np.ndarray) -> tuple[int, int]:
@@ -206,6 +212,7 @@ class Prediction:
     ea_windows: int
     t_arrival: float = float("nan")
     t_emit: float = float("nan")
+    model_version: int | None = None  # the signed release that decoded it (edge-client infer --follow)
 
 
 @dataclass
@@ -283,6 +290,8 @@ class InferenceEngine:
         self.decoder: DecoderStep = decoder or PythonDecoder(model, self.stream_sfreq, self.batch, ea_reference,
                                                              ea_min_windows)
         self.state = self.decoder.init_state()
+        #: the signed release being run (set by neurofed.edge.follow when following releases), stamped on predictions
+        self.model_version: int | None = None
 
     def process(self, window: np.ndarray, t_end: float, t_arrival: float = float("nan")) -> Prediction | Rejection:
         """Guard and decode one raw window ``(stream channels, window_samples)`` in the stream's units ending at
@@ -307,7 +316,7 @@ class InferenceEngine:
         k = int(p.argmax())
         n_context, ea_windows = self.decoder.describe(self.state)
         return Prediction(self.meta.classes[k], k, [float(v) for v in p], float(t_end), int(n_context),
-                          int(ea_windows), float(t_arrival))
+                          int(ea_windows), float(t_arrival), model_version=self.model_version)
 
     def process_window(self, w: Window) -> Prediction | Rejection:
         """:meth:`process` on a window cut by :mod:`neurofed.edge.windowing` (stream layout, sample-major)."""

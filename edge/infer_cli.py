@@ -47,18 +47,22 @@ BUFFER_SECONDS = 30.0
 POLL_SECONDS = 0.001
 
 
-def prediction_outlet(name: str, source_id: str, classes: Sequence[str], model_hash: str):
+def prediction_outlet(name: str, source_id: str, classes: Sequence[str], model_hash: str, versioned: bool = False):
     """The LSL outlet predictions are published on (one sample per decoded window, stamped at emission).
 
     Self-described (XDF meta-data conventions): ``desc/channels`` give each channel's label, unit and type
     (``class_index``: unit ``none``, type ``ClassIndex``; ``p_<class>``: unit ``none``, type ``Probability``;
     ``t_window_end``: unit ``seconds``, type ``Timestamp``), ``desc/classes`` the class names in index order.
+    ``versioned`` (``--follow``): one more channel, ``model_version`` (unit ``none``, type ``ModelVersion``), the
+    signed release that decoded the window.
     """
     from neurofed.edge.lsl_io import irregular_outlet  # lazy: pylsl (keeps --help fast)
 
     labels = ["class_index", *[f"p_{c}" for c in classes], "t_window_end"]
     units = ["none", *["none"] * len(classes), "seconds"]
     types = ["ClassIndex", *["Probability"] * len(classes), "Timestamp"]
+    if versioned:
+        labels, units, types = labels + ["model_version"], units + ["none"], types + ["ModelVersion"]
     return irregular_outlet(name, "Predictions", labels, source_id, "double64",
                             {"classes": list(classes), "model_hash": model_hash, "timestamps": "emission",
                              "meaning": "one sample per decoded window: the predicted class index, the class "
@@ -95,13 +99,16 @@ def run_loop(
     max_seconds: float | None = None,
     max_windows: int | None = None,
     clock: Callable[[], float] | None = None,
+    follower=None,
 ) -> dict:
     """Pull, window, decode, publish until ``stop``, ``max_seconds``, ``max_windows`` or Ctrl-C.
 
     ``eeg``/``markers`` need a ``pull()`` like :class:`neurofed.edge.lsl_io.Inlet` (markers: ``pull_markers()``).
     Every result gets ``t_arrival`` (local LSL time its window's last sample was pulled) and ``t_emit``
     (local LSL time just before the sinks publish it). Returns counts and the latency ``t_emit - t_arrival``
-    of the predictions (ms); Ctrl-C ends the loop and still returns them.
+    of the predictions (ms); Ctrl-C ends the loop and still returns them. ``follower``
+    (:class:`neurofed.edge.follow.ReleaseFollower`): before each window, a verified pending release replaces the
+    decoder (between two windows, in this thread); the counts then hold windows per release version.
     """
     from neurofed.edge.infer import Prediction  # lazy: onnx, onnxruntime (keeps --help fast)
 
@@ -111,6 +118,7 @@ def run_loop(
     stop = stop or threading.Event()
     buf = make_buffer(engine)
     counts = {"predictions": 0, "rejections": 0}
+    by_version: dict[str, int] = {}
     lat: list[float] = []
     ahead: list[float] = []
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
@@ -126,6 +134,10 @@ def run_loop(
             if len(ts):
                 buf.append(data, ts, now)
             for w in windower.poll(buf, now):
+                if follower is not None:
+                    follower.apply(engine)  # between two windows: the previous one is out, the next not yet in
+                    key = str(engine.model_version)
+                    by_version[key] = by_version.get(key, 0) + 1
                 res = engine.process_window(w)
                 res.t_emit = clock()
                 for sink in sinks:
@@ -143,6 +155,8 @@ def run_loop(
     ms = np.array(lat) * 1e3
     return {
         **counts,
+        **({"windows_by_version": by_version, "swaps": follower.swaps, "refused": follower.refused}
+           if follower is not None else {}),
         "skipped": len(windower.skipped),
         "latency_ms_p50": float(np.median(ms)) if len(ms) else None,
         "latency_ms_p90": float(np.percentile(ms, 90)) if len(ms) else None,
@@ -152,13 +166,15 @@ def run_loop(
     }
 
 
-def lsl_sink(outlet, labels=None) -> Callable[[object], None]:
-    """Push each prediction to ``outlet`` (and its class name to the ``labels`` marker outlet, if given)."""
+def lsl_sink(outlet, labels=None, versioned: bool = False) -> Callable[[object], None]:
+    """Push each prediction to ``outlet`` (and its class name to the ``labels`` marker outlet, if given);
+    ``versioned``: the release version as the last channel (-1 before any release)."""
     from neurofed.edge.infer import Prediction  # lazy: onnx, onnxruntime (keeps --help fast)
 
     def push(res: object) -> None:
         if isinstance(res, Prediction):
-            outlet.push_sample([float(res.index), *res.probabilities, res.t_end], res.t_emit)
+            tail = [float(-1 if res.model_version is None else res.model_version)] if versioned else []
+            outlet.push_sample([float(res.index), *res.probabilities, res.t_end, *tail], res.t_emit)
             if labels is not None:
                 labels.push_sample([res.label], res.t_emit)
 
@@ -178,6 +194,8 @@ def mqtt_sink(transport, topic: str) -> Callable[[object], None]:
                 "t_emit": res.t_emit,
                 "latency_ms": (res.t_emit - res.t_arrival) * 1e3,
             }
+            if res.model_version is not None:
+                body["model_version"] = res.model_version
         else:
             assert isinstance(res, Rejection)
             body = {"rejected": res.reason, "t_end": res.t_end, "t_emit": res.t_emit,
@@ -204,11 +222,12 @@ def log_sink(console) -> Callable[[object], None]:
 
 
 def infer(
-    model: Annotated[list[Path], typer.Option(help="exported .onnx model (neurofed export; a --standalone export "
-                                                    "runs the very graph apps run). Repeat it, or give a folder, "
-                                                    "for one model per device profile: the one whose profile "
-                                                    "matches the stream's channels and rate is used")],
     stream: Annotated[str, typer.Option(help="EEG LSL stream name")],
+    model: Annotated[list[Path] | None, typer.Option(
+        help="exported .onnx model (neurofed export; a --standalone export runs the very graph apps run). Repeat "
+             "it, or give a folder, for one model per device profile: the one whose profile matches the stream's "
+             "channels and rate is used. With --follow: optional, a signed standalone model (MODEL.onnx.sig "
+             "beside it) to start with; without it the decoder waits for the retained release")] = None,
     source_id: Annotated[
         str | None, typer.Option(help="EEG stream source_id (picks one of several streams with that name)")
     ] = None,
@@ -241,6 +260,16 @@ def infer(
     stats_out: Annotated[
         Path | None, typer.Option(help="write the run's counts and latency (JSON) here at the end")
     ] = None,
+    follow: Annotated[bool, typer.Option(help="follow signed releases on the broker's release topic and swap to "
+                                              "each newer verified one between two windows")] = False,
+    pub: Annotated[Path | None, typer.Option(help="--follow: the federation's public release key")] = None,
+    broker: Annotated[str | None, typer.Option(help="--follow: broker URL of the release topic "
+                                                    "(default: --mqtt)")] = None,
+    federation: Annotated[str | None, typer.Option(help="--follow: federation name")] = None,
+    release_dir: Annotated[Path, typer.Option(help="--follow: folder for accepted releases")] = Path("releases-in"),
+    release_timeout: Annotated[float, typer.Option(help="--follow without --model: seconds to wait for the "
+                                                        "first release")] = 30.0,
+    ca: Annotated[Path | None, typer.Option(help="--follow: CA certificate for an mqtts:// broker")] = None,
 ) -> None:
     """Decode a live headset: predictions out as an LSL stream (and MQTT if asked)."""
     from rich.console import Console
@@ -266,7 +295,12 @@ def infer(
     console = Console()
     if mode not in ("cue", "sliding"):
         raise typer.BadParameter(f"mode {mode!r}: use cue or sliding")
-    model = model_files(model)  # every model loaded and checked against its metadata before waiting for a stream
+    follower = stop_follow = None
+    version = None
+    if follow:
+        follower, stop_follow, model, version = _start_follow(model, pub, broker or mqtt, federation, release_dir,
+                                                              release_timeout, ca, console)
+    model = model_files(model or [])  # every model loaded and checked against its metadata before waiting for a stream
     eeg = Inlet(find_stream(name=stream, source_id=source_id, timeout=timeout, unique=False))
     mk = transport = None
     # every inlet and connection opened here is closed on any exit, errors included: an inlet left to the garbage
@@ -281,12 +315,16 @@ def infer(
                 ref = np.load(ea_reference, allow_pickle=False)
             except (OSError, ValueError) as exc:
                 raise NeuroFedError(f"{ea_reference}: cannot read an EA reference .npy ({exc})") from None
+        if follow and not standalone:
+            raise NeuroFedError(f"{chosen}: --follow needs a standalone model (releases are standalone graphs)")
         if standalone and (ea_reference is not None or context is not None):
             raise typer.BadParameter("--ea-reference/--context are fixed inside a standalone model's graph")
         engine = InferenceEngine(
             om, eeg.meta.ch_names, eeg.meta.sfreq, context=context, ea_reference=ref, ea_min_windows=ea_warmup,
             stream_units=eeg.meta.units, decoder=StandaloneStep(om, eeg.meta.sfreq) if standalone else None,
         )
+        if follower is not None:
+            follower.current, follower.version, engine.model_version = om, version, version
         if mode == "cue":
             mk = Inlet(find_stream(name=markers or f"{stream}-markers", timeout=timeout, unique=False))
             check_marker_stream(mk.meta)
@@ -297,10 +335,11 @@ def infer(
         # the inlets are open (and buffering): now refuse ambiguous names
         check_unique([(stream, None, source_id)] + ([(mk.meta.name, None, None)] if mk is not None else []))
         name = out_name or f"{stream}-predictions"
-        outlet = prediction_outlet(name, f"{eeg.meta.source_id}-predictions", om.meta.classes, om.meta.model_hash)
+        outlet = prediction_outlet(name, f"{eeg.meta.source_id}-predictions", om.meta.classes, om.meta.model_hash,
+                                   versioned=follow)
         names = label_outlet(f"{name}-markers", f"{eeg.meta.source_id}-predictions-markers", om.meta.classes,
                              om.meta.model_hash)
-        sinks = [lsl_sink(outlet, names)] + ([] if quiet else [log_sink(console)])
+        sinks = [lsl_sink(outlet, names, versioned=follow)] + ([] if quiet else [log_sink(console)])
         if mqtt:
             from neurofed.broker.transport import MqttTransport  # lazy: paho-mqtt (keeps --help fast)
 
@@ -321,8 +360,11 @@ def infer(
             (cues.split(",") if cues else om.meta.classes),
             stop,
             duration,
+            follower=follower,
         )
     finally:
+        if stop_follow is not None:
+            stop_follow.set()
         eeg.close()
         if mk is not None:
             mk.close()
@@ -331,6 +373,38 @@ def infer(
     console.print(f"done: {stats}")
     if stats_out is not None:
         stats_out.write_text(json.dumps(stats, indent=1))
+
+
+def _start_follow(model, pub, broker, federation, release_dir, release_timeout, ca, console):
+    """``--follow``: check the options, verify the starting model's signature (if any), subscribe to the release
+    topic; without a starting model, wait for the first verified release. ``(follower, stop, models, version)``."""
+    from neurofed_runtime.release import verify_file
+
+    from neurofed.edge.follow import ReleaseFollower, follow_broker  # lazy: paho, onnxruntime
+    from neurofed.export.decoder import StandaloneModel  # lazy: onnxruntime
+
+    if pub is None or broker is None or federation is None:
+        raise NeuroFedError("--follow needs --pub (the federation's public release key), --broker and --federation")
+    version = None
+    if model:
+        if len(model) != 1 or Path(model[0]).is_dir():
+            raise NeuroFedError("--follow takes one starting --model file (a signed standalone release)")
+        version = verify_file(model[0], pub).version  # an unsigned starting model is refused too
+    follower = ReleaseFollower(pub, release_dir, StandaloneModel, version=version)
+    stop = threading.Event()
+    follow_broker(follower, broker, federation, stop, str(ca) if ca else None)
+    if not model:
+        deadline = time.monotonic() + release_timeout
+        while (p := follower.take()) is None:
+            if time.monotonic() > deadline:
+                stop.set()
+                raise NeuroFedError(f"no valid release arrived on neurofed/{federation}/release within "
+                                    f"{release_timeout:g} s" + (f" (refused: {follower.refused[-1]})"
+                                                                 if follower.refused else ""))
+            time.sleep(0.05)
+        model, version = [p.path], p.version
+        console.print(f"starting with release {version} ({p.path})")
+    return follower, stop, model, version
 
 
 def register(app: typer.Typer) -> None:
