@@ -53,6 +53,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/edge/test_guard.py": "unit",
     "tests/edge/test_infer.py": "unit",
     "tests/edge/test_follow.py": "unit",
+    "tests/edge/test_follow_mqtt.py": "integration",  # real Mosquitto, LSL headset-sim, the infer CLI
     "tests/edge/test_infer_lsl.py": "integration",
     "tests/edge/test_join_cli.py": "integration",
     "tests/edge/test_join_profiles.py": "unit",
