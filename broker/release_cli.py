@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from neurofed.trainer.errors import NeuroFedError
+
 release_app = typer.Typer(help="Signed model releases: Ed25519 keys, sign/verify, publish retained, roll back.",
                           no_args_is_help=True)
 
@@ -41,8 +43,6 @@ def sign_cmd(
     """Write MODEL.onnx.sig: a detached Ed25519 signature over the file's SHA-256 and a small JSON header."""
     from neurofed_runtime import release as rel
 
-    from neurofed.trainer.errors import NeuroFedError
-
     try:
         data = model.read_bytes()
     except OSError:
@@ -69,7 +69,7 @@ def verify_cmd(
 def publish_cmd(model: Annotated[Path, typer.Argument(help="standalone .onnx model")], key: Key,
                 broker: Broker, federation: Federation, store: Store = Path("releases"), ca: Ca = None) -> None:
     """Sign MODEL as the next release, keep it in --store and publish it retained on the release topic."""
-    from neurofed.broker.releases import publish
+    from neurofed.broker.releases import publish  # lazy: torch (broker.protocol); keeps --help fast
 
     h = publish(model, key, broker, federation, store, str(ca) if ca else None)
     print(f"published release {h['version']} (parent {h['parent']}, sha256 {h['sha256'][:16]}...) "
@@ -80,7 +80,7 @@ def publish_cmd(model: Annotated[Path, typer.Argument(help="standalone .onnx mod
 def rollback_cmd(version: Annotated[int, typer.Option(help="kept release to make current again")], key: Key,
                  broker: Broker, federation: Federation, store: Store = Path("releases"), ca: Ca = None) -> None:
     """Republish an earlier kept release as current, signed anew with the next (higher) version number."""
-    from neurofed.broker.releases import rollback
+    from neurofed.broker.releases import rollback  # lazy: torch (broker.protocol); keeps --help fast
 
     h = rollback(version, key, broker, federation, store, str(ca) if ca else None)
     print(f"rolled back to release {version}'s model: published as release {h['version']} (parent {h['parent']})")
@@ -89,7 +89,7 @@ def rollback_cmd(version: Annotated[int, typer.Option(help="kept release to make
 @release_app.command("list")
 def list_cmd(store: Store = Path("releases")) -> None:
     """The releases kept in --store (version, parent, rollback_of, created, sha256)."""
-    from neurofed.broker.releases import ReleaseStore
+    from neurofed.broker.releases import ReleaseStore  # lazy: torch (broker.protocol); keeps --help fast
 
     for h in ReleaseStore(store).history():
         back = f" (rollback of {h['rollback_of']})" if h.get("rollback_of") else ""

@@ -159,7 +159,7 @@ LSL_FILES = frozenset({
     "tests/edge/test_infer_lsl.py", "tests/edge/test_lsl_bench.py", "tests/edge/test_lsl_buffer.py",
     "tests/edge/test_lsl_config.py", "tests/edge/test_record_profiles.py",
     "tests/export/test_profiles_export.py", "tests/runtime/test_lsl.py", "tests/edge/test_bridge.py",
-    "tests/export/test_apps_live.py",
+    "tests/export/test_apps_live.py", "tests/edge/test_follow_mqtt.py",
     "tests/firmware_sim/test_cli.py", "tests/firmware_sim/test_player.py", "tests/firmware_sim/test_profile.py",
     "tests/neurofed/test_bench_e2e.py", "tests/neurofed/test_demo.py",
 })
