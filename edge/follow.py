@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,8 @@ class Pending:
     version: int
     model: Any  # neurofed.export.decoder.StandaloneModel
     path: Path
+    t_received: float = 0.0  # time.monotonic() when the payload arrived
+    t_ready: float = 0.0     # ... when it was verified and loaded
 
 
 def _layout(model: Any) -> dict[str, tuple[int, tuple[int, ...]]]:
@@ -146,6 +149,7 @@ class ReleaseFollower:
     # -------------------------------------------------------------- receiving (any thread)
     def offer(self, payload: bytes, source: str = "release") -> Pending | None:
         """Check one release payload; the accepted :class:`Pending` or None (refusal logged in one line)."""
+        t0 = time.monotonic()
         try:
             data, doc = rel.unpack(payload, self.max_bytes)
             r = rel.verify(data, doc, self.pub, source)
@@ -162,12 +166,12 @@ class ReleaseFollower:
             why = compatible(self.current, model) if self.current is not None else None
             if why:
                 raise NeuroFedError(f"{source}: release {r.version} cannot replace the running model: {why}")
-        except NeuroFedError as exc:
-            line = str(exc).splitlines()[0]
+        except (NeuroFedError, OSError) as exc:  # OSError: the release folder cannot be written (full disk, ...)
+            line = str(exc).splitlines()[0] if isinstance(exc, NeuroFedError) else f"{source}: cannot keep it ({exc})"
             self.refused.append(line)
             logger.warning("release refused, decoder keeps its model: %s", line)
             return None
-        p = Pending(r.version, model, path)
+        p = Pending(r.version, model, path, t0, time.monotonic())
         with self._lock:
             self._pending, self._newest_seen = p, r.version
         logger.info("release %d verified (%s); swapping at the next window", r.version, path)
@@ -199,7 +203,8 @@ class ReleaseFollower:
         engine.model_version = p.version
         n_ea = int(state[_layout(p.model)["ea_count"][0]]) if "ea_count" in _layout(p.model) else 0
         self.swaps.append({"version": p.version, "previous": prev, "ea_windows_carried": n_ea,
-                           "context_carried": ctx})
+                           "context_carried": ctx, "verify_load_ms": round((p.t_ready - p.t_received) * 1e3, 2),
+                           "received_to_swap_ms": round((time.monotonic() - p.t_received) * 1e3, 2)})
         logger.warning("swapped decoder to release %d (was %s): %d EA windows carried, BN context %s", p.version,
                        prev, n_ea, "carried" if ctx else "restarted")
         return True
@@ -221,7 +226,10 @@ def follow_broker(follower: ReleaseFollower, broker: str, federation: str, stop:
             while not stop.is_set():
                 item = t.get(timeout=0.2)
                 if item is not None and item.event == "message" and item.topic == topic:
-                    follower.offer(item.payload, f"{topic}")
+                    try:
+                        follower.offer(item.payload, f"{topic}")
+                    except Exception:  # never let one payload end the subscription: the decoder keeps its model
+                        logger.exception("release on %s could not be checked; decoder keeps its model", topic)
         finally:
             t.close()
 

@@ -110,7 +110,10 @@ def test_swap_between_windows_carries_alignment(models, keys, windows, tmp_path)
         out.append(eng.process(w, float(i)))
     assert len(out) == len(ws) and all(isinstance(r, Prediction) for r in out)
     assert [r.model_version for r in out] == [1] * k + [2] * (len(ws) - k)
-    assert f.swaps == [{"version": 2, "previous": 1, "ea_windows_carried": k, "context_carried": True}]
+    sw = f.swaps[0]
+    assert len(f.swaps) == 1 and sw["received_to_swap_ms"] >= sw["verify_load_ms"] > 0
+    assert {k_: sw[k_] for k_ in ("version", "previous", "ea_windows_carried", "context_carried")} == {
+        "version": 2, "previous": 1, "ea_windows_carried": k, "context_carried": True}
     _, ref = _engine(b, ch, sf)  # release 2 from the start of the session
     ref_out = [ref.process(w, float(i)) for i, w in enumerate(ws)]
     for got, want in zip(out[k:], ref_out[k:]):

@@ -20,6 +20,7 @@ from neurofed.broker.transport import MqttTransport
 from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
 from neurofed.firmware_sim.recording import load_recording
 from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS
+from neurofed.trainer.errors import NeuroFedError
 from tests.broker.conftest import Mosquitto
 from tests.edge.test_follow import keys, models  # noqa: F401  (module fixtures: two standalone exports, two key pairs)
 from tests.lsl_support import configure_lsl, unique_name
@@ -38,6 +39,7 @@ def broker(tmp_path):
 
 
 def test_follow_swaps_release_2_mid_stream_and_refuses_a_forgery(models, keys, broker, data_dir, tmp_path):  # noqa: F811
+    from neurofed.cli import app as nf_app
     from neurofed.edge.cli import app
 
     a, b = models
@@ -74,8 +76,10 @@ def test_follow_swaps_release_2_mid_stream_and_refuses_a_forgery(models, keys, b
             with MqttTransport(broker.url, unique_name("forger")).connect(timeout=5) as f:
                 f.publish(Topics(fed).release, forged, retain=True)
             time.sleep(0.3)
-            # ... then the publisher releases model B as version 2
-            assert publish(b, priv, broker.url, fed, store)["version"] == 2
+            # ... then the publisher releases model B as version 2 (the CLI)
+            r = CliRunner().invoke(nf_app, ["release", "publish", str(b), "--key", str(priv), "--broker", broker.url,
+                                            "--federation", fed, "--store", str(store)])
+            assert r.exit_code == 0 and "published release 2 (parent 1" in r.output, (r.output, r.exception)
             published = True
     t.join(30)
     player.stop()
@@ -96,10 +100,18 @@ def test_follow_swaps_release_2_mid_stream_and_refuses_a_forgery(models, keys, b
     assert k >= 4 and versions == [1] * k + [2] * (len(versions) - k), versions
     assert s["windows_by_version"]["1"] >= 4 and s["windows_by_version"]["2"] >= 1
     assert [w["version"] for w in s["swaps"]] == [2] and s["swaps"][0]["ea_windows_carried"] >= 4
+    print("swap:", s["swaps"][0], "windows by version:", s["windows_by_version"])  # the report's swap timing
     assert len(s["refused"]) == 1 and "bad signature" in s["refused"][0], s["refused"]
     # the publisher kept both releases; a rollback republishes release 1's bytes as version 3
-    h = rollback(1, priv, broker.url, fed, store)
+    r = CliRunner().invoke(nf_app, ["release", "rollback", "--version", "1", "--key", str(priv), "--broker", broker.url,
+                                    "--federation", fed, "--store", str(store)])
+    assert r.exit_code == 0 and "published as release 3 (parent 2)" in r.output, (r.output, r.exception)
+    h = ReleaseStore(store).history()[-1]
     assert (h["version"], h["parent"], h["rollback_of"]) == (3, 2, 1)
+    r = CliRunner().invoke(nf_app, ["release", "list", "--store", str(store)])
+    assert r.exit_code == 0 and len(r.output.strip().splitlines()) == 3 and "(rollback of 1)" in r.output
+    with pytest.raises(NeuroFedError, match="release 9 is not kept"):
+        rollback(9, priv, broker.url, fed, store)
     assert ReleaseStore(store).path(3).read_bytes() == a.read_bytes()
     with MqttTransport(broker.url, unique_name("late")).connect(timeout=5) as late:  # a late decoder gets it retained
         late.subscribe(Topics(fed).release)
