@@ -41,7 +41,7 @@ ENVELOPE_MAGIC = b"NFR\x01"
 _LEN = struct.Struct(">I")
 #: the signature JSON is small (a header and 88 base64 characters); anything larger is not a release
 MAX_SIG_BYTES = 16 << 10
-#: default cap of a whole envelope (signature + ONNX); a standalone EEGNet graph is well under 1 MB
+#: default cap of a whole envelope (signature + ONNX); a standalone EEGNet graph (21 channels) is about 1.2 MB
 DEFAULT_MAX_RELEASE_BYTES = 32 << 20
 _HEADER_KEYS = {"format", "version", "parent", "created", "sha256", "size", "model_hash", "rollback_of"}
 
