@@ -133,3 +133,23 @@ def test_carry_state_keeps_model_hash_of_the_new_model(models):
     out, ctx = carry_state(ma, mb, s)  # no recent windows to rebuild the new graph's context from
     assert np.array_equal(out[:3], mb.initial_state()[:3]) and not np.array_equal(out[:3], s[:3])
     assert not ctx
+
+
+def test_follow_refuses_an_unsigned_or_foreign_starting_model(models, keys, tmp_path):
+    """``infer --follow --model M``: the starting model must verify too (checked before any broker or stream)."""
+    from rich.console import Console
+
+    from neurofed.edge.infer_cli import _start_follow
+    from neurofed.trainer.errors import NeuroFedError
+
+    a, _ = models
+    m = tmp_path / "start.onnx"
+    m.write_bytes(a.read_bytes())
+    args = ("mqtt://127.0.0.1:1", "fed", tmp_path / "in", 1.0, None, Console())
+    with pytest.raises(NeuroFedError, match="signature file not found"):
+        _start_follow([m], keys[0][1], *args)
+    rel.sig_path(m).write_text(__import__("json").dumps(rel.sign(m.read_bytes(), rel.load_private(keys[1][0]), 1)))
+    with pytest.raises(NeuroFedError, match="bad signature"):
+        _start_follow([m], keys[0][1], *args)
+    with pytest.raises(NeuroFedError, match="--follow needs --pub"):
+        _start_follow([m], None, *args)
