@@ -57,6 +57,9 @@ MOSQUITTO_QUEUE_DEFAULT = 1000
 #: QoS 1 messages Mosquitto sends a client before waiting for its PUBACKs: the transport's own window
 #: (neurofed.broker.transport: ``max_inflight_messages_set(100)``)
 INFLIGHT = 100
+#: The largest signed release (standalone ONNX graph + signature, issue 55) the generated broker carries: a
+#: 21-channel standalone EEGNet is ~1.2 MB; decoders refuse envelopes above the runtime's own 32 MiB bound anyway.
+MAX_RELEASE_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ class BrokerLimits:
 
     @property
     def max_packet_size(self) -> int:
-        return frame_cap(self.max_body) + MQTT_FRAMING_BYTES
+        return max(frame_cap(self.max_body), MAX_RELEASE_BYTES) + MQTT_FRAMING_BYTES
 
     @property
     def max_queued_messages(self) -> int:
@@ -100,7 +103,9 @@ class BrokerLimits:
             "state and the strategy's extras)",
             "# largest legitimate frame (header cap + body + compression overhead) + MQTT framing: the broker "
             "refuses bigger",
-            "# packets before they reach anyone (message_size_limit is deprecated in Mosquitto 2: this covers it)",
+            "# packets before they reach anyone (message_size_limit is deprecated in Mosquitto 2: this covers it);",
+            f"# at least a signed release ({MAX_RELEASE_BYTES} bytes: the standalone graph the coordinator publishes "
+            "on release)",
             f"max_packet_size {self.max_packet_size}",
             f"# every client's messages of one round ({MESSAGES_PER_CLIENT} kinds: join, status, update, error, "
             "4 secure-aggregation steps) can wait at once",
@@ -168,6 +173,7 @@ def acl_text(spec: SecureBrokerSpec) -> str:
              f"user {spec.coordinator}", f"topic readwrite {t.all()}", ""]
     for c in spec.clients:
         lines += [f"user {c}", f"topic read {t.task}", f"topic read {t.model}", f"topic read {t.extras}",
+                  f"topic read {t.release}",
                   f"topic read {t.status(spec.coordinator)}",
                   f"topic readwrite {t.error(c)}", f"topic write {t.join(c)}", f"topic readwrite {t.status(c)}",
                   f"topic write {t.update(c)}", f"topic write {t.secagg(c)}", f"topic read {t.secagg_down(c)}"]
@@ -210,7 +216,7 @@ def rabbitmq_definitions(spec: SecureBrokerSpec, passwords: dict[str, str], vhos
     everything = "^" + re.escape(_routing_key(t.all()[:-2])) + r"\..+$"  # neurofed/<fed>/...
     users[spec.coordinator] = (everything, everything)
     for c in spec.clients:
-        read = [t.task, t.model, t.extras, t.status(spec.coordinator), t.error(c), t.secagg_down(c)]
+        read = [t.task, t.model, t.extras, t.release, t.status(spec.coordinator), t.error(c), t.secagg_down(c)]
         read += [t.profile_model(spec.profiles[c])] if c in spec.profiles else []
         users[c] = (_one_of([t.join(c), t.status(c), t.update(c), t.error(c), t.secagg(c)]), _one_of(read))
     defs: dict[str, list] = {"users": [], "permissions": [], "topic_permissions": []}

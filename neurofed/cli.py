@@ -59,7 +59,8 @@ bench = typer.Typer(help="Benchmarks: results go to docs/bench/*.json and are su
 app.add_typer(bench, name="bench")
 
 #: Packages that contribute commands, in help order.
-COMMAND_MODULES = ("neurofed.trainer.cli", "neurofed.broker.cli", "neurofed.export.cli", "neurofed.broker.release_cli")
+COMMAND_MODULES = ("neurofed.trainer.cli", "neurofed.broker.cli", "neurofed.export.cli", "neurofed.app_cli",
+                   "neurofed.broker.release_cli")
 
 
 def _version(value: bool) -> None:

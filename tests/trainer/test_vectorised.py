@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from neurofed.trainer.experiments.runner import run_federated
 from neurofed.trainer.fl import vectorised
+from neurofed.trainer.fl.algorithms.classical import CLASSICAL_MODELS
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.server import CLIPPED_KEY
 from neurofed.trainer.fl.strategies import ALGORITHMS, get_strategy
@@ -31,12 +32,13 @@ TOL_FGSM = 2e-4
 CFG = LocalConfig(local_epochs=1)
 #: what the engine leaves to the sequential path, and why (asserted: these are bit-identical)
 FALLBACK = {"ct": "centralised", "fal": "not known", "ct_at": "centralised", "fedbm": "reshapes the client model",
-            "fleeg": "per-group", "fedfa": "not known", "ga": "not known"}
+            "fleeg": "per-group", "fedfa": "not known", "ga": "not known",
+            "fed-csp-lda": "fitted from summed statistics", "fed-tangent": "fitted from summed statistics"}
 
 
 def _run(subjects, name: str, engine: str, **over):
     st = get_strategy(name, **over)
-    model = "fleeg_eegnet" if st.group_prefixes else "eegnet"
+    model = CLASSICAL_MODELS.get(name, "fleeg_eegnet" if st.group_prefixes else "eegnet")
     groups = {sd.subject: "lab" for sd in subjects} if st.group_prefixes else None
     clients = {sd.subject: sd for sd in subjects}
     fraction = 1.0 if st.needs_every_client else 0.5
