@@ -47,9 +47,10 @@ def test_availability_is_seeded_per_client():
     assert on / (on + off) == pytest.approx(0.3, abs=0.03)
 
 
-def _intermittent(subjects4, seed):
+def _intermittent(subjects4, seed, max_staleness=1):
     clients = {sd.subject: sd for sd in subjects4}
-    cfg = AsyncConfig(buffer_k=2, max_staleness=1, online_fraction=0.5, session_mean=3.0, reveal=15, window=20)
+    cfg = AsyncConfig(buffer_k=2, max_staleness=max_staleness, online_fraction=0.5, session_mean=3.0, reveal=15,
+                      window=20)
     return run_async(clients, "eegnet", get_strategy("fedavg"), CFG, 4, cfg, seed)
 
 
@@ -99,3 +100,12 @@ def test_simulate_async_writes_results(subjects4, tmp_path, data_dir, small_cfg)
     tot = res["async"]["total"]
     assert tot["aggregations"] == 3 and tot["updates_used"] == 6
     assert "rejected_stale" in tot and list(res["per_subject"]) == ["S001"]
+
+
+def test_simulation_rejects_beyond_the_bound(subjects4):
+    """Bound 0: an update that arrives after another client's filled the buffer is rejected as stale, not used."""
+    _, info = _intermittent(subjects4, 5, max_staleness=0)
+    a = info["async"]
+    assert a["rejected_stale"] > 0 and a["updates_used"] == 8
+    assert all(p["max_staleness"] == 0 for p in info["curve"])
+    assert info["curve"][-1]["rejected_stale"] == a["rejected_stale"]
