@@ -114,6 +114,8 @@ FILE_TIERS: dict[str, str] = {
     "tests/trainer/test_fal.py": "unit",
     "tests/trainer/test_fed_classical.py": "unit",
     "tests/trainer/test_fedavgm.py": "unit",
+    "tests/trainer/test_fedbuff.py": "unit",
+    "tests/trainer/test_asyncsim.py": "unit",
     "tests/trainer/test_fedbm.py": "unit",
     "tests/trainer/test_fedfa.py": "unit",
     "tests/trainer/test_fl.py": "unit",

@@ -105,6 +105,27 @@ def simulate(
         help="local training: vectorised (a round's clients trained together, equal to sequential to float "
              "tolerance, faster; falls back to sequential, saying so once, for what it does not know) or sequential "
              "(one client after the other, as an edge client trains)")] = "vectorised",
+    mode: Annotated[str, typer.Option(
+        help="sync (rounds of a selected cohort) or async (buffered asynchronous aggregation, FedBuff style: clients "
+             "train when online, K updates per aggregation, staleness-weighted; --rounds counts aggregations)",
+        rich_help_panel="Asynchronous mode")] = "sync",
+    buffer_k: Annotated[int, typer.Option(help="async: accepted updates per aggregation (K)",
+                                          rich_help_panel="Asynchronous mode")] = 10,
+    max_staleness: Annotated[int, typer.Option(help="async: updates more versions old than this are rejected (stale)",
+                                               rich_help_panel="Asynchronous mode")] = 10,
+    online_fraction: Annotated[float, typer.Option(help="async: long-run fraction of time each client is online",
+                                                   rich_help_panel="Asynchronous mode")] = 0.3,
+    session_mean: Annotated[float, typer.Option(help="async: mean online session (exponential; gaps exponential with "
+                                                     "mean session x (1-F)/F), in local-training times",
+                                                rich_help_panel="Asynchronous mode")] = 10.0,
+    train_time: Annotated[float, typer.Option(help="async: duration of one local training (simulated time units)",
+                                              rich_help_panel="Asynchronous mode")] = 1.0,
+    async_server_lr: Annotated[float, typer.Option(help="async: server step on the weighted mean update",
+                                                   rich_help_panel="Asynchronous mode")] = 1.0,
+    async_reveal: Annotated[int, typer.Option(help="async: trials newly recorded per session (0: the whole store "
+                                                   "from the start)", rich_help_panel="Asynchronous mode")] = 0,
+    async_window: Annotated[int, typer.Option(help="async: train on the newest N trials of the store (0: all)",
+                                              rich_help_panel="Asynchronous mode")] = 0,
     partition: Annotated[str, typer.Option(help="clients of the training subjects: subject (one each), "
                                            "dirichlet:BETA[:K] (label skew within subjects, K clients each), "
                                            "missing-class; held-out subjects stay whole")] = "subject",

@@ -28,6 +28,7 @@ from neurofed.trainer.data.profiles import (
     load_profile_subject,
 )
 from neurofed.trainer.errors import DataError, NeuroFedError
+from neurofed.trainer.experiments.asyncsim import AsyncConfig, run_async
 from neurofed.trainer.experiments.partition import class_counts, partition_clients
 from neurofed.trainer.experiments.protocol import make_folds
 from neurofed.trainer.experiments.runner import (
@@ -90,6 +91,25 @@ class SimConfig:
     #: to float tolerance; falls back to it for what it does not know) or ``sequential`` (one client after the other,
     #: what an edge client runs; the regression hashes). Execution only: a run may be resumed with the other engine
     engine: str = "vectorised"
+    #: ``sync`` (rounds of a selected cohort) or ``async`` (buffered asynchronous aggregation,
+    #: :mod:`neurofed.trainer.experiments.asyncsim`; ``rounds`` then counts aggregations, the sequential client path)
+    mode: str = "sync"
+    #: async: updates per aggregation (K), largest accepted staleness, long-run fraction of time a client is online
+    buffer_k: int = 10
+    max_staleness: int = 10
+    online_fraction: float = 0.3
+    #: async: mean online session (simulated time units; a local training takes ``train_time``)
+    session_mean: float = 10.0
+    train_time: float = 1.0
+    async_server_lr: float = 1.0
+    #: async: trials newly recorded per session (0 = the whole store from the start); train on the newest N (0 = all)
+    async_reveal: int = 0
+    async_window: int = 0
+
+    def async_config(self):
+        """The :class:`~neurofed.trainer.experiments.asyncsim.AsyncConfig` of the async fields."""
+        return AsyncConfig(self.buffer_k, self.max_staleness, self.online_fraction, self.session_mean,
+                           self.train_time, self.async_server_lr, self.async_reveal, self.async_window)
 
     def strategy(self):
         return get_strategy(self.algorithm, **self.strategy_overrides)
@@ -169,7 +189,16 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
             logger.info("fold %d seed %d: round %d/%d loss %.3f%s", fold_idx, seed, r, total, point["loss"],
                         f" held-out BCA {100 * point['bca']:.1f}%" if "bca" in point else "")
 
-    if strategy.centralised:
+    if cfg.mode == "async":
+        if cfg.byzantine or groups:
+            raise NeuroFedError("--mode async does not combine with --byzantine or --profiles yet")
+        local = LocalConfig(**cfg.local)
+        clients = partition_clients(train, cfg.partition, seed)
+        model, info = run_async(clients, cfg.model, strategy, local, cfg.rounds, cfg.async_config(), seed,
+                                (lambda m: float(np.mean([r["bca"] for r in evaluate_subjects(m, replace(spec, attacks=()), seed).values()])))
+                                if test else None, cfg.eval_every, log_round)
+        info["client_classes"] = class_counts(clients)
+    elif strategy.centralised:
         local = LocalConfig(**{**cfg.local, "batch_size": cfg.ct_batch_size})
         model, info = run_centralised(train, cfg.model, strategy, local, cfg.rounds, seed, spec, log_round)
     else:
@@ -197,7 +226,7 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
         "curve": info["curve"], "participation": info.get("participation", {}), "seconds": seconds,
         # the final evaluation (benign and every --attack) on the held-out subjects; "seconds" is the training
         "eval_seconds": time.time() - t0 - seconds,
-        **{k: info[k] for k in ("attackers", "privacy") if info.get(k)},
+        **{k: info[k] for k in ("attackers", "privacy", "async") if info.get(k)},
         "client_classes": info.get("client_classes", {}), "server_cost": info.get("server_cost", {}),
         "data_hashes": {k: v for sd in train + test for k, v in sd.file_hashes.items()},
     }
@@ -290,7 +319,19 @@ def summarise(cfg: SimConfig, jobs: list[dict]) -> dict:
         "torch": torch.__version__,
         **({"privacy": jobs[0]["privacy"]} if jobs and "privacy" in jobs[0] else {}),
         **({"clipping": c} if (c := clip_summary(jobs)) else {}),
+        **({"async": async_summary(jobs)} if cfg.mode == "async" else {}),
     }
+
+
+def async_summary(jobs: list[dict]) -> dict:
+    """Asynchronous runs: per job (seed, fold) the aggregations, updates used/accepted/submitted, rejected stale,
+    lost offline, simulated time and measured online fraction; and their totals."""
+    keys = ("aggregations", "updates_used", "updates_accepted", "submitted", "rejected_stale", "lost_offline",
+            "too_few_trials", "sessions")
+    per_job = {f"seed{j['seed']}_fold{j['fold']:02d}": {k: j["async"][k] for k in
+                                                        (*keys, "sim_time", "online_fraction_measured")}
+               for j in jobs if "async" in j}
+    return {"per_job": per_job, "total": {k: int(sum(r[k] for r in per_job.values())) for k in keys}}
 
 
 def _data_root(data_dir: str | None) -> str | None:

@@ -27,6 +27,7 @@ from neurofed.trainer.experiments.partition import parse_partition
 from neurofed.trainer.experiments.simulate import SimConfig
 from neurofed.trainer.fl.algorithms.classical import CLASSICAL_MODELS
 from neurofed.trainer.fl.byzantine import Byzantine
+from neurofed.trainer.fl.fedbuff import check_async
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.strategies import PARAMS
 from neurofed.trainer.fl.vectorised import ENGINES
@@ -113,6 +114,15 @@ class _SimOptionsBase(BaseModel):
     folds: str | None = None
     save_models: bool = False
     engine: str = "vectorised"
+    mode: str = "sync"
+    buffer_k: int = 10
+    max_staleness: int = 10
+    online_fraction: float = 0.3
+    session_mean: float = 10.0
+    train_time: float = 1.0
+    async_server_lr: float = 1.0
+    async_reveal: int = 0
+    async_window: int = 0
     partition: str = "subject"
     data_dir: str | None = None
     out: Path = Path("runs/simulate")
@@ -195,7 +205,15 @@ class _SimOptionsBase(BaseModel):
             profile_channels=o.profile_channels, only_profile=only_profile, noise_seed=o.noise_seed,
             folds=sorted(set(int_list(folds, "--folds"))) if folds else [],
             partition=o.partition, save_models=bool(o.save_models), engine=o.engine,
+            mode=o.mode, buffer_k=o.buffer_k, max_staleness=o.max_staleness, online_fraction=o.online_fraction,
+            session_mean=o.session_mean, train_time=o.train_time, async_server_lr=o.async_server_lr,
+            async_reveal=o.async_reveal, async_window=o.async_window,
         )
+        if o.mode not in ("sync", "async"):
+            raise SpecError("use sync or async", "--mode")
+        if o.mode == "async":  # NeuroFedError (one line, exit 2): a strategy or setting the async mode cannot run
+            cfg.async_config()
+            check_async(cfg.strategy())
         if o.engine not in ENGINES:
             raise SpecError(f"use one of {', '.join(ENGINES)}", "--engine")
         try:
