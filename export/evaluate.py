@@ -32,6 +32,7 @@ from neurofed.trainer.data.dataset import load_recordings
 from neurofed.trainer.data.eegmmidb import TASKS
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.evaluate import adversarial_batches, bca
+from neurofed.trainer.model_meta import subject_id, training_subjects  # noqa: F401  (subject_id: part of this API)
 
 logger = logging.getLogger("neurofed.export")
 
@@ -144,28 +145,6 @@ def check_fit(meta: OnnxModelMeta, sd) -> tuple[np.ndarray, np.ndarray]:
     if sd.X.shape[2] != meta.n_times:
         raise NeuroFedError(f"{sd.subject}: {sd.X.shape[2]} samples per trial, model expects {meta.n_times}")
     return sd.X.astype(np.float32), sd.y
-
-
-def training_subjects(meta: OnnxModelMeta, trained_on: Sequence[str] | None = None) -> tuple[set[str] | None, str | None]:
-    """The subjects (``SNNN``) the model was trained on, and where that was learnt.
-
-    ``trained_on`` (given by the caller, e.g. the demo, whose coordinator never sees client data)
-    wins; else the file names of the model's ``data_hashes`` (``S001R04.edf`` -> ``S001``), which
-    ``neurofed simulate`` records; else ``(None, None)``: unknown.
-    """
-    if trained_on is not None:
-        return {subject_id(s) for s in trained_on}, "given (--trained-on)"
-    if meta.data_hashes:
-        return {name[:4] for name in meta.data_hashes}, "model metadata (data_hashes)"
-    return None, None
-
-
-def subject_id(s: str | int) -> str:
-    """``3``, ``"3"``, ``"S3"`` or ``"S003"`` -> ``"S003"``."""
-    t = str(s).strip().upper().removeprefix("S")
-    if not t.isdigit():
-        raise NeuroFedError(f"{s!r} is not a subject number (e.g. 3 or S003)")
-    return f"S{int(t):03d}"
 
 
 def _budget(attack: str) -> dict:

@@ -107,3 +107,26 @@ def meta_fields(names: Sequence[str] | None = None) -> dict[str, tuple[Any, Any]
             default = ...
         out[name] = (hints[name], default)
     return out
+
+
+def training_subjects(meta: Any, trained_on: Sequence[str] | None = None) -> tuple[set[str] | None, str | None]:
+    """The subjects (``SNNN``) the model was trained on, and where that was learnt (``meta``: any model
+    description with ``data_hashes``, a checkpoint's :class:`ModelMeta` or an export's metadata).
+
+    ``trained_on`` (given by the caller, e.g. the demo, whose coordinator never sees client data)
+    wins; else the file names of the model's ``data_hashes`` (``S001R04.edf`` -> ``S001``), which
+    ``neurofed simulate`` records; else ``(None, None)``: unknown.
+    """
+    if trained_on is not None:
+        return {subject_id(s) for s in trained_on}, "given (--trained-on)"
+    if meta.data_hashes:
+        return {name[:4] for name in meta.data_hashes}, "model metadata (data_hashes)"
+    return None, None
+
+
+def subject_id(s: str | int) -> str:
+    """``3``, ``"3"``, ``"S3"`` or ``"S003"`` -> ``"S003"``."""
+    t = str(s).strip().upper().removeprefix("S")
+    if not t.isdigit():
+        raise NeuroFedError(f"{s!r} is not a subject number (e.g. 3 or S003)")
+    return f"S{int(t):03d}"

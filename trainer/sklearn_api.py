@@ -36,6 +36,7 @@ from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.dataset import SubjectData
 from neurofed.trainer.data.preprocess import euclidean_alignment, n_times_for, preprocess_epochs
 from neurofed.trainer.errors import DataError, NeuroFedError
+from neurofed.trainer.model_meta import subject_id, training_subjects
 
 
 def _prepare(X: np.ndarray, sfreq: float, ch_names: Sequence[str], pre: PreprocessConfig, scale: float) -> np.ndarray:
@@ -68,8 +69,6 @@ def _proba(model, x: np.ndarray, batch: int) -> np.ndarray:
 
 def _subject_ids(values) -> set[str]:
     """Subject ids as ``SNNN`` where they are subject numbers (3, "S3", "S003"), else as given."""
-    from neurofed.export.evaluate import subject_id  # lazy: onnx (loaded only when used)
-
     out = set()
     for v in np.unique(np.asarray(values).astype(str)):
         try:
@@ -127,7 +126,6 @@ class NeuroFedCheckpointClassifier(_Scoring, ClassifierMixin, BaseEstimator):
     def fit(self, X: np.ndarray, y: np.ndarray) -> NeuroFedCheckpointClassifier:
         """No training: checks the model and learns which label is which output (and, from the checkpoint's
         ``data_hashes``, which subjects it was trained on: ``training_subjects_``)."""
-        from neurofed.export.evaluate import training_subjects  # lazy: onnx (loaded only when used)
         from neurofed.trainer.checkpoint import load_checkpoint  # lazy: torch (loaded only when used)
 
         self.model_, self.meta_ = load_checkpoint(self.checkpoint)
