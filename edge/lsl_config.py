@@ -22,9 +22,12 @@ from pathlib import Path
 
 #: Service ports liblsl may use (and probes when resolving on this machine).
 PORT_RANGE = 128
+#: liblsl's default first service port.
+BASE_PORT = 16572
 
 
-def session_config(session: str, port_range: int = PORT_RANGE, log_level: int = -3) -> str:
+def session_config(session: str, port_range: int = PORT_RANGE, log_level: int = -3,
+                   base_port: int = BASE_PORT) -> str:
     """Text of an ``lsl_api.cfg`` for a private session seen only on this machine.
 
     Parameters
@@ -35,12 +38,18 @@ def session_config(session: str, port_range: int = PORT_RANGE, log_level: int = 
         ``[ports] PortRange`` (see the module docstring).
     log_level : int
         liblsl log level (-3 silences it).
+    base_port : int
+        ``[ports] BasePort``: sessions on disjoint port ranges never take each other's ports (parallel test
+        workers each get their own range).
     """
-    return (f"[ports]\nPortRange = {port_range}\n\n[lab]\nSessionID = {session}\n\n"
+    if not 1024 <= base_port <= 65535 - port_range:
+        raise ValueError(f"base_port {base_port} leaves no room for {port_range} ports below 65536")
+    return (f"[ports]\nBasePort = {base_port}\nPortRange = {port_range}\n\n[lab]\nSessionID = {session}\n\n"
             f"[multicast]\nResolveScope = machine\n\n[log]\nlevel = {log_level}\n")
 
 
-def use_private_session(prefix: str, directory: str | os.PathLike | None = None) -> tuple[str, Path]:
+def use_private_session(prefix: str, directory: str | os.PathLike | None = None,
+                        base_port: int = BASE_PORT) -> tuple[str, Path]:
     """Write a private ``lsl_api.cfg`` and point ``$LSLAPICFG`` at it (call before pylsl is imported).
 
     Returns the session id and the file's path.
@@ -49,6 +58,6 @@ def use_private_session(prefix: str, directory: str | os.PathLike | None = None)
     folder = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix=f"{prefix}-lsl-"))
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "lsl_api.cfg"
-    path.write_text(session_config(session))
+    path.write_text(session_config(session, base_port=base_port))
     os.environ["LSLAPICFG"] = str(path)
     return session, path

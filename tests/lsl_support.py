@@ -9,14 +9,18 @@ from __future__ import annotations
 import os
 import uuid
 
-from neurofed.edge.lsl_config import use_private_session
+from neurofed.edge.lsl_config import BASE_PORT, PORT_RANGE, use_private_session
 
 
 def configure_lsl() -> str:
     """Write a private lsl_api.cfg, point $LSLAPICFG at it (once per process) and return the session id."""
     if os.environ.get("NEUROFED_LSL_SESSION"):
         return os.environ["NEUROFED_LSL_SESSION"]
-    session, _ = use_private_session("neurofed-test")
+    # Each pytest-xdist worker (gw0, gw1, ...) takes its own 128-port range above liblsl's default one, so LSL
+    # tests on different workers never push each other's outlets out of a shared range (tests/tiers.py).
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
+    session, _ = use_private_session("neurofed-test", base_port=BASE_PORT + PORT_RANGE * (index % 200))
     os.environ["NEUROFED_LSL_SESSION"] = session
     return session
 

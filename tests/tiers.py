@@ -59,7 +59,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/edge/test_join_profiles.py": "unit",
     "tests/edge/test_lsl_bench.py": "e2e",                    # a whole `neurofed bench lsl` run
     "tests/edge/test_lsl_buffer.py": "integration",           # 3 unit tests (ring buffer) marked
-    "tests/edge/test_lsl_config.py": "integration",           # 1 unit test in TEST_TIERS
+    "tests/edge/test_lsl_config.py": "integration",           # 2 unit tests in TEST_TIERS
     "tests/edge/test_record_profiles.py": "integration",
     "tests/edge/test_secagg_client.py": "unit",
     "tests/edge/test_store.py": "unit",                       # 1 e2e (kill -9 during appends) marked
@@ -147,6 +147,7 @@ TEST_TIERS: dict[str, str] = {
     "tests/test_import_contract.py::test_lint_imports_on_the_staging_tree": "integration",
     "tests/test_import_contract.py::test_runtime_imports_no_torch": "integration",
     "tests/edge/test_lsl_config.py::test_session_config_text": "unit",
+    "tests/edge/test_lsl_config.py::test_a_base_port_without_room_is_refused": "unit",
     "tests/trainer/test_cli.py::test_bad_data_dir_is_one_clear_line": "integration",  # the CLI as a process
     # a whole `neurofed simulate` in process, then resumed by a second run as a process
     "tests/trainer/test_cli.py::test_simulate_ct_loso_writes_results_and_resumes": "e2e",

@@ -7,7 +7,9 @@ import subprocess
 import sys
 import time
 
-from neurofed.edge.lsl_config import PORT_RANGE, session_config
+import pytest
+
+from neurofed.edge.lsl_config import BASE_PORT, PORT_RANGE, session_config
 from tests.lsl_support import unique_name
 
 # A consumer like `edge-client record`: resolve one stream by name, open it, report.
@@ -25,6 +27,9 @@ def test_session_config_text():
     text = session_config("s-1")
     assert "SessionID = s-1" in text and f"PortRange = {PORT_RANGE}" in text and "ResolveScope = machine" in text
     assert os.environ["LSLAPICFG"] and PORT_RANGE > 32  # tests run in such a session (conftest)
+    assert f"BasePort = {BASE_PORT}" in text and "BasePort = 17000" in session_config("s-2", base_port=17000)
+    # each xdist worker's session has its own port range (tests/lsl_support.py)
+    assert "BasePort = " in open(os.environ["LSLAPICFG"]).read()
 
 
 def test_streams_created_after_their_consumers_are_found():
@@ -52,3 +57,8 @@ def test_streams_created_after_their_consumers_are_found():
                                                            f"{n}-mrk")))
     out = [p.communicate(timeout=60)[0].strip() for p in procs]
     assert out == ["FOUND"] * len(names)
+
+
+def test_a_base_port_without_room_is_refused():
+    with pytest.raises(ValueError, match="no room"):
+        session_config("s-3", base_port=65500)
