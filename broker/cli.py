@@ -32,6 +32,9 @@ def coordinator_cmd(
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in the output folder.")] = False,
     ca_certs: Annotated[Path | None, typer.Option(help="CA file for mqtts://.")] = None,
     keepalive: Annotated[int, typer.Option(help="MQTT keepalive seconds.")] = 10,
+    mode: Annotated[str | None, typer.Option(
+        help="sync (rounds of selected clients) or async (buffered asynchronous aggregation for a long-lived "
+        "federation, the [async] settings); overrides federation.mode of the config.")] = None,
 ) -> None:
     """Coordinate a federation: rounds, deadlines, validation, aggregation, checkpoints, final model."""
     import torch
@@ -41,6 +44,12 @@ def coordinator_cmd(
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cfg = load_config(config)
+    if mode is not None:
+        from neurofed.broker.config import config_from_dict  # lazy, as above
+
+        raw = cfg.model_dump(by_alias=True)
+        raw["federation"]["mode"] = mode
+        cfg = config_from_dict(raw, "--mode")
     coord = Coordinator(cfg, broker, out, resume=resume, keepalive=keepalive,
                         ca_certs=str(ca_certs) if ca_certs else None)
     coord.run()

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from neurofed.broker import logger
+from neurofed.broker.async_round import AsyncRound
 from neurofed.broker.checkpoint import (
     CheckpointError,
     load_server_checkpoint,
@@ -40,6 +41,7 @@ from neurofed.broker.protocol import (
     encode,
     new_id,
     pack,
+    peek,
     state_sha256,
 )
 from neurofed.broker.registry import Registry
@@ -167,6 +169,9 @@ class Coordinator:
         self._replied: set[tuple[str, int | None]] = set()
         self._update_refs: dict[str, bytes] = {}  # device profile ("" = none) -> reference of delta-coded updates
         self.current: RoundState | None = None
+        self.asyncs: AsyncRound | None = None  # federation.mode = async: the buffered server (broker/async_round.py)
+        self._window_t0 = time.monotonic()
+        self._window_rejected = 0
         self.handled = 0
         self.connects = 0
         self._task_payload: bytes | None = None
@@ -283,6 +288,8 @@ class Coordinator:
         self.rejections[code] += 1
         if self.current is not None:  # every rejected message while a round is open counts for that round
             self.current.reject(sender, code, detail)
+        if self.asyncs is not None:
+            self._window_rejected += 1
         if sender in self.registry:
             self.registry.clients[sender].rejected += 1
         n = self.rejections[code]
@@ -315,7 +322,15 @@ class Coordinator:
         msg = None
         try:
             ref = None
-            if kind == "update" and self.current is not None:
+            if kind == "update" and self.asyncs is not None:  # the base version's reference (stale: refused here)
+                msg = peek(item.payload, self.max_bytes)
+                check_envelope(kind, cid, msg, self.fed.name)
+                if msg.run_id != self.run_id:
+                    raise Rejected("wrong_run", f"message for run {msg.run_id[:8] or '-'}, this is run {self.run_id[:8]}")
+                if msg.sender not in self.registry:
+                    raise Rejected("not_joined", f"{msg.sender} has not joined this run")
+                ref = self.asyncs.reference(msg, self.seen)
+            elif kind == "update" and self.current is not None:
                 info = self.registry.clients.get(cid or "")
                 ref = self._update_refs.get(info.profile if info is not None else "", b"")
             msg, tensors = decode(item.payload, self.max_bytes, reference=ref, max_body=self.max_body)
@@ -343,6 +358,11 @@ class Coordinator:
                     self.current.offline.discard(msg.sender)
             elif kind == "error":
                 logger.warning("client %s reports %s: %s", msg.sender, msg.code, msg.message[:200])
+            elif kind == "update" and self.asyncs is not None:
+                v = self.asyncs.offer(msg, tensors, self.seen, self.bodies)
+                self.registry.clients[msg.sender].rounds_done += v.code == "accepted"
+                if v.aggregated:
+                    self._async_aggregated()
             elif kind == "update":
                 if self.current is None:
                     raise Rejected("late", f"update for round {msg.round} while no round is open")
@@ -382,7 +402,7 @@ class Coordinator:
         sent (someone forged them under its id), and a client that already delivered this round's
         update gets no further replies (later messages under its id are most likely forged).
         """
-        rnd = self.current.index if self.current else None
+        rnd = self.current.index if self.current else self.asyncs.version if self.asyncs else None
         if (cid, rnd) in self._replied or (self.current is not None and cid in self.current.updates):
             return
         self._replied.add((cid, rnd))
@@ -528,6 +548,70 @@ class Coordinator:
                     len(updates), m["rejected"], "-" if m["loss"] is None else f"{m['loss']:.4f}", m["seconds"])
         return m
 
+    # ------------------------------------------------------------------ asynchronous federation (mode = async)
+    def run_async(self, stop: threading.Event | None = None, log_every: float = 60.0) -> None:
+        """Serve a buffered asynchronous federation until ``rounds`` model versions are made.
+
+        One retained task (``mode = "async"``) says how to train; every joined client fetches the retained model
+        whenever it is online, trains, and sends an update tagged with the version it trained from
+        (:class:`AsyncRound`, :class:`neurofed.trainer.fl.fedbuff.BufferedServer`). Every ``buffer_k`` accepted
+        updates make a new version (published retained, checkpointed); an update more than ``max_staleness``
+        versions old is refused ``stale`` and the client told."""
+        a = self.cfg.async_
+        self.asyncs = AsyncRound(self.server, self.strategy, self.model, new_id(), a.buffer_k, a.max_staleness,
+                                 a.server_lr, self.registry,
+                                 dict(norm_bound=self.cfg.validation.norm_bound,
+                                      norm_action=self.cfg.validation.norm_action,
+                                      max_update_ratio=self.cfg.validation.max_update_ratio))
+        task = TaskMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=self.server.round,
+                       rounds_total=self.fed.rounds, task_id=self.asyncs.task_id, selected=[],
+                       deadline_s=self.fed.round_deadline_s, seed=self.fed.seed, strategy=self.fed.strategy,
+                       strategy_overrides=dict(self.fed.strategy_overrides), local=self.local.to_dict(),
+                       compress=self.fed.compress, run_id=self.run_id, mode="async")
+        self._task_payload = encode(task)
+        self._replied.clear()
+        self.budget.reset()
+        self._window_t0, self._window_rejected = time.monotonic(), 0
+        self._pub(self.topics.task, self._task_payload, retain=True)
+        logger.info("[ASYNC] version %d of %d: K=%d, max staleness %d, server lr %g; any joined client may train",
+                    self.server.round, self.fed.rounds, a.buffer_k, a.max_staleness, a.server_lr)
+        try:
+            while self.asyncs.version < self.fed.rounds:
+                if not self.pump(lambda: self.asyncs is None or self.asyncs.version >= self.fed.rounds, log_every,
+                                 stop):
+                    logger.info("[ASYNC] version %d: %d update(s) buffered of %d; %d client(s) online",
+                                self.asyncs.version, len(self.asyncs.buf.buffer), a.buffer_k,
+                                self.registry.n_online())
+        finally:
+            self.asyncs = None
+
+    def _async_aggregated(self) -> None:
+        """A new version: record the window, checkpoint, publish the model (and result), open the next window."""
+        assert self.asyncs is not None
+        self.server = self.asyncs.buf.server
+        m = self.asyncs.window()
+        m.update(round=self.server.round, seconds=time.monotonic() - self._window_t0,
+                 rejected=self._window_rejected)
+        if self.server.round % self.cfg.output.checkpoint_every == 0 or self.server.round >= self.fed.rounds:
+            self._checkpoint_with(m)
+        else:
+            self.metrics.append(m)
+        final = self.server.round >= self.fed.rounds
+        self._publish_model(final)
+        used = [r[0] for r in m["submissions"] if r[2] == "accepted"]
+        private = self.fed.private_metadata
+        res = ResultMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=self.server.round,
+                        participants=[] if private else sorted(set(used)), rejected=m["rejected"], bytes_down=0,
+                        bytes_up=0, seconds=m["seconds"], loss=None if private else m["loss"], final=final,
+                        model_sha256=state_sha256(self.server.global_state), run_id=self.run_id)
+        self._pub(self.topics.result, encode(res), retain=True, wait=None)
+        logger.info("[ASYNC] version %d/%d: %d updates (mean staleness %s), loss %s, %.2f s", self.server.round,
+                    self.fed.rounds, m["used"], "-" if m["mean_staleness"] is None else f"{m['mean_staleness']:.2f}",
+                    "-" if m["loss"] is None else f"{m['loss']:.4f}", m["seconds"])
+        self._replied.clear()  # one reply per client and window, as per round
+        self.budget.reset()  # the budgets' window is one aggregation
+        self._window_t0, self._window_rejected = time.monotonic(), 0
+
     def _checkpoint_with(self, m: dict[str, Any]) -> None:
         self.metrics.append(m)
         self._checkpoint()
@@ -545,6 +629,8 @@ class Coordinator:
             logger.info("run %s of federation %s: model published (round %d)", self.run_id[:8], self.fed.name,
                         self.server.round)
             self.wait_for_clients(stop)
+            if self.fed.mode == "async":
+                self.run_async(stop)
             while self.server.round < self.fed.rounds:
                 self.run_round(stop)
             self.save_final()

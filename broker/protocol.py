@@ -298,6 +298,10 @@ class TaskMsg(_Msg):
     profile_models: dict[Name, Annotated[str, Field(pattern=HEX64)]] = Field(default_factory=dict, max_length=64)
     secagg: SecAggSpec | None = None  # set: secure aggregation round (updates go masked on `secagg/<id>`)
     extras_sha256: str = Field(default="", pattern=HEX64)  # the retained cached extras the round needs ("" none)
+    #: async (federation.mode = async, docs/async.md): retained for the whole run, ``selected`` empty, any joined
+    #: client trains from the retained model whenever it is online; its update's ``round`` is the model version
+    #: (``ModelMsg.round``) it trained from, ``rounds_total`` the versions the run makes
+    mode: Literal["sync", "async"] = "sync"
 
 
 class UpdateMsg(_Msg):
@@ -700,25 +704,15 @@ def encode(msg: _Msg, tensors: dict[str, Tensor] | None = None, compress: bool =
     return _PREFIX.pack(MAGIC, SCHEMA_VERSION, flags, len(header)) + header + body
 
 
-def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-           reference: bytes | None = None,
-           max_body: int | Callable[[Any], int] | None = None) -> tuple[Any, dict[str, Tensor] | None]:
-    """Parse and verify a framed message: ``(message model, tensors or None)``.
+def peek(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Any:
+    """The validated header of a framed message, its body left unread (e.g. to pick the reference a delta-coded
+    asynchronous update needs, or to refuse a stale one before decoding its body). Raises ProtocolError as
+    :func:`decode` does for the frame and header."""
+    return _header(payload, max_bytes)[1]
 
-    ``reference``: the bytes a delta-coded body (flag bit 1) was coded against; such a body without
-    a reference is refused. Header fields left out are filled with their defaults.
-    ``max_body``: the largest body (decoded length) the caller accepts, or a function of the validated header
-    (per message kind) giving it; None is :data:`DEFAULT_MAX_BODY_BYTES`. A header declaring more is refused
-    before any decompression, and the body is never decompressed past its declared length (a compression
-    bomb costs at most the cap, not what its header claims). The header is capped at :data:`MAX_HEADER_BYTES`,
-    compressed and inflated.
 
-    Raises
-    ------
-    ProtocolError
-        Oversized payload, bad magic/version/flags, header not valid JSON or not a known schema,
-        body length or SHA-256 mismatch, body not safetensors, body missing or unexpected.
-    """
+def _header(payload: bytes, max_bytes: int) -> tuple[bytes, Any, int, bytes]:
+    """``(payload, header message, flags, body as sent)`` of a frame (prefix and header checked)."""
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise ProtocolError("payload is not bytes")
     payload = bytes(payload)
@@ -750,6 +744,29 @@ def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         raise ProtocolError(f"header fails the schema at {where or '<root>'}: {first.get('msg')}") from None
+    return payload, msg, flags, body
+
+
+def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+           reference: bytes | None = None,
+           max_body: int | Callable[[Any], int] | None = None) -> tuple[Any, dict[str, Tensor] | None]:
+    """Parse and verify a framed message: ``(message model, tensors or None)``.
+
+    ``reference``: the bytes a delta-coded body (flag bit 1) was coded against; such a body without
+    a reference is refused. Header fields left out are filled with their defaults.
+    ``max_body``: the largest body (decoded length) the caller accepts, or a function of the validated header
+    (per message kind) giving it; None is :data:`DEFAULT_MAX_BODY_BYTES`. A header declaring more is refused
+    before any decompression, and the body is never decompressed past its declared length (a compression
+    bomb costs at most the cap, not what its header claims). The header is capped at :data:`MAX_HEADER_BYTES`,
+    compressed and inflated.
+
+    Raises
+    ------
+    ProtocolError
+        Oversized payload, bad magic/version/flags, header not valid JSON or not a known schema,
+        body length or SHA-256 mismatch, body not safetensors, body missing or unexpected.
+    """
+    payload, msg, flags, body = _header(payload, max_bytes)
     cap = max_body(msg) if callable(max_body) else max_body
     cap = DEFAULT_MAX_BODY_BYTES if cap is None else int(cap)
     if msg.body_len > cap:
@@ -817,6 +834,7 @@ __all__ = [
     "encode_header",
     "new_id",
     "pack",
+    "peek",
     "sha256",
     "state_sha256",
     "tensors_to_bytes",
