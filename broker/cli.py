@@ -50,10 +50,21 @@ def coordinator_cmd(
         raw = cfg.model_dump(by_alias=True)
         raw["federation"]["mode"] = mode
         cfg = config_from_dict(raw, "--mode")
-    coord = Coordinator(cfg, broker, out, resume=resume, keepalive=keepalive,
+    exporter = None
+    if cfg.release.key:  # releases are exported as standalone graphs, signed and published (issue 55)
+        from neurofed.export.standalone import export_standalone  # lazy: onnx (keeps --help fast)
+
+        def exporter(ckpt: Path, onnx_path: Path) -> None:
+            export_standalone(ckpt, onnx_path)
+
+    coord = Coordinator(cfg, broker, out, resume=resume, exporter=exporter, keepalive=keepalive,
                         ca_certs=str(ca_certs) if ca_certs else None)
     coord.run()
     typer.echo(f"federation {cfg.federation.name}: {coord.server.round} rounds; model in {coord.out}/global_model.safetensors")
+    if coord.gate is not None:
+        done = [r for r in coord.releases if r["released"]]
+        typer.echo(f"{len(coord.releases)} candidate(s) validated, {len(done)} released; history in "
+                   f"{coord.gate.folder} (neurofed release list --store {coord.gate.folder})")
 
 
 def broker_config_cmd(

@@ -44,6 +44,12 @@ Example::
     max_staleness = 10        # older updates are rejected "stale"
     server_lr = 1.0
 
+    [release]                 # federated validation and signed releases (async mode; docs/howto)
+    every = 0                 # versions between candidates; 0 = off
+    min_clients = 2           # validating clients a release needs
+    margin = 0.02             # candidate may be at most this much worse (mean paired BCA) than the release
+    # key = "keys/release.key"  # sign and publish each release (retained on neurofed/<name>/release)
+
     [output]
     dir = "runs/federation"
 """
@@ -163,6 +169,24 @@ class AsyncSection(_Frozen):
                              "delta (weights n_i / sqrt(1 + staleness_i); 1 = FedAvg's mean at zero staleness)")
 
 
+class ReleaseSection(_Frozen):
+    every: int = Field(default=0, ge=0, le=1_000_000, description="federation.mode = async: every this many model "
+                       "versions (and at the last) the version becomes a candidate that the validating clients "
+                       "(edge-client join --evaluate) evaluate; 0 = no federated validation, no releases")
+    min_clients: int = Field(default=2, ge=1, description="a candidate becomes a release only if at least this many "
+                             "clients validated it")
+    margin: float = Field(default=0.02, ge=0, le=1, description="... and if its mean paired BCA difference to the "
+                          "current release (per client, candidate - release) is not below -margin")
+    wait_s: float = Field(default=60.0, gt=0, le=86_400, description="seconds to collect validation reports (it "
+                          "closes earlier when every validating client online at the request answered)")
+    dir: str = Field(default="", description="release folder: history.json (every decision and its statistics), "
+                     "the releases' weights, signed graphs ('' = <output dir>/releases)")
+    key: str = Field(default="", description="Ed25519 private key (neurofed release keygen): each release is "
+                     "exported as a standalone ONNX graph (one per device profile), signed and published retained "
+                     "on neurofed/<name>/release for edge-client infer --follow; '' = releases are recorded, not "
+                     "published")
+
+
 class OutputSection(_Frozen):
     dir: str = Field(default="runs/federation", description="checkpoints, metrics.json and the final model "
                      "(neurofed coordinator --out overrides it)")
@@ -179,6 +203,7 @@ class FederationConfig(_Frozen):
     validation: ValidationSection = ValidationSection()
     secagg: SecAggSection = SecAggSection()
     async_: AsyncSection = Field(default=AsyncSection(), alias="async")
+    release: ReleaseSection = ReleaseSection()
     output: OutputSection = OutputSection()
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
@@ -192,6 +217,8 @@ class FederationConfig(_Frozen):
     @model_validator(mode="after")
     def _profiles(self) -> FederationConfig:
         fed, grouped = self.federation, bool(self.strategy().group_prefixes)
+        if self.release.every and fed.mode != "async":
+            raise ValueError("release.every: federated validation and releases need federation.mode = \"async\"")
         if fed.mode == "async":
             try:
                 check_async(self.strategy(), fed.secure_aggregation)

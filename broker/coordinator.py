@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from neurofed.broker.config import FederationConfig
 from neurofed.broker.protocol import (
     COORDINATOR_ID,
     ErrorMsg,
+    EvalMsg,
     ExtrasMsg,
     ModelMsg,
     ProtocolError,
@@ -45,6 +47,8 @@ from neurofed.broker.protocol import (
     state_sha256,
 )
 from neurofed.broker.registry import Registry
+from neurofed.broker.release_gate import ReleaseGate
+from neurofed.broker.releases import ReleaseStore
 from neurofed.broker.rounds import RoundState, SeenIds
 from neurofed.broker.secagg_round import SecAggRound, check_compatible, secagg_spec
 from neurofed.broker.transport import Incoming, MqttTransport, TransportError
@@ -141,10 +145,15 @@ class Coordinator:
         Checkpoints, metrics.json and the final model (default ``cfg.output.dir``).
     resume : bool
         Continue from ``out_dir``'s checkpoint (refused if the configuration differs).
+    exporter : callable, optional
+        ``(checkpoint path, output .onnx path) -> None``: writes a release's standalone ONNX graph (the CLI passes
+        :func:`neurofed.export.standalone.export_standalone`; the services do not import each other). Needed to
+        publish signed releases (``release.key``).
     """
 
     def __init__(self, cfg: FederationConfig, broker_url: str, out_dir: str | Path | None = None,
-                 resume: bool = False, **transport_kw: Any) -> None:
+                 resume: bool = False, exporter: Callable[[Path, Path], Any] | None = None,
+                 **transport_kw: Any) -> None:
         self.cfg, self.fed = cfg, cfg.federation
         self.topics = Topics(self.fed.name)
         self.spec = cfg.model_spec()
@@ -170,6 +179,13 @@ class Coordinator:
         self._update_refs: dict[str, bytes] = {}  # device profile ("" = none) -> reference of delta-coded updates
         self.current: RoundState | None = None
         self.asyncs: AsyncRound | None = None  # federation.mode = async: the buffered server (broker/async_round.py)
+        r = cfg.release  # federated validation and releases (broker/release_gate.py)
+        self.gate = ReleaseGate(r.dir or self.out / "releases", r.min_clients, r.margin, r.wait_s) if r.every else None
+        self.exporter = exporter
+        if r.key and r.every and exporter is None:
+            raise NeuroFedError("release.key is set but this coordinator has no ONNX exporter to publish releases "
+                                "with (run it through `neurofed coordinator`)")
+        self.releases: list[dict[str, Any]] = []  # this run's gate decisions
         self._window_t0 = time.monotonic()
         self._window_rejected = 0
         self.handled = 0
@@ -311,7 +327,7 @@ class Coordinator:
         except ProtocolError as exc:
             self._reject("?", "bad_topic", str(exc))
             return
-        if kind in ("task", "model", "result", "extras") or cid == COORDINATOR_ID or not item.payload:
+        if kind in ("task", "model", "result", "extras", "eval", "release") or cid == COORDINATOR_ID or not item.payload:
             return
         was_cut = (cid or "?") in self.budget.cut
         try:
@@ -358,6 +374,10 @@ class Coordinator:
                     self.current.offline.discard(msg.sender)
             elif kind == "error":
                 logger.warning("client %s reports %s: %s", msg.sender, msg.code, msg.message[:200])
+            elif kind == "eval_report":
+                if self.gate is None:
+                    raise Rejected("late", "this federation does not validate candidates")
+                self.gate.offer(msg, self.registry)
             elif kind == "update" and self.asyncs is not None:
                 v = self.asyncs.offer(msg, tensors, self.seen, self.bodies)
                 self.registry.clients[msg.sender].rounds_done += v.code == "accepted"
@@ -426,6 +446,8 @@ class Coordinator:
             if item is not None:
                 self.handle(item)
             self._republish_if_asked()
+            if self.gate is not None and self.gate.due():
+                self._decide_release()
         return True
 
     def _publish_cached_extras(self, cached: dict[str, torch.Tensor], r: int) -> int:
@@ -583,7 +605,16 @@ class Coordinator:
                                 self.asyncs.version, len(self.asyncs.buf.buffer), a.buffer_k,
                                 self.registry.n_online())
         finally:
-            self.asyncs = None
+            self.asyncs = None  # later updates are refused 'late'
+        if self.gate is not None:  # the last version is a candidate too: wait for the open decision(s)
+            for _ in range(2):
+                if self.gate.open is None and (not self.gate.history
+                                               or self.gate.history[-1]["version"] < self.server.round):
+                    self._ask_evaluation()
+                if self.gate.open is not None:
+                    self.pump(lambda: self.gate.open is None, self.cfg.release.wait_s + 1.0, stop)
+                    if self.gate.open is not None:
+                        self._decide_release()
 
     def _async_aggregated(self) -> None:
         """A new version: record the window, checkpoint, publish the model (and result), open the next window."""
@@ -608,9 +639,77 @@ class Coordinator:
         logger.info("[ASYNC] version %d/%d: %d updates (mean staleness %s), loss %s, %.2f s", self.server.round,
                     self.fed.rounds, m["used"], "-" if m["mean_staleness"] is None else f"{m['mean_staleness']:.2f}",
                     "-" if m["loss"] is None else f"{m['loss']:.4f}", m["seconds"])
+        if self.gate is not None and (final or self.server.round % self.cfg.release.every == 0):
+            if self.gate.open is not None and self.gate.due():
+                self._decide_release()
+            if self.gate.open is None:
+                self._ask_evaluation()
+            else:  # the previous candidate is still being validated: this one is skipped (the last one never is)
+                logger.info("[RELEASE] version %d not a candidate: version %d is still being validated",
+                            self.server.round, self.gate.open.version)
         self._replied.clear()  # one reply per client and window, as per round
         self.budget.reset()  # the budgets' window is one aggregation
         self._window_t0, self._window_rejected = time.monotonic(), 0
+
+    # ------------------------------------------------------------------ federated validation and releases
+    def _ask_evaluation(self) -> None:
+        """Ask the validating clients (joined with ``evaluate``) to evaluate the current version as a candidate."""
+        assert self.gate is not None
+        evaluators = sum(1 for c in self.registry.candidates()
+                         if self.registry.clients[c].capabilities.get("evaluate"))  # once per candidate
+        body = self.gate.ask(new_id(), self.server.round, self.server.global_state, evaluators)
+        ev = self.gate.open
+        assert ev is not None
+        msg = EvalMsg(federation=self.fed.name, sender=COORDINATOR_ID, eval_id=ev.eval_id, version=ev.version,
+                      release=ev.release, batch_size=self.cfg.model.test_batch_size,
+                      deadline_s=self.cfg.release.wait_s, run_id=self.run_id)
+        self._pub(self.topics.eval, encode(msg, body, compress=self.fed.compress), retain=True, wait=None)
+        logger.info("[RELEASE] version %d is a candidate: asked %d validating client(s) (release %s beside it)",
+                    ev.version, evaluators, ev.release or "none")
+
+    def _decide_release(self) -> dict[str, Any]:
+        """Decide the open evaluation; a release is recorded, and with ``release.key`` exported, signed and
+        published retained on the release topic."""
+        gate = self.gate
+        assert gate is not None and gate.open is not None and gate.candidate_state is not None
+        ok, why = gate.passes()
+        version, state = gate.open.version, gate.candidate_state
+        number, extra = None, {}
+        if ok:
+            store = ReleaseStore(gate.folder)
+            number = gate.next_number((store.latest() or 0) + 1)
+            ckpt = gate.state_path(number)
+            kwargs = self.strategy.model_kwargs(self.spec.model)
+            save_final_model(ckpt, state, self.spec, self.cfg.model.test_batch_size,
+                             {"federation": self.fed.name, "rounds": version, "seed": self.fed.seed,
+                              "transport": "mqtt", "release": number, **({"model_kwargs": kwargs} if kwargs else {})})
+            if self.cfg.release.key and self.exporter is not None:
+                extra["signed"] = self._publish_release(number, ckpt, store)
+        rec = self.gate.decide(number, self.fed.private_metadata, save=lambda p, s: None, **extra)
+        self.releases.append(rec)
+        self._pub(self.topics.eval, b"", retain=True, wait=None)  # the request is closed
+        logger.info("[RELEASE] candidate version %d: %s (%s)", version,
+                    f"release {rec['release']}" if rec["released"] else "not released", why)
+        return rec
+
+    def _publish_release(self, number: int, ckpt: Path, store: ReleaseStore) -> dict[str, Any]:
+        """Export the release's standalone graph, sign it as release ``number`` (parent: the current release) with
+        the federation's key, keep it in the store and publish it retained (what ``edge-client infer --follow``
+        reads)."""
+        from neurofed_runtime import release as rel  # lazy: cryptography
+
+        assert self.gate is not None and self.exporter is not None
+        onnx_path = ckpt.with_name(f"v{number:04d}.export.onnx")
+        self.exporter(ckpt, onnx_path)
+        data = onnx_path.read_bytes()
+        onnx_path.unlink()
+        doc = rel.sign(data, rel.load_private(self.cfg.release.key), number, self.gate.current or None)
+        store.add(data, doc)
+        payload = rel.pack(data, doc)
+        self._pub(self.topics.release, payload, retain=True)
+        logger.info("[RELEASE] release %d signed and published retained on %s (%d bytes)", number,
+                    self.topics.release, len(payload))
+        return {k: doc["header"][k] for k in ("version", "parent", "sha256", "size")}
 
     def _checkpoint_with(self, m: dict[str, Any]) -> None:
         self.metrics.append(m)
@@ -620,7 +719,9 @@ class Coordinator:
         """Connect, wait for ``min_clients``, run the remaining rounds, save the final model."""
         self.transport.connect()
         try:
-            for k in ("join", "status", "update", "error") + (("secagg",) if self.fed.secure_aggregation else ()):
+            kinds = ("join", "status", "update", "error") + (("secagg",) if self.fed.secure_aggregation else ()) + (
+                ("eval_report",) if self.gate is not None else ())
+            for k in kinds:
                 self.transport.subscribe(self.topics.any_client(k), no_local=k == "error")
             # a previous run under this federation name may have left a retained task / result (e.g. it
             # crashed): clear them before announcing this run's model (clients also ignore other runs' ids)
@@ -646,7 +747,8 @@ class Coordinator:
         The coordinator's retained ``status`` stays: ``done`` with this run's id tells a client that
         reconnects after the end that its run finished. The final model is in ``global_model.safetensors``.
         """
-        topics = [self.topics.task, self.topics.result, self.topics.extras] + ([self.topics.model] if model else [])
+        topics = [self.topics.task, self.topics.result, self.topics.extras, self.topics.eval] + (
+            [self.topics.model] if model else [])
         if model:
             topics += [self.topics.profile_model(p) for p in self.profile_specs]
             self._profile_payloads = {}

@@ -74,7 +74,7 @@ class ProtocolError(NeuroFedError, ValueError):
 class Topics:
     """Topic builders for one federation: everything lives under ``neurofed/<federation>/``."""
 
-    KINDS_PER_CLIENT = ("join", "status", "update", "error", "secagg", "secagg_down")
+    KINDS_PER_CLIENT = ("join", "status", "update", "error", "secagg", "secagg_down", "eval_report")
 
     def __init__(self, federation: str) -> None:
         if not isinstance(federation, str) or not _is_name(federation):
@@ -104,6 +104,15 @@ class Topics:
     @property
     def extras(self) -> str:
         return f"{self.root}/extras"
+
+    @property
+    def eval(self) -> str:
+        """Retained evaluation request: a candidate model (and the current release) for clients to validate."""
+        return f"{self.root}/eval"
+
+    def eval_report(self, client_id: str) -> str:
+        """A client's federated-validation report (BCA and counts, never trials)."""
+        return f"{self.root}/eval_report/{_checked(client_id)}"
 
     @property
     def release(self) -> str:
@@ -146,7 +155,7 @@ class Topics:
         if len(parts) < 3 or parts[0] != "neurofed" or parts[1] != self.federation:
             raise ProtocolError(f"topic {topic!r} is not in federation {self.federation!r}")
         rest = parts[2:]
-        if len(rest) == 1 and rest[0] in ("task", "model", "result", "extras", "release"):
+        if len(rest) == 1 and rest[0] in ("task", "model", "result", "extras", "release", "eval"):
             return rest[0], None
         if len(rest) == 2 and rest[0] == "model" and _is_name(rest[1]):
             return "model", rest[1]  # a device profile's model (the second part names the profile)
@@ -357,6 +366,34 @@ class ExtrasMsg(_Msg):
     round: int = Field(ge=0)
 
 
+class EvalMsg(_Msg):
+    """Retained on ``eval``: validate candidate model ``version`` (body ``cand.*``, the full state) and, when there
+    is a current release, that release too (body ``rel.*``) on your own trials, then report (:class:`EvalReportMsg`).
+    Only clients that do not train in this federation (``edge-client join --evaluate``) answer."""
+
+    kind: Literal["eval"] = "eval"
+    eval_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    version: int = Field(ge=0, le=1_000_000)  # the candidate's model version
+    release: int = Field(default=0, ge=0, le=1_000_000)  # the current release's number (0: none; no ``rel.*``)
+    batch_size: int = Field(default=8, ge=1, le=4096)  # test batch (batch-specific BatchNorm)
+    deadline_s: float = Field(gt=0, le=86_400)
+
+
+class EvalReportMsg(_Msg):
+    """A client's federated validation of an evaluation request: balanced accuracy and counts only, never trials.
+
+    ``class_counts`` are its trials per class (logit order), summing to ``n_trials``; ``bca_release`` is present
+    exactly when the request carried a release."""
+
+    kind: Literal["eval_report"] = "eval_report"
+    eval_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    version: int = Field(ge=0, le=1_000_000)
+    n_trials: int = Field(ge=2, le=1_000_000)
+    class_counts: list[Annotated[int, Field(ge=0, le=1_000_000)]] = Field(min_length=2, max_length=64)
+    bca: float = Field(ge=0, le=1)
+    bca_release: float | None = Field(default=None, ge=0, le=1)
+
+
 # ----------------------------------------------------------------------------- secure aggregation
 # Compact: keys and shares travel as one base64 blob per message (fixed-size records, concatenated) and
 # neighbours are named by their roster index; which record belongs to whom follows from the order (ascending
@@ -435,7 +472,8 @@ class SaRevealMsg(_SaMsg):
 SECAGG_UP = ("sa_keys", "sa_shares", "sa_masked", "sa_reveal")
 SECAGG_DOWN = ("sa_roster", "sa_inbox", "sa_unmask")
 
-Message = Annotated[JoinMsg | StatusMsg | TaskMsg | UpdateMsg | ErrorMsg | ResultMsg | ModelMsg | ExtrasMsg | SaKeysMsg
+Message = Annotated[JoinMsg | StatusMsg | TaskMsg | UpdateMsg | ErrorMsg | ResultMsg | ModelMsg | ExtrasMsg | EvalMsg
+                    | EvalReportMsg | SaKeysMsg
                     | SaRosterMsg | SaSharesMsg | SaInboxMsg | SaMaskedMsg | SaUnmaskMsg | SaRevealMsg,
                     Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
@@ -444,7 +482,7 @@ _ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
 BODY_REQUIRED: dict[str, bool | None] = {"join": False, "status": False, "task": None, "update": True,
                                          "error": False, "result": False, "model": True, "extras": True, "sa_keys": False,
                                          "sa_roster": False, "sa_shares": False, "sa_inbox": False, "sa_masked": True,
-                                         "sa_unmask": False, "sa_reveal": False}
+                                         "sa_unmask": False, "sa_reveal": False, "eval": True, "eval_report": False}
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -808,6 +846,8 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "SCHEMA_VERSION",
     "ErrorMsg",
+    "EvalMsg",
+    "EvalReportMsg",
     "JoinMsg",
     "ModelMsg",
     "ModelSpec",

@@ -23,7 +23,7 @@ __all__ = ["ClientBudget", "Rejected", "TensorSpec", "UpdateRules", "check_envel
 
 #: kinds each topic may carry, and who may send them
 CLIENT_KINDS = {"join": ("join",), "status": ("status",), "update": ("update",), "error": ("error",),
-                "secagg": SECAGG_UP}
+                "secagg": SECAGG_UP, "eval_report": ("eval_report",)}
 
 
 class Rejected(NeuroFedError):

@@ -27,6 +27,8 @@ from neurofed.broker.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     SECAGG_DOWN,
     ErrorMsg,
+    EvalMsg,
+    EvalReportMsg,
     JoinMsg,
     ModelMsg,
     ModelSpec,
@@ -152,11 +154,15 @@ class EdgeClient:
     reload_data : bool
         Asynchronous federations: load the trials again before each training (a store that grows while the
         federation runs); a changed count is announced with a new join.
+    evaluate : bool
+        A validating client (``edge-client join --evaluate``): it never trains; it evaluates each candidate model
+        the coordinator asks about (and the current release) on its own trials and reports balanced accuracy and
+        trial counts, never trials (the release gate, docs/howto/long-lived-federation.md).
     """
 
     def __init__(self, broker_url: str, federation: str, client_id: str, load_data: DataLoader,
                  state_dir: str | Path, join_timeout: float = 120.0, wait_for_broker: float = 0.0,
-                 montage: Montage | None = None, window: int = 0, reload_data: bool = False,
+                 montage: Montage | None = None, window: int = 0, reload_data: bool = False, evaluate: bool = False,
                  **transport_kw: Any) -> None:
         self.topics = Topics(federation)
         self.topics.status(client_id)  # validates the id
@@ -187,7 +193,10 @@ class EdgeClient:
         self._ask_after = RETAINED_GRACE_S  # how long we wait for it before asking (again)
         if window < 0:
             raise NeuroFedError(f"--window must be >= 0, got {window}")
-        self.window, self.reload_data = window, reload_data
+        self.window, self.reload_data, self.evaluate = window, reload_data, evaluate
+        self.evaluated: deque[str] = deque(maxlen=16)  # evaluation requests we answered
+        self.evaluations = 0
+        self._pending_eval: tuple[EvalMsg, dict[str, Tensor]] | None = None
         self.async_task: TaskMsg | None = None  # the retained task of an asynchronous run
         self.fetching = False  # async: we asked for the current model to train from it
         self.version = -1  # the version (ModelMsg.round) of the global model we hold
@@ -278,7 +287,8 @@ class EdgeClient:
             d = self.data
             join = JoinMsg(federation=self.fed, sender=self.cid, n_trials=int(d.X.shape[0]), n_channels=int(d.X.shape[1]),
                            n_times=int(d.X.shape[2]), sfreq=float(d.sfreq), classes=list(d.classes),
-                           capabilities={"torch": torch.__version__, "threads": torch.get_num_threads()},
+                           capabilities={"torch": torch.__version__, "threads": torch.get_num_threads(),
+                                         **({"evaluate": True} if self.evaluate else {})},
                            run_id=self.run_id or "", profile=self.profile or "")
             self._send(self.topics.join(self.cid), join, wait=None)
 
@@ -346,6 +356,8 @@ class EdgeClient:
         if self.run_id is not None and task.run_id != self.run_id:
             self._new_run_seen()  # another run: its model tells us what to do (the task is retained for it)
         self.async_task = task
+        if self.evaluate:
+            return  # a validating client never trains
         logger.info("%s: asynchronous run %s: training whenever a model version is fetched", self.cid,
                     task.run_id[:8])
         self._fetch()
@@ -392,6 +404,37 @@ class EdgeClient:
         self._send(self.topics.update(self.cid), msg, pack({"state": upd.state, "extra": upd.extras}),
                    compress=task.compress, reference=delta_reference(self.global_state))
         self._fetch()
+
+    def _on_eval(self, msg: EvalMsg, tensors: dict[str, Tensor]) -> None:
+        """Evaluate a candidate (and the current release) on our trials; report BCA and counts only."""
+        if not self.evaluate or msg.run_id != self.run_id or msg.eval_id in self.evaluated:
+            return
+        if self.data is None or self.spec is None:
+            self._pending_eval = (msg, tensors)  # not joined yet: answered once our model (and data) is here
+            return
+        from neurofed.trainer.evaluate import bca, predict  # lazy: scikit-learn (validating clients only)
+
+        self.evaluated.append(msg.eval_id)
+        groups = unpack(tensors, ("cand", "rel"))
+        task = self.async_task
+        strategy = get_strategy(task.strategy, **task.strategy_overrides) if task else get_strategy(self.spec.strategy)
+        X, y = self.data.X, self.data.y
+
+        def score(state: dict[str, Tensor]) -> float:
+            model = self._build_model(strategy)
+            model.load_state_dict(state)
+            return bca(y, predict(model, X, msg.batch_size))
+
+        cand = score(groups["cand"])
+        rel = score(groups["rel"]) if groups["rel"] else None
+        counts = [int(c) for c in torch.bincount(torch.as_tensor(y, dtype=torch.long),
+                                                 minlength=len(self.spec.classes))]
+        self.evaluations += 1
+        logger.info("%s: version %d scores BCA %.4f on %d trials%s", self.cid, msg.version, cand, len(y),
+                    "" if rel is None else f" (release {msg.release}: {rel:.4f})")
+        self._send(self.topics.eval_report(self.cid), EvalReportMsg(
+            federation=self.fed, sender=self.cid, eval_id=msg.eval_id, version=msg.version, n_trials=len(y),
+            class_counts=counts, bca=cand, bca_release=rel, run_id=self.run_id or ""), wait=None)
 
     def _on_task(self, task: TaskMsg, tensors: dict[str, Tensor] | None) -> None:
         if task.mode == "async":
@@ -532,11 +575,20 @@ class EdgeClient:
             if (msg.meta.profile or None) != self.profile or (who or None) != self.profile:
                 return  # not the model of our device profile (or a stale subscription)
             self._on_model(msg, tensors)
+            if self._pending_eval is not None:
+                (ev, et), self._pending_eval = self._pending_eval, None
+                self._on_eval(ev, et)
             if self.fetching and self.async_task is not None and self.async_task.run_id == self.run_id:
                 self._run_task(self.async_task, None)
             if self.pending is not None and self._task_model(self.pending[0]) == self.global_hash:
                 task, t = self.pending
                 self._run_task(task, t)
+        elif kind == "eval" and msg.kind == "eval":
+            try:
+                self._on_eval(msg, tensors or {})
+            except Exception as exc:  # noqa: BLE001 - report instead of going silent
+                logger.error("%s: cannot evaluate version %d: %s", self.cid, msg.version, exc)
+                self._error("eval_failed", str(exc), msg.version)
         elif kind == "task" and msg.kind == "task" and msg.mode == "async":
             self._on_async_task(msg)
         elif kind == "task" and msg.kind == "task":
@@ -591,6 +643,8 @@ class EdgeClient:
             for t in (self.topics.task, self.topics.status(COORDINATOR_ID), self.topics.secagg_down(self.cid)):
                 self.transport.subscribe(t)
             self.transport.subscribe(self.topics.error(self.cid), no_local=True)
+            if self.evaluate:
+                self.transport.subscribe(self.topics.eval)
             self._want_model(True)
             self._announce()
             while not self.finished:

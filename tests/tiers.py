@@ -29,6 +29,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/broker/test_cluster.py": "integration",            # a 3-node RabbitMQ cluster (skips without it)
     "tests/broker/test_coordinator_cli.py": "integration",   # 2 unit tests marked in the file
     "tests/broker/test_async_mqtt.py": "unit",                # the real-process case is marked integration
+    "tests/broker/test_release_gate.py": "unit",              # the in-memory broker
     "tests/broker/test_equivalence.py": "unit",               # the real-process case is marked integration
     "tests/broker/test_fedbm_wire.py": "integration",
     "tests/broker/test_fleet_broker.py": "integration",       # 1 unit test marked in the file
