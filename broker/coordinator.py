@@ -186,6 +186,7 @@ class Coordinator:
             raise NeuroFedError("release.key is set but this coordinator has no ONNX exporter to publish releases "
                                 "with (run it through `neurofed coordinator`)")
         self.releases: list[dict[str, Any]] = []  # this run's gate decisions
+        self._candidate_waiting = False  # a candidate came due while another was being validated
         self._window_t0 = time.monotonic()
         self._window_rejected = 0
         self.handled = 0
@@ -644,9 +645,10 @@ class Coordinator:
                 self._decide_release()
             if self.gate.open is None:
                 self._ask_evaluation()
-            else:  # the previous candidate is still being validated: this one is skipped (the last one never is)
-                logger.info("[RELEASE] version %d not a candidate: version %d is still being validated",
-                            self.server.round, self.gate.open.version)
+            else:  # the previous candidate is still being validated: the newest version is asked about next
+                self._candidate_waiting = True
+                logger.info("[RELEASE] version %d waits: version %d is still being validated", self.server.round,
+                            self.gate.open.version)
         self._replied.clear()  # one reply per client and window, as per round
         self.budget.reset()  # the budgets' window is one aggregation
         self._window_t0, self._window_rejected = time.monotonic(), 0
@@ -690,6 +692,9 @@ class Coordinator:
         self._pub(self.topics.eval, b"", retain=True, wait=None)  # the request is closed
         logger.info("[RELEASE] candidate version %d: %s (%s)", version,
                     f"release {rec['release']}" if rec["released"] else "not released", why)
+        if self._candidate_waiting and self.asyncs is not None and self.server.round > version:
+            self._ask_evaluation()  # a candidate came due meanwhile: the newest version is the next candidate
+        self._candidate_waiting = False
         return rec
 
     def _publish_release(self, number: int, ckpt: Path, store: ReleaseStore) -> dict[str, Any]:

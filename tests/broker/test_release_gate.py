@@ -11,6 +11,7 @@ on made-up reports.
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from neurofed_runtime import release as rel
@@ -44,14 +45,16 @@ def test_candidates_are_validated_released_signed_and_published(memory_broker, f
     from tests.broker.test_hostile import Bg
     from tests.broker.test_profiles_mqtt import serialise_training
 
+    lock = threading.Lock()  # ONNX export, training, evaluation share this torch: one at a time (as separate processes)
+
     priv, pub = rel.keygen(tmp_path / "keys")
     cfg = release_toml(tmp_path, fed_name, priv)
     out = tmp_path / "out"
-    coord = Coordinator(load_config(cfg), memory_broker.url, out, exporter=lambda c, o: export_standalone(c, o))
+    coord = Coordinator(load_config(cfg), memory_broker.url, out, exporter=lambda c, o: locked(lock, export_standalone, c, o))
     ct = Bg(coord.run)
     edges = [EdgeClient(memory_broker.url, fed_name, f"S{s:03d}", make_loader(DATA_DIR, s, None), tmp_path / "state",
                         join_timeout=60, window=30, evaluate=s in VALIDATE) for s in TRAIN + VALIDATE]
-    serialise_training(edges)
+    serialise_training(edges, lock)
     runs = [Bg(lambda e=e: e.run(max_seconds=240)) for e in edges]
     ct.result(300)
     trained = [r.result(60) for r in runs]
@@ -132,3 +135,8 @@ def test_release_every_needs_async_mode(tmp_path):
     with pytest.raises(ConfigError, match="federation.mode"):
         load_config(cfg)
 
+
+
+def locked(lock, fn, *args):
+    with lock:
+        return fn(*args)
