@@ -545,11 +545,14 @@ class EdgeClient:
 
     def _body_cap(self, msg: Any) -> int:
         """The largest body we accept for ``msg`` (issue 54): a task's extras (server-side strategy state such as
-        SCAFFOLD's control variate, per parameter) are bounded by a few copies of the model we hold; a model or the
+        SCAFFOLD's control variate, per parameter) are bounded by a few copies of the model we hold, an evaluation
+        request (a candidate and the current release) by two; a model or the
         cached extras (e.g. FedBM's generator, not sized by our model) by :data:`DEFAULT_MAX_BODY_BYTES`, as is
         everything before we hold a model. Bodiless kinds are refused by ``decode`` whatever the cap."""
         if msg.kind == "task" and self.global_state:
             return min(DEFAULT_MAX_BODY_BYTES, TASK_BODY_MODEL_COPIES * body_cap(self.global_state))
+        if msg.kind == "eval" and self.global_state:  # a candidate and the current release: two models
+            return min(DEFAULT_MAX_BODY_BYTES, 2 * body_cap(self.global_state))
         return DEFAULT_MAX_BODY_BYTES
 
     def handle(self, item: Incoming) -> None:
