@@ -32,6 +32,9 @@ def coordinator_cmd(
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in the output folder.")] = False,
     ca_certs: Annotated[Path | None, typer.Option(help="CA file for mqtts://.")] = None,
     keepalive: Annotated[int, typer.Option(help="MQTT keepalive seconds.")] = 10,
+    mode: Annotated[str | None, typer.Option(
+        help="sync (rounds of selected clients) or async (buffered asynchronous aggregation for a long-lived "
+        "federation, the [async] settings); overrides federation.mode of the config.")] = None,
 ) -> None:
     """Coordinate a federation: rounds, deadlines, validation, aggregation, checkpoints, final model."""
     import torch
@@ -41,10 +44,27 @@ def coordinator_cmd(
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cfg = load_config(config)
-    coord = Coordinator(cfg, broker, out, resume=resume, keepalive=keepalive,
+    if mode is not None:
+        from neurofed.broker.config import config_from_dict  # lazy, as above
+
+        raw = cfg.model_dump(by_alias=True)
+        raw["federation"]["mode"] = mode
+        cfg = config_from_dict(raw, "--mode")
+    exporter = None
+    if cfg.release.key:  # releases are exported as standalone graphs, signed and published (issue 55)
+        from neurofed.export.standalone import export_standalone  # lazy: onnx (keeps --help fast)
+
+        def exporter(ckpt: Path, onnx_path: Path) -> None:
+            export_standalone(ckpt, onnx_path)
+
+    coord = Coordinator(cfg, broker, out, resume=resume, exporter=exporter, keepalive=keepalive,
                         ca_certs=str(ca_certs) if ca_certs else None)
     coord.run()
     typer.echo(f"federation {cfg.federation.name}: {coord.server.round} rounds; model in {coord.out}/global_model.safetensors")
+    if coord.gate is not None:
+        done = [r for r in coord.releases if r["released"]]
+        typer.echo(f"{len(coord.releases)} candidate(s) validated, {len(done)} released; history in "
+                   f"{coord.gate.folder} (neurofed release list --store {coord.gate.folder})")
 
 
 def broker_config_cmd(

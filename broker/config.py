@@ -39,6 +39,17 @@ Example::
     norm_action = "clip"      # or "reject"
     max_update_ratio = 10.0   # reject ||update - global|| > 10 x ||global|| (absurd / scaled updates); 0 = off
 
+    [async]                   # used when [federation] mode = "async" (docs/async.md)
+    buffer_k = 10             # accepted updates per new model version
+    max_staleness = 10        # older updates are rejected "stale"
+    server_lr = 1.0
+
+    [release]                 # federated validation and signed releases (async mode; docs/howto)
+    every = 0                 # versions between candidates; 0 = off
+    min_clients = 2           # validating clients a release needs
+    margin = 0.02             # candidate may be at most this much worse (mean paired BCA) than the release
+    # key = "keys/release.key"  # sign and publish each release (retained on neurofed/<name>/release)
+
     [output]
     dir = "runs/federation"
 """
@@ -55,6 +66,7 @@ from neurofed.broker.protocol import NAME_PATTERN, ModelSpec
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.profiles import ProfileError, get_profile
 from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.fl.fedbuff import AsyncRefused, check_async
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.strategies import get_strategy
 from neurofed.trainer.models import MODEL_NAMES, PER_DEVICE_MODELS
@@ -97,6 +109,10 @@ class FederationSection(_Frozen):
     private_metadata: bool = Field(
         default=False, description="keep per-client metadata off topics every client can read: the retained "
         "result carries no participant list and no loss (both stay in the coordinator's metrics.json)")
+    mode: Literal["sync", "async"] = Field(
+        default="sync", description="sync: rounds of selected clients; async: buffered asynchronous aggregation "
+        "for a long-lived federation ([async] settings, docs/async.md): clients train whenever they are online, "
+        "every buffer_k updates make a new model version, and rounds counts versions")
 
     @model_validator(mode="after")
     def _strategy_exists(self) -> FederationSection:
@@ -143,6 +159,34 @@ class SecAggSection(_Frozen):
                            "round deadline, and for unmask replies")
 
 
+class AsyncSection(_Frozen):
+    buffer_k: int = Field(default=10, ge=1, le=100_000, description="federation.mode = async: accepted updates per "
+                          "aggregation (K); each aggregation makes a new model version")
+    max_staleness: int = Field(default=10, ge=0, le=10_000, description="largest accepted staleness (versions "
+                               "made since the update's base version); older updates are rejected 'stale' and the "
+                               "client is told; the coordinator keeps this many + 1 versions")
+    server_lr: float = Field(default=1.0, gt=0, le=100, description="server step on the buffer's weighted mean "
+                             "delta (weights n_i / sqrt(1 + staleness_i); 1 = FedAvg's mean at zero staleness)")
+
+
+class ReleaseSection(_Frozen):
+    every: int = Field(default=0, ge=0, le=1_000_000, description="federation.mode = async: every this many model "
+                       "versions (and at the last) the version becomes a candidate that the validating clients "
+                       "(edge-client join --evaluate) evaluate; 0 = no federated validation, no releases")
+    min_clients: int = Field(default=2, ge=1, description="a candidate becomes a release only if at least this many "
+                             "clients validated it")
+    margin: float = Field(default=0.02, ge=0, le=1, description="... and if its mean paired BCA difference to the "
+                          "current release (per client, candidate - release) is not below -margin")
+    wait_s: float = Field(default=60.0, gt=0, le=86_400, description="seconds to collect validation reports (it "
+                          "closes earlier when every validating client online at the request answered)")
+    dir: str = Field(default="", description="release folder: history.json (every decision and its statistics), "
+                     "the releases' weights, signed graphs ('' = <output dir>/releases)")
+    key: str = Field(default="", description="Ed25519 private key (neurofed release keygen): each release is "
+                     "exported as a standalone ONNX graph (one per device profile), signed and published retained "
+                     "on neurofed/<name>/release for edge-client infer --follow; '' = releases are recorded, not "
+                     "published")
+
+
 class OutputSection(_Frozen):
     dir: str = Field(default="runs/federation", description="checkpoints, metrics.json and the final model "
                      "(neurofed coordinator --out overrides it)")
@@ -158,7 +202,11 @@ class FederationConfig(_Frozen):
     local: dict[str, float | int] = Field(default_factory=dict)
     validation: ValidationSection = ValidationSection()
     secagg: SecAggSection = SecAggSection()
+    async_: AsyncSection = Field(default=AsyncSection(), alias="async")
+    release: ReleaseSection = ReleaseSection()
     output: OutputSection = OutputSection()
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 
     @field_validator("preprocess")
     @classmethod
@@ -169,6 +217,13 @@ class FederationConfig(_Frozen):
     @model_validator(mode="after")
     def _profiles(self) -> FederationConfig:
         fed, grouped = self.federation, bool(self.strategy().group_prefixes)
+        if self.release.every and fed.mode != "async":
+            raise ValueError("release.every: federated validation and releases need federation.mode = \"async\"")
+        if fed.mode == "async":
+            try:
+                check_async(self.strategy(), fed.secure_aggregation)
+            except AsyncRefused as exc:
+                raise ValueError(f"federation.mode: {exc}") from None
         try:
             self.strategy().model_kwargs(self.model.name)
         except ValueError as exc:

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from neurofed.broker import logger
+from neurofed.broker.async_round import AsyncRound
 from neurofed.broker.checkpoint import (
     CheckpointError,
     load_server_checkpoint,
@@ -27,6 +29,7 @@ from neurofed.broker.config import FederationConfig
 from neurofed.broker.protocol import (
     COORDINATOR_ID,
     ErrorMsg,
+    EvalMsg,
     ExtrasMsg,
     ModelMsg,
     ProtocolError,
@@ -40,9 +43,12 @@ from neurofed.broker.protocol import (
     encode,
     new_id,
     pack,
+    peek,
     state_sha256,
 )
 from neurofed.broker.registry import Registry
+from neurofed.broker.release_gate import ReleaseGate
+from neurofed.broker.releases import ReleaseStore
 from neurofed.broker.rounds import RoundState, SeenIds
 from neurofed.broker.secagg_round import SecAggRound, check_compatible, secagg_spec
 from neurofed.broker.transport import Incoming, MqttTransport, TransportError
@@ -139,10 +145,15 @@ class Coordinator:
         Checkpoints, metrics.json and the final model (default ``cfg.output.dir``).
     resume : bool
         Continue from ``out_dir``'s checkpoint (refused if the configuration differs).
+    exporter : callable, optional
+        ``(checkpoint path, output .onnx path) -> None``: writes a release's standalone ONNX graph (the CLI passes
+        :func:`neurofed.export.standalone.export_standalone`; the services do not import each other). Needed to
+        publish signed releases (``release.key``).
     """
 
     def __init__(self, cfg: FederationConfig, broker_url: str, out_dir: str | Path | None = None,
-                 resume: bool = False, **transport_kw: Any) -> None:
+                 resume: bool = False, exporter: Callable[[Path, Path], Any] | None = None,
+                 **transport_kw: Any) -> None:
         self.cfg, self.fed = cfg, cfg.federation
         self.topics = Topics(self.fed.name)
         self.spec = cfg.model_spec()
@@ -167,6 +178,17 @@ class Coordinator:
         self._replied: set[tuple[str, int | None]] = set()
         self._update_refs: dict[str, bytes] = {}  # device profile ("" = none) -> reference of delta-coded updates
         self.current: RoundState | None = None
+        self.asyncs: AsyncRound | None = None  # federation.mode = async: the buffered server (broker/async_round.py)
+        r = cfg.release  # federated validation and releases (broker/release_gate.py)
+        self.gate = ReleaseGate(r.dir or self.out / "releases", r.min_clients, r.margin, r.wait_s) if r.every else None
+        self.exporter = exporter
+        if r.key and r.every and exporter is None:
+            raise NeuroFedError("release.key is set but this coordinator has no ONNX exporter to publish releases "
+                                "with (run it through `neurofed coordinator`)")
+        self.releases: list[dict[str, Any]] = []  # this run's gate decisions
+        self._candidate_waiting = False  # a candidate came due while another was being validated
+        self._window_t0 = time.monotonic()
+        self._window_rejected = 0
         self.handled = 0
         self.connects = 0
         self._task_payload: bytes | None = None
@@ -283,6 +305,8 @@ class Coordinator:
         self.rejections[code] += 1
         if self.current is not None:  # every rejected message while a round is open counts for that round
             self.current.reject(sender, code, detail)
+        if self.asyncs is not None:
+            self._window_rejected += 1
         if sender in self.registry:
             self.registry.clients[sender].rejected += 1
         n = self.rejections[code]
@@ -304,7 +328,7 @@ class Coordinator:
         except ProtocolError as exc:
             self._reject("?", "bad_topic", str(exc))
             return
-        if kind in ("task", "model", "result", "extras") or cid == COORDINATOR_ID or not item.payload:
+        if kind in ("task", "model", "result", "extras", "eval", "release") or cid == COORDINATOR_ID or not item.payload:
             return
         was_cut = (cid or "?") in self.budget.cut
         try:
@@ -315,7 +339,15 @@ class Coordinator:
         msg = None
         try:
             ref = None
-            if kind == "update" and self.current is not None:
+            if kind == "update" and self.asyncs is not None:  # the base version's reference (stale: refused here)
+                msg = peek(item.payload, self.max_bytes)
+                check_envelope(kind, cid, msg, self.fed.name)
+                if msg.run_id != self.run_id:
+                    raise Rejected("wrong_run", f"message for run {msg.run_id[:8] or '-'}, this is run {self.run_id[:8]}")
+                if msg.sender not in self.registry:
+                    raise Rejected("not_joined", f"{msg.sender} has not joined this run")
+                ref = self.asyncs.reference(msg, self.seen)
+            elif kind == "update" and self.current is not None:
                 info = self.registry.clients.get(cid or "")
                 ref = self._update_refs.get(info.profile if info is not None else "", b"")
             msg, tensors = decode(item.payload, self.max_bytes, reference=ref, max_body=self.max_body)
@@ -343,6 +375,15 @@ class Coordinator:
                     self.current.offline.discard(msg.sender)
             elif kind == "error":
                 logger.warning("client %s reports %s: %s", msg.sender, msg.code, msg.message[:200])
+            elif kind == "eval_report":
+                if self.gate is None:
+                    raise Rejected("late", "this federation does not validate candidates")
+                self.gate.offer(msg, self.registry)
+            elif kind == "update" and self.asyncs is not None:
+                v = self.asyncs.offer(msg, tensors, self.seen, self.bodies)
+                self.registry.clients[msg.sender].rounds_done += v.code == "accepted"
+                if v.aggregated:
+                    self._async_aggregated()
             elif kind == "update":
                 if self.current is None:
                     raise Rejected("late", f"update for round {msg.round} while no round is open")
@@ -382,7 +423,7 @@ class Coordinator:
         sent (someone forged them under its id), and a client that already delivered this round's
         update gets no further replies (later messages under its id are most likely forged).
         """
-        rnd = self.current.index if self.current else None
+        rnd = self.current.index if self.current else self.asyncs.version if self.asyncs else None
         if (cid, rnd) in self._replied or (self.current is not None and cid in self.current.updates):
             return
         self._replied.add((cid, rnd))
@@ -406,6 +447,8 @@ class Coordinator:
             if item is not None:
                 self.handle(item)
             self._republish_if_asked()
+            if self.gate is not None and self.gate.due():
+                self._decide_release()
         return True
 
     def _publish_cached_extras(self, cached: dict[str, torch.Tensor], r: int) -> int:
@@ -528,6 +571,151 @@ class Coordinator:
                     len(updates), m["rejected"], "-" if m["loss"] is None else f"{m['loss']:.4f}", m["seconds"])
         return m
 
+    # ------------------------------------------------------------------ asynchronous federation (mode = async)
+    def run_async(self, stop: threading.Event | None = None, log_every: float = 60.0) -> None:
+        """Serve a buffered asynchronous federation until ``rounds`` model versions are made.
+
+        One retained task (``mode = "async"``) says how to train; every joined client fetches the retained model
+        whenever it is online, trains, and sends an update tagged with the version it trained from
+        (:class:`AsyncRound`, :class:`neurofed.trainer.fl.fedbuff.BufferedServer`). Every ``buffer_k`` accepted
+        updates make a new version (published retained, checkpointed); an update more than ``max_staleness``
+        versions old is refused ``stale`` and the client told."""
+        a = self.cfg.async_
+        self.asyncs = AsyncRound(self.server, self.strategy, self.model, new_id(), a.buffer_k, a.max_staleness,
+                                 a.server_lr, self.registry,
+                                 dict(norm_bound=self.cfg.validation.norm_bound,
+                                      norm_action=self.cfg.validation.norm_action,
+                                      max_update_ratio=self.cfg.validation.max_update_ratio))
+        task = TaskMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=self.server.round,
+                       rounds_total=self.fed.rounds, task_id=self.asyncs.task_id, selected=[],
+                       deadline_s=self.fed.round_deadline_s, seed=self.fed.seed, strategy=self.fed.strategy,
+                       strategy_overrides=dict(self.fed.strategy_overrides), local=self.local.to_dict(),
+                       compress=self.fed.compress, run_id=self.run_id, mode="async")
+        self._task_payload = encode(task)
+        self._replied.clear()
+        self.budget.reset()
+        self._window_t0, self._window_rejected = time.monotonic(), 0
+        self._pub(self.topics.task, self._task_payload, retain=True)
+        logger.info("[ASYNC] version %d of %d: K=%d, max staleness %d, server lr %g; any joined client may train",
+                    self.server.round, self.fed.rounds, a.buffer_k, a.max_staleness, a.server_lr)
+        try:
+            while self.asyncs.version < self.fed.rounds:
+                if not self.pump(lambda: self.asyncs is None or self.asyncs.version >= self.fed.rounds, log_every,
+                                 stop):
+                    logger.info("[ASYNC] version %d: %d update(s) buffered of %d; %d client(s) online",
+                                self.asyncs.version, len(self.asyncs.buf.buffer), a.buffer_k,
+                                self.registry.n_online())
+        finally:
+            self.asyncs = None  # later updates are refused 'late'
+        if self.gate is not None:  # the last version is a candidate too: wait for the open decision(s)
+            for _ in range(2):
+                if self.gate.open is None and (not self.gate.history
+                                               or self.gate.history[-1]["version"] < self.server.round):
+                    self._ask_evaluation()
+                if self.gate.open is not None:
+                    self.pump(lambda: self.gate.open is None, self.cfg.release.wait_s + 1.0, stop)
+                    if self.gate.open is not None:
+                        self._decide_release()
+
+    def _async_aggregated(self) -> None:
+        """A new version: record the window, checkpoint, publish the model (and result), open the next window."""
+        assert self.asyncs is not None
+        self.server = self.asyncs.buf.server
+        m = self.asyncs.window()
+        m.update(round=self.server.round, seconds=time.monotonic() - self._window_t0,
+                 rejected=self._window_rejected)
+        if self.server.round % self.cfg.output.checkpoint_every == 0 or self.server.round >= self.fed.rounds:
+            self._checkpoint_with(m)
+        else:
+            self.metrics.append(m)
+        final = self.server.round >= self.fed.rounds
+        self._publish_model(final)
+        used = [r[0] for r in m["submissions"] if r[2] == "accepted"]
+        private = self.fed.private_metadata
+        res = ResultMsg(federation=self.fed.name, sender=COORDINATOR_ID, round=self.server.round,
+                        participants=[] if private else sorted(set(used)), rejected=m["rejected"], bytes_down=0,
+                        bytes_up=0, seconds=m["seconds"], loss=None if private else m["loss"], final=final,
+                        model_sha256=state_sha256(self.server.global_state), run_id=self.run_id)
+        self._pub(self.topics.result, encode(res), retain=True, wait=None)
+        logger.info("[ASYNC] version %d/%d: %d updates (mean staleness %s), loss %s, %.2f s", self.server.round,
+                    self.fed.rounds, m["used"], "-" if m["mean_staleness"] is None else f"{m['mean_staleness']:.2f}",
+                    "-" if m["loss"] is None else f"{m['loss']:.4f}", m["seconds"])
+        if self.gate is not None and (final or self.server.round % self.cfg.release.every == 0):
+            if self.gate.open is not None and self.gate.due():
+                self._decide_release()
+            if self.gate.open is None:
+                self._ask_evaluation()
+            else:  # the previous candidate is still being validated: the newest version is asked about next
+                self._candidate_waiting = True
+                logger.info("[RELEASE] version %d waits: version %d is still being validated", self.server.round,
+                            self.gate.open.version)
+        self._replied.clear()  # one reply per client and window, as per round
+        self.budget.reset()  # the budgets' window is one aggregation
+        self._window_t0, self._window_rejected = time.monotonic(), 0
+
+    # ------------------------------------------------------------------ federated validation and releases
+    def _ask_evaluation(self) -> None:
+        """Ask the validating clients (joined with ``evaluate``) to evaluate the current version as a candidate."""
+        assert self.gate is not None
+        evaluators = sum(1 for c in self.registry.candidates()
+                         if self.registry.clients[c].capabilities.get("evaluate"))  # once per candidate
+        body = self.gate.ask(new_id(), self.server.round, self.server.global_state, evaluators)
+        ev = self.gate.open
+        assert ev is not None
+        msg = EvalMsg(federation=self.fed.name, sender=COORDINATOR_ID, eval_id=ev.eval_id, version=ev.version,
+                      release=ev.release, batch_size=self.cfg.model.test_batch_size,
+                      deadline_s=self.cfg.release.wait_s, run_id=self.run_id)
+        self._pub(self.topics.eval, encode(msg, body, compress=self.fed.compress), retain=True, wait=None)
+        logger.info("[RELEASE] version %d is a candidate: asked %d validating client(s) (release %s beside it)",
+                    ev.version, evaluators, ev.release or "none")
+
+    def _decide_release(self) -> dict[str, Any]:
+        """Decide the open evaluation; a release is recorded, and with ``release.key`` exported, signed and
+        published retained on the release topic."""
+        gate = self.gate
+        assert gate is not None and gate.open is not None and gate.candidate_state is not None
+        ok, why = gate.passes()
+        version, state = gate.open.version, gate.candidate_state
+        number, extra = None, {}
+        if ok:
+            store = ReleaseStore(gate.folder)
+            number = gate.next_number((store.latest() or 0) + 1)
+            ckpt = gate.state_path(number)
+            kwargs = self.strategy.model_kwargs(self.spec.model)
+            save_final_model(ckpt, state, self.spec, self.cfg.model.test_batch_size,
+                             {"federation": self.fed.name, "rounds": version, "seed": self.fed.seed,
+                              "transport": "mqtt", "release": number, **({"model_kwargs": kwargs} if kwargs else {})})
+            if self.cfg.release.key and self.exporter is not None:
+                extra["signed"] = self._publish_release(number, ckpt, store)
+        rec = self.gate.decide(number, self.fed.private_metadata, save=lambda p, s: None, **extra)
+        self.releases.append(rec)
+        self._pub(self.topics.eval, b"", retain=True, wait=None)  # the request is closed
+        logger.info("[RELEASE] candidate version %d: %s (%s)", version,
+                    f"release {rec['release']}" if rec["released"] else "not released", why)
+        if self._candidate_waiting and self.asyncs is not None and self.server.round > version:
+            self._ask_evaluation()  # a candidate came due meanwhile: the newest version is the next candidate
+        self._candidate_waiting = False
+        return rec
+
+    def _publish_release(self, number: int, ckpt: Path, store: ReleaseStore) -> dict[str, Any]:
+        """Export the release's standalone graph, sign it as release ``number`` (parent: the current release) with
+        the federation's key, keep it in the store and publish it retained (what ``edge-client infer --follow``
+        reads)."""
+        from neurofed_runtime import release as rel  # lazy: cryptography
+
+        assert self.gate is not None and self.exporter is not None
+        onnx_path = ckpt.with_name(f"v{number:04d}.export.onnx")
+        self.exporter(ckpt, onnx_path)
+        data = onnx_path.read_bytes()
+        onnx_path.unlink()
+        doc = rel.sign(data, rel.load_private(self.cfg.release.key), number, self.gate.current or None)
+        store.add(data, doc)
+        payload = rel.pack(data, doc)
+        self._pub(self.topics.release, payload, retain=True)
+        logger.info("[RELEASE] release %d signed and published retained on %s (%d bytes)", number,
+                    self.topics.release, len(payload))
+        return {k: doc["header"][k] for k in ("version", "parent", "sha256", "size")}
+
     def _checkpoint_with(self, m: dict[str, Any]) -> None:
         self.metrics.append(m)
         self._checkpoint()
@@ -536,7 +724,9 @@ class Coordinator:
         """Connect, wait for ``min_clients``, run the remaining rounds, save the final model."""
         self.transport.connect()
         try:
-            for k in ("join", "status", "update", "error") + (("secagg",) if self.fed.secure_aggregation else ()):
+            kinds = ("join", "status", "update", "error") + (("secagg",) if self.fed.secure_aggregation else ()) + (
+                ("eval_report",) if self.gate is not None else ())
+            for k in kinds:
                 self.transport.subscribe(self.topics.any_client(k), no_local=k == "error")
             # a previous run under this federation name may have left a retained task / result (e.g. it
             # crashed): clear them before announcing this run's model (clients also ignore other runs' ids)
@@ -545,6 +735,8 @@ class Coordinator:
             logger.info("run %s of federation %s: model published (round %d)", self.run_id[:8], self.fed.name,
                         self.server.round)
             self.wait_for_clients(stop)
+            if self.fed.mode == "async":
+                self.run_async(stop)
             while self.server.round < self.fed.rounds:
                 self.run_round(stop)
             self.save_final()
@@ -560,7 +752,8 @@ class Coordinator:
         The coordinator's retained ``status`` stays: ``done`` with this run's id tells a client that
         reconnects after the end that its run finished. The final model is in ``global_model.safetensors``.
         """
-        topics = [self.topics.task, self.topics.result, self.topics.extras] + ([self.topics.model] if model else [])
+        topics = [self.topics.task, self.topics.result, self.topics.extras, self.topics.eval] + (
+            [self.topics.model] if model else [])
         if model:
             topics += [self.topics.profile_model(p) for p in self.profile_specs]
             self._profile_payloads = {}

@@ -74,7 +74,7 @@ class ProtocolError(NeuroFedError, ValueError):
 class Topics:
     """Topic builders for one federation: everything lives under ``neurofed/<federation>/``."""
 
-    KINDS_PER_CLIENT = ("join", "status", "update", "error", "secagg", "secagg_down")
+    KINDS_PER_CLIENT = ("join", "status", "update", "error", "secagg", "secagg_down", "eval_report")
 
     def __init__(self, federation: str) -> None:
         if not isinstance(federation, str) or not _is_name(federation):
@@ -104,6 +104,15 @@ class Topics:
     @property
     def extras(self) -> str:
         return f"{self.root}/extras"
+
+    @property
+    def eval(self) -> str:
+        """Retained evaluation request: a candidate model (and the current release) for clients to validate."""
+        return f"{self.root}/eval"
+
+    def eval_report(self, client_id: str) -> str:
+        """A client's federated-validation report (BCA and counts, never trials)."""
+        return f"{self.root}/eval_report/{_checked(client_id)}"
 
     @property
     def release(self) -> str:
@@ -146,7 +155,7 @@ class Topics:
         if len(parts) < 3 or parts[0] != "neurofed" or parts[1] != self.federation:
             raise ProtocolError(f"topic {topic!r} is not in federation {self.federation!r}")
         rest = parts[2:]
-        if len(rest) == 1 and rest[0] in ("task", "model", "result", "extras", "release"):
+        if len(rest) == 1 and rest[0] in ("task", "model", "result", "extras", "release", "eval"):
             return rest[0], None
         if len(rest) == 2 and rest[0] == "model" and _is_name(rest[1]):
             return "model", rest[1]  # a device profile's model (the second part names the profile)
@@ -298,6 +307,10 @@ class TaskMsg(_Msg):
     profile_models: dict[Name, Annotated[str, Field(pattern=HEX64)]] = Field(default_factory=dict, max_length=64)
     secagg: SecAggSpec | None = None  # set: secure aggregation round (updates go masked on `secagg/<id>`)
     extras_sha256: str = Field(default="", pattern=HEX64)  # the retained cached extras the round needs ("" none)
+    #: async (federation.mode = async, docs/async.md): retained for the whole run, ``selected`` empty, any joined
+    #: client trains from the retained model whenever it is online; its update's ``round`` is the model version
+    #: (``ModelMsg.round``) it trained from, ``rounds_total`` the versions the run makes
+    mode: Literal["sync", "async"] = "sync"
 
 
 class UpdateMsg(_Msg):
@@ -351,6 +364,34 @@ class ExtrasMsg(_Msg):
 
     kind: Literal["extras"] = "extras"
     round: int = Field(ge=0)
+
+
+class EvalMsg(_Msg):
+    """Retained on ``eval``: validate candidate model ``version`` (body ``cand.*``, the full state) and, when there
+    is a current release, that release too (body ``rel.*``) on your own trials, then report (:class:`EvalReportMsg`).
+    Only clients that do not train in this federation (``edge-client join --evaluate``) answer."""
+
+    kind: Literal["eval"] = "eval"
+    eval_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    version: int = Field(ge=0, le=1_000_000)  # the candidate's model version
+    release: int = Field(default=0, ge=0, le=1_000_000)  # the current release's number (0: none; no ``rel.*``)
+    batch_size: int = Field(default=8, ge=1, le=4096)  # test batch (batch-specific BatchNorm)
+    deadline_s: float = Field(gt=0, le=86_400)
+
+
+class EvalReportMsg(_Msg):
+    """A client's federated validation of an evaluation request: balanced accuracy and counts only, never trials.
+
+    ``class_counts`` are its trials per class (logit order), summing to ``n_trials``; ``bca_release`` is present
+    exactly when the request carried a release."""
+
+    kind: Literal["eval_report"] = "eval_report"
+    eval_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    version: int = Field(ge=0, le=1_000_000)
+    n_trials: int = Field(ge=2, le=1_000_000)
+    class_counts: list[Annotated[int, Field(ge=0, le=1_000_000)]] = Field(min_length=2, max_length=64)
+    bca: float = Field(ge=0, le=1)
+    bca_release: float | None = Field(default=None, ge=0, le=1)
 
 
 # ----------------------------------------------------------------------------- secure aggregation
@@ -431,7 +472,8 @@ class SaRevealMsg(_SaMsg):
 SECAGG_UP = ("sa_keys", "sa_shares", "sa_masked", "sa_reveal")
 SECAGG_DOWN = ("sa_roster", "sa_inbox", "sa_unmask")
 
-Message = Annotated[JoinMsg | StatusMsg | TaskMsg | UpdateMsg | ErrorMsg | ResultMsg | ModelMsg | ExtrasMsg | SaKeysMsg
+Message = Annotated[JoinMsg | StatusMsg | TaskMsg | UpdateMsg | ErrorMsg | ResultMsg | ModelMsg | ExtrasMsg | EvalMsg
+                    | EvalReportMsg | SaKeysMsg
                     | SaRosterMsg | SaSharesMsg | SaInboxMsg | SaMaskedMsg | SaUnmaskMsg | SaRevealMsg,
                     Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
@@ -440,7 +482,7 @@ _ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
 BODY_REQUIRED: dict[str, bool | None] = {"join": False, "status": False, "task": None, "update": True,
                                          "error": False, "result": False, "model": True, "extras": True, "sa_keys": False,
                                          "sa_roster": False, "sa_shares": False, "sa_inbox": False, "sa_masked": True,
-                                         "sa_unmask": False, "sa_reveal": False}
+                                         "sa_unmask": False, "sa_reveal": False, "eval": True, "eval_report": False}
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -700,25 +742,15 @@ def encode(msg: _Msg, tensors: dict[str, Tensor] | None = None, compress: bool =
     return _PREFIX.pack(MAGIC, SCHEMA_VERSION, flags, len(header)) + header + body
 
 
-def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-           reference: bytes | None = None,
-           max_body: int | Callable[[Any], int] | None = None) -> tuple[Any, dict[str, Tensor] | None]:
-    """Parse and verify a framed message: ``(message model, tensors or None)``.
+def peek(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Any:
+    """The validated header of a framed message, its body left unread (e.g. to pick the reference a delta-coded
+    asynchronous update needs, or to refuse a stale one before decoding its body). Raises ProtocolError as
+    :func:`decode` does for the frame and header."""
+    return _header(payload, max_bytes)[1]
 
-    ``reference``: the bytes a delta-coded body (flag bit 1) was coded against; such a body without
-    a reference is refused. Header fields left out are filled with their defaults.
-    ``max_body``: the largest body (decoded length) the caller accepts, or a function of the validated header
-    (per message kind) giving it; None is :data:`DEFAULT_MAX_BODY_BYTES`. A header declaring more is refused
-    before any decompression, and the body is never decompressed past its declared length (a compression
-    bomb costs at most the cap, not what its header claims). The header is capped at :data:`MAX_HEADER_BYTES`,
-    compressed and inflated.
 
-    Raises
-    ------
-    ProtocolError
-        Oversized payload, bad magic/version/flags, header not valid JSON or not a known schema,
-        body length or SHA-256 mismatch, body not safetensors, body missing or unexpected.
-    """
+def _header(payload: bytes, max_bytes: int) -> tuple[bytes, Any, int, bytes]:
+    """``(payload, header message, flags, body as sent)`` of a frame (prefix and header checked)."""
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise ProtocolError("payload is not bytes")
     payload = bytes(payload)
@@ -750,6 +782,29 @@ def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
         raise ProtocolError(f"header fails the schema at {where or '<root>'}: {first.get('msg')}") from None
+    return payload, msg, flags, body
+
+
+def decode(payload: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+           reference: bytes | None = None,
+           max_body: int | Callable[[Any], int] | None = None) -> tuple[Any, dict[str, Tensor] | None]:
+    """Parse and verify a framed message: ``(message model, tensors or None)``.
+
+    ``reference``: the bytes a delta-coded body (flag bit 1) was coded against; such a body without
+    a reference is refused. Header fields left out are filled with their defaults.
+    ``max_body``: the largest body (decoded length) the caller accepts, or a function of the validated header
+    (per message kind) giving it; None is :data:`DEFAULT_MAX_BODY_BYTES`. A header declaring more is refused
+    before any decompression, and the body is never decompressed past its declared length (a compression
+    bomb costs at most the cap, not what its header claims). The header is capped at :data:`MAX_HEADER_BYTES`,
+    compressed and inflated.
+
+    Raises
+    ------
+    ProtocolError
+        Oversized payload, bad magic/version/flags, header not valid JSON or not a known schema,
+        body length or SHA-256 mismatch, body not safetensors, body missing or unexpected.
+    """
+    payload, msg, flags, body = _header(payload, max_bytes)
     cap = max_body(msg) if callable(max_body) else max_body
     cap = DEFAULT_MAX_BODY_BYTES if cap is None else int(cap)
     if msg.body_len > cap:
@@ -791,6 +846,8 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "SCHEMA_VERSION",
     "ErrorMsg",
+    "EvalMsg",
+    "EvalReportMsg",
     "JoinMsg",
     "ModelMsg",
     "ModelSpec",
@@ -817,6 +874,7 @@ __all__ = [
     "encode_header",
     "new_id",
     "pack",
+    "peek",
     "sha256",
     "state_sha256",
     "tensors_to_bytes",

@@ -87,13 +87,37 @@ def rollback_cmd(version: Annotated[int, typer.Option(help="kept release to make
 
 
 @release_app.command("list")
-def list_cmd(store: Store = Path("releases")) -> None:
-    """The releases kept in --store (version, parent, rollback_of, created, sha256)."""
-    from neurofed.broker.releases import ReleaseStore  # lazy: torch (broker.protocol); keeps --help fast
+def list_cmd(store: Store = Path("releases"),
+             candidates: Annotated[bool, typer.Option(help="also the candidates the release gate refused")] = False
+             ) -> None:
+    """The releases kept in --store (version, parent, rollback_of, created, sha256) and, for a coordinator's
+    release folder, the release history: model version, parent, federated validation (clients, mean BCA, paired
+    difference to the parent release, per-client trial counts)."""
+    from neurofed.broker.release_gate import read_history  # lazy: torch (broker.protocol); keeps --help fast
+    from neurofed.broker.releases import ReleaseStore  # lazy: as above
 
-    for h in ReleaseStore(store).history():
+    signed = {h["version"]: h for h in ReleaseStore(store).history()}
+    gate = read_history(store)
+    for h in signed.values():
+        if any(r.get("release") == h["version"] for r in gate):
+            continue  # printed with its validation below
         back = f" (rollback of {h['rollback_of']})" if h.get("rollback_of") else ""
         print(f"{h['version']:>4}  parent {h['parent']}  {h['created']}  {h['sha256'][:16]}...{back}")
+    for r in gate:
+        if not r.get("released") and not candidates:
+            continue
+        d = r.get("paired_diff_mean")
+        fig = (f"{r['n_clients']} clients, {r['n_trials']} trials, BCA {r['bca_mean']:.4f}" if r.get("bca_mean")
+               is not None else f"{r['n_clients']} clients")
+        if d is not None:
+            fig += f", vs release {r['parent']} {d:+.4f}"
+        if r.get("paired_diff_se") is not None:
+            fig += f" (se {r['paired_diff_se']:.4f})"
+        head = f"{r['release']:>4}" if r.get("released") else "   -"
+        sig = signed.get(r.get("release") or -1)
+        tail = f"  signed {sig['sha256'][:16]}..." if sig else ""
+        print(f"{head}  version {r['version']}  parent {r['parent']}  {r['decided_at']}  {fig}{tail}"
+              + ("" if r.get("released") else f"  refused: {r['reason']}"))
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

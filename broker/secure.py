@@ -176,7 +176,8 @@ def acl_text(spec: SecureBrokerSpec) -> str:
                   f"topic read {t.release}",
                   f"topic read {t.status(spec.coordinator)}",
                   f"topic readwrite {t.error(c)}", f"topic write {t.join(c)}", f"topic readwrite {t.status(c)}",
-                  f"topic write {t.update(c)}", f"topic write {t.secagg(c)}", f"topic read {t.secagg_down(c)}"]
+                  f"topic write {t.update(c)}", f"topic write {t.secagg(c)}", f"topic read {t.secagg_down(c)}",
+                  f"topic read {t.eval}", f"topic write {t.eval_report(c)}"]
         lines += [f"topic read {t.profile_model(spec.profiles[c])}"] if c in spec.profiles else []
         lines.append("")
     return "\n".join(lines)
@@ -216,9 +217,11 @@ def rabbitmq_definitions(spec: SecureBrokerSpec, passwords: dict[str, str], vhos
     everything = "^" + re.escape(_routing_key(t.all()[:-2])) + r"\..+$"  # neurofed/<fed>/...
     users[spec.coordinator] = (everything, everything)
     for c in spec.clients:
-        read = [t.task, t.model, t.extras, t.release, t.status(spec.coordinator), t.error(c), t.secagg_down(c)]
+        read = [t.task, t.model, t.extras, t.release, t.eval, t.status(spec.coordinator), t.error(c),
+                t.secagg_down(c)]
         read += [t.profile_model(spec.profiles[c])] if c in spec.profiles else []
-        users[c] = (_one_of([t.join(c), t.status(c), t.update(c), t.error(c), t.secagg(c)]), _one_of(read))
+        users[c] = (_one_of([t.join(c), t.status(c), t.update(c), t.error(c), t.secagg(c), t.eval_report(c)]),
+                    _one_of(read))
     defs: dict[str, list] = {"users": [], "permissions": [], "topic_permissions": []}
     for u, (write, read) in users.items():
         queues = rf"mqtt-subscription-{re.escape(spec.federation)}-{re.escape(u)}qos[01]"

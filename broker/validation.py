@@ -23,7 +23,7 @@ __all__ = ["ClientBudget", "Rejected", "TensorSpec", "UpdateRules", "check_envel
 
 #: kinds each topic may carry, and who may send them
 CLIENT_KINDS = {"join": ("join",), "status": ("status",), "update": ("update",), "error": ("error",),
-                "secagg": SECAGG_UP}
+                "secagg": SECAGG_UP, "eval_report": ("eval_report",)}
 
 
 class Rejected(NeuroFedError):
@@ -141,6 +141,9 @@ class UpdateRules:
     #: hierarchical rounds: selected client -> its profile, and each profile's rules
     client_profiles: dict[str, str] = field(default_factory=dict)
     by_profile: dict[str, UpdateRules] = field(default_factory=dict)
+    #: asynchronous federations: any joined client may send (``selected`` is not used; the coordinator checks the
+    #: registry), and ``round`` is the model version the update trained from
+    any_client: bool = False
     #: the global state's floating entries, flattened in float64, and its norm: computed once per round (issue 54:
     #: recomputing the global norm for every update was a fifth of the coordinator's validation time)
     _ref: tuple[list[str], Tensor, float] | None = field(default=None, init=False, repr=False, compare=False)
@@ -187,7 +190,7 @@ def check_update(msg: UpdateMsg, tensors: dict[str, Tensor] | None, rules: Updat
         raise Rejected(code, f"update for round {msg.round} during round {rules.round}")
     if msg.task_id != rules.task_id:
         raise Rejected("wrong_task", f"task id {msg.task_id} is not this round's {rules.task_id}")
-    if cid not in rules.selected:
+    if not rules.any_client and cid not in rules.selected:
         raise Rejected("not_selected", f"{cid} was not selected for round {rules.round}")
     if cid in accepted:
         raise Rejected("duplicate", f"{cid} already delivered round {rules.round}")

@@ -27,6 +27,8 @@ from neurofed.broker.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     SECAGG_DOWN,
     ErrorMsg,
+    EvalMsg,
+    EvalReportMsg,
     JoinMsg,
     ModelMsg,
     ModelSpec,
@@ -59,6 +61,7 @@ from neurofed.trainer.data.profiles import DeviceProfile, ProfileError, match_pr
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.fl.api import Strategy
 from neurofed.trainer.fl.client import ClientState, ClientUpdate, client_update, init_client_state
+from neurofed.trainer.fl.fedbuff import async_seed, window_bounds
 from neurofed.trainer.fl.init import client_seed
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.secagg import SecAggError
@@ -145,11 +148,22 @@ class EdgeClient:
         The device's channels and rate: in a federation of several device profiles (issue 19) the
         client is the profile they match (:func:`neurofed.trainer.data.profiles.match_profile`), announces it
         when joining and fetches only that profile's model (``model/<profile>``).
+    window : int
+        Asynchronous federations (``federation.mode = "async"``): train on the newest ``window`` trials of the
+        store (0: all), as :func:`neurofed.trainer.fl.fedbuff.window_bounds`.
+    reload_data : bool
+        Asynchronous federations: load the trials again before each training (a store that grows while the
+        federation runs); a changed count is announced with a new join.
+    evaluate : bool
+        A validating client (``edge-client join --evaluate``): it never trains; it evaluates each candidate model
+        the coordinator asks about (and the current release) on its own trials and reports balanced accuracy and
+        trial counts, never trials (the release gate, docs/howto/long-lived-federation.md).
     """
 
     def __init__(self, broker_url: str, federation: str, client_id: str, load_data: DataLoader,
                  state_dir: str | Path, join_timeout: float = 120.0, wait_for_broker: float = 0.0,
-                 montage: Montage | None = None, **transport_kw: Any) -> None:
+                 montage: Montage | None = None, window: int = 0, reload_data: bool = False, evaluate: bool = False,
+                 **transport_kw: Any) -> None:
         self.topics = Topics(federation)
         self.topics.status(client_id)  # validates the id
         if client_id == COORDINATOR_ID:
@@ -177,6 +191,16 @@ class EdgeClient:
         self.secagg: SecAggSession | None = None  # the open secure-aggregation round (edge/secagg_client.py)
         self._asked_at = 0.0  # when we last subscribed to / asked for a retained model or extras
         self._ask_after = RETAINED_GRACE_S  # how long we wait for it before asking (again)
+        if window < 0:
+            raise NeuroFedError(f"--window must be >= 0, got {window}")
+        self.window, self.reload_data, self.evaluate = window, reload_data, evaluate
+        self.evaluated: deque[str] = deque(maxlen=16)  # evaluation requests we answered
+        self.evaluations = 0
+        self._pending_eval: tuple[EvalMsg, dict[str, Tensor]] | None = None
+        self.async_task: TaskMsg | None = None  # the retained task of an asynchronous run
+        self.fetching = False  # async: we asked for the current model to train from it
+        self.version = -1  # the version (ModelMsg.round) of the global model we hold
+        self._repeat = (-1, 0)  # async: (version, trainings from it so far): the seed of the next (async_seed)
 
     # ------------------------------------------------------------------ plumbing
     def _status(self, state: str, rnd: int | None = None) -> bytes:
@@ -263,7 +287,8 @@ class EdgeClient:
             d = self.data
             join = JoinMsg(federation=self.fed, sender=self.cid, n_trials=int(d.X.shape[0]), n_channels=int(d.X.shape[1]),
                            n_times=int(d.X.shape[2]), sfreq=float(d.sfreq), classes=list(d.classes),
-                           capabilities={"torch": torch.__version__, "threads": torch.get_num_threads()},
+                           capabilities={"torch": torch.__version__, "threads": torch.get_num_threads(),
+                                         **({"evaluate": True} if self.evaluate else {})},
                            run_id=self.run_id or "", profile=self.profile or "")
             self._send(self.topics.join(self.cid), join, wait=None)
 
@@ -315,7 +340,9 @@ class EdgeClient:
         if not self.state.init:
             self.state.init = {k: v.clone() for k, v in tensors.items()}
             self.state.save(self.path)
-        self.global_state, self.global_hash = tensors, msg.body_sha256
+        self.global_state, self.global_hash, self.version = tensors, msg.body_sha256, msg.round
+        if msg.final:
+            self.fetching = False  # the run's last version: nothing more to train for
         if joining:  # not on every model fetch: a join per round would cost bytes for nothing
             self._announce()
         if self.pending is not None and self.pending[0].run_id != self.run_id:
@@ -323,7 +350,96 @@ class EdgeClient:
         if self.pending is None or self._task_model(self.pending[0]) == self.global_hash:
             self._want_model(False)
 
+    # ------------------------------------------------------------------ asynchronous federations
+    def _on_async_task(self, task: TaskMsg) -> None:
+        """The retained task of an asynchronous run: from now on, fetch the current model, train, upload, repeat."""
+        if self.run_id is not None and task.run_id != self.run_id:
+            self._new_run_seen()  # another run: its model tells us what to do (the task is retained for it)
+        self.async_task = task
+        if self.evaluate:
+            return  # a validating client never trains
+        logger.info("%s: asynchronous run %s: training whenever a model version is fetched", self.cid,
+                    task.run_id[:8])
+        self._fetch()
+
+    def _fetch(self) -> None:
+        """Ask for the current model (the retained ``model``; it comes on subscribing)."""
+        self.fetching = True
+        self._want_model(True)
+
+    def _async_train(self, task: TaskMsg) -> None:
+        """One asynchronous contribution: train from the model version we hold on the newest ``window`` trials of
+        our store, upload the update tagged with that version, fetch the current model again."""
+        self.fetching = False
+        assert self.spec is not None and self.data is not None
+        if self.reload_data:
+            data = self.load_data(self.spec)
+            if len(data.y) != len(self.data.y):
+                self.data = data
+                self._announce()  # join again with the new count (the coordinator bounds n_samples by it)
+        lo, hi = window_bounds(len(self.data.y), self.window)
+        if hi - lo < 2:
+            raise NeuroFedError(f"{hi - lo} trial(s) in the window: need at least 2 to train")
+        version = self.version
+        k = self._repeat[1] if self._repeat[0] == version else 0
+        self._repeat = (version, k + 1)
+        strategy = get_strategy(task.strategy, **task.strategy_overrides)
+        model = self._build_model(strategy)
+        down = downlink(self.global_state, strategy, model)
+        base = state_sha256(down)
+        st = self.state
+        start = st.current if st.current is not None else init_client_state(st.init, model, strategy)
+        t0 = time.monotonic()
+        upd, new_state = client_update(model, down, start, self.data.X[lo:hi], self.data.y[lo:hi], strategy,
+                                       LocalConfig(**task.local), async_seed(task.seed, version, self.cid, k))
+        logger.info("%s: trained from version %d on %d trials in %.2f s (loss %.4f)", self.cid, version, hi - lo,
+                    time.monotonic() - t0, upd.metrics.get("loss", float("nan")))
+        self.state = EdgeState(init=st.init, current=new_state, previous=start, last_round=version, last_base=base,
+                               update=upd, run_id=st.run_id)
+        self.state.save(self.path)
+        self.rounds_trained += 1
+        msg = UpdateMsg(federation=self.fed, sender=self.cid, round=version, task_id=task.task_id,
+                        n_samples=upd.n_samples, base_sha256=base, run_id=task.run_id,
+                        metrics={k: float(v) for k, v in upd.metrics.items()})
+        self._send(self.topics.update(self.cid), msg, pack({"state": upd.state, "extra": upd.extras}),
+                   compress=task.compress, reference=delta_reference(self.global_state))
+        self._fetch()
+
+    def _on_eval(self, msg: EvalMsg, tensors: dict[str, Tensor]) -> None:
+        """Evaluate a candidate (and the current release) on our trials; report BCA and counts only."""
+        if not self.evaluate or msg.run_id != self.run_id or msg.eval_id in self.evaluated:
+            return
+        if self.data is None or self.spec is None:
+            self._pending_eval = (msg, tensors)  # not joined yet: answered once our model (and data) is here
+            return
+        from neurofed.trainer.evaluate import bca, predict  # lazy: scikit-learn (validating clients only)
+
+        self.evaluated.append(msg.eval_id)
+        groups = unpack(tensors, ("cand", "rel"))
+        task = self.async_task
+        strategy = get_strategy(task.strategy, **task.strategy_overrides) if task else get_strategy(self.spec.strategy)
+        X, y = self.data.X, self.data.y
+
+        def score(state: dict[str, Tensor]) -> float:
+            model = self._build_model(strategy)
+            model.load_state_dict(state)
+            return bca(y, predict(model, X, msg.batch_size))
+
+        cand = score(groups["cand"])
+        rel = score(groups["rel"]) if groups["rel"] else None
+        counts = [int(c) for c in torch.bincount(torch.as_tensor(y, dtype=torch.long),
+                                                 minlength=len(self.spec.classes))]
+        self.evaluations += 1
+        logger.info("%s: version %d scores BCA %.4f on %d trials%s", self.cid, msg.version, cand, len(y),
+                    "" if rel is None else f" (release {msg.release}: {rel:.4f})")
+        self._send(self.topics.eval_report(self.cid), EvalReportMsg(
+            federation=self.fed, sender=self.cid, eval_id=msg.eval_id, version=msg.version, n_trials=len(y),
+            class_counts=counts, bca=cand, bca_release=rel, run_id=self.run_id or ""), wait=None)
+
     def _on_task(self, task: TaskMsg, tensors: dict[str, Tensor] | None) -> None:
+        if task.mode == "async":
+            self._async_train(task)
+            return
         if self.run_id is None:  # no model yet (the retained task can arrive first): the model decides
             if self.cid in task.selected:
                 self.pending = (task, tensors or {})
@@ -429,11 +545,14 @@ class EdgeClient:
 
     def _body_cap(self, msg: Any) -> int:
         """The largest body we accept for ``msg`` (issue 54): a task's extras (server-side strategy state such as
-        SCAFFOLD's control variate, per parameter) are bounded by a few copies of the model we hold; a model or the
+        SCAFFOLD's control variate, per parameter) are bounded by a few copies of the model we hold, an evaluation
+        request (a candidate and the current release) by two; a model or the
         cached extras (e.g. FedBM's generator, not sized by our model) by :data:`DEFAULT_MAX_BODY_BYTES`, as is
         everything before we hold a model. Bodiless kinds are refused by ``decode`` whatever the cap."""
         if msg.kind == "task" and self.global_state:
             return min(DEFAULT_MAX_BODY_BYTES, TASK_BODY_MODEL_COPIES * body_cap(self.global_state))
+        if msg.kind == "eval" and self.global_state:  # a candidate and the current release: two models
+            return min(DEFAULT_MAX_BODY_BYTES, 2 * body_cap(self.global_state))
         return DEFAULT_MAX_BODY_BYTES
 
     def handle(self, item: Incoming) -> None:
@@ -459,9 +578,22 @@ class EdgeClient:
             if (msg.meta.profile or None) != self.profile or (who or None) != self.profile:
                 return  # not the model of our device profile (or a stale subscription)
             self._on_model(msg, tensors)
+            if self._pending_eval is not None:
+                (ev, et), self._pending_eval = self._pending_eval, None
+                self._on_eval(ev, et)
+            if self.fetching and self.async_task is not None and self.async_task.run_id == self.run_id:
+                self._run_task(self.async_task, None)
             if self.pending is not None and self._task_model(self.pending[0]) == self.global_hash:
                 task, t = self.pending
                 self._run_task(task, t)
+        elif kind == "eval" and msg.kind == "eval":
+            try:
+                self._on_eval(msg, tensors or {})
+            except Exception as exc:  # noqa: BLE001 - report instead of going silent
+                logger.error("%s: cannot evaluate version %d: %s", self.cid, msg.version, exc)
+                self._error("eval_failed", str(exc), msg.version)
+        elif kind == "task" and msg.kind == "task" and msg.mode == "async":
+            self._on_async_task(msg)
         elif kind == "task" and msg.kind == "task":
             self._run_task(msg, tensors)
         elif kind == "extras" and msg.kind == "extras" and msg.run_id == self.run_id and self.run_id is not None:
@@ -514,6 +646,8 @@ class EdgeClient:
             for t in (self.topics.task, self.topics.status(COORDINATOR_ID), self.topics.secagg_down(self.cid)):
                 self.transport.subscribe(t)
             self.transport.subscribe(self.topics.error(self.cid), no_local=True)
+            if self.evaluate:
+                self.transport.subscribe(self.topics.eval)
             self._want_model(True)
             self._announce()
             while not self.finished:

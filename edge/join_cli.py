@@ -83,6 +83,13 @@ def join(
         help="With --subject: the device profile (shipped name or .json) the recording is presented through in a "
         "federation of device profiles (default lab64: the recording as it is).")] = None,
     noise_seed: Annotated[int, typer.Option(help="With --profile: seed of the profile's simulated noise.")] = 0,
+    window: Annotated[int, typer.Option(
+        help="Asynchronous federations: train on the newest N trials of the store (0: all); with --store the "
+        "store is read again before each training, so trials recorded meanwhile count.", min=0)] = 0,
+    evaluate: Annotated[bool, typer.Option(
+        help="Asynchronous federations with releases: validate instead of training - evaluate each candidate model "
+        "(and the current release) on this host's trials and report balanced accuracy and counts, never trials.")
+    ] = False,
 ) -> None:
     """Join a federation: train on local trials when selected, upload weights only (never EEG)."""
     if wait_for_broker <= 0:  # fail in about a second on a dead broker, before importing torch
@@ -103,7 +110,8 @@ def join(
     torch.set_num_threads(max(1, torch.get_num_threads()))
     loader = make_loader(data_dir, subject, store, profile, noise_seed)
     client = EdgeClient(broker, federation, client_id, loader, state_dir.expanduser(), join_timeout, wait_for_broker,
-                        montage=make_montage(store, profile), keepalive=keepalive, ca_certs=str(ca_certs) if ca_certs else None)
+                        montage=make_montage(store, profile), window=window, reload_data=store is not None, evaluate=evaluate,
+                        keepalive=keepalive, ca_certs=str(ca_certs) if ca_certs else None)
     try:
         n = client.run(max_seconds=max_seconds)
     except KeyboardInterrupt:

@@ -44,6 +44,10 @@ except ImportError as _exc:
     run_secagg_bench = run_fleet_bench = None
     _secagg_exc = _exc
 try:
+    from neurofed.bench_swap import bench_swap as run_swap_bench
+except ImportError as _exc:
+    run_swap_bench = None
+try:
     from neurofed.bench_e2e import bench_e2e as run_e2e_bench
     from neurofed.edge.bench_lsl import run_bench as run_lsl_bench
 except ImportError as _exc:
@@ -192,6 +196,23 @@ def bench_fleet(
     run_fleet_bench(parse_int_list(clients, "--clients"), rounds, out, swarm_procs, profile, clients, model, compress)
 
 
+def bench_swap(
+    out: Path = typer.Option(Path("docs/bench/swap.json"), help="Result JSON."),
+    md: Path = typer.Option(Path("docs/benchmarks/swap.md"), help="Markdown summary."),
+    data_dir: Path | None = typer.Option(None, help="EEGMMIDB folder (default $NEUROFED_DATA)."),
+    subject: int = typer.Option(3, help="EEGMMIDB subject the simulated headset replays (run 4, real time)."),
+    releases: int = typer.Option(6, help="Signed releases published (the first starts the decoder).", min=2),
+    interval: float = typer.Option(3.0, help="Seconds between two releases.", min=0.5),
+    step: float = typer.Option(0.1, help="Sliding-window step of the decoder (s).", min=0.01),
+    broker: str = typer.Option("mqtt://127.0.0.1:1883", help="Broker URL (a real broker: Mosquitto)."),
+) -> None:
+    """Release published -> first window decoded by it (p50), and windows lost at a swap: headset-sim on LSL, a
+    real `edge-client infer --follow` process, signed releases published retained on a real broker."""
+    res = run_swap_bench(out, md, data_dir, subject, releases, interval, step, broker)
+    typer.echo(f"wrote {out} and {md}: swap latency p50 {res['latency_ms_p50']:.1f} ms over {res['swaps']} swaps, "
+               f"{res['windows_lost']} windows lost")
+
+
 def bench_standalone(
     checkpoint: Annotated[Path, typer.Option(help="trained .safetensors checkpoint")],
     subjects: Annotated[str, typer.Option(help="held-out EEGMMIDB subjects, e.g. '13-19'")] = "13-16",
@@ -255,6 +276,8 @@ if run_runtime_bench is not None:
     bench.command("runtime")(bench_runtime)
 else:
     print(f"warning: runtime benchmark unavailable ({_runtime_exc})", file=sys.stderr)
+if run_swap_bench is not None:
+    bench.command("swap")(bench_swap)
 if run_standalone_bench is not None:
     bench.command("standalone")(bench_standalone)
 else:

@@ -45,7 +45,8 @@ def test_federation_reference_has_every_key_with_a_meaning(nd):
     from neurofed.broker.config import FederationConfig
 
     rows = {r[0].strip("`"): r for r in nd.federation_rows()}
-    for section, field in FederationConfig.model_fields.items():
+    for name, field in FederationConfig.model_fields.items():
+        section = field.alias or name  # the TOML name (``[async]`` is the field ``async_``)
         sub = getattr(field.annotation, "model_fields", None)
         if sub is None:  # [preprocess] and [local]: the dataclasses' fields
             assert any(k.startswith(f"{section}.") for k in rows), section

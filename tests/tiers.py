@@ -28,6 +28,9 @@ FILE_TIERS: dict[str, str] = {
     # broker/
     "tests/broker/test_cluster.py": "integration",            # a 3-node RabbitMQ cluster (skips without it)
     "tests/broker/test_coordinator_cli.py": "integration",   # 2 unit tests marked in the file
+    "tests/broker/test_async_mqtt.py": "unit",                # the real-process case is marked integration
+    "tests/broker/test_release_gate.py": "unit",              # the in-memory broker
+    "tests/broker/test_long_lived_e2e.py": "e2e",             # Mosquitto, headset-sim, infer --follow processes
     "tests/broker/test_equivalence.py": "unit",               # the real-process case is marked integration
     "tests/broker/test_fedbm_wire.py": "integration",
     "tests/broker/test_fleet_broker.py": "integration",       # 1 unit test marked in the file
@@ -90,6 +93,7 @@ FILE_TIERS: dict[str, str] = {
     # neurofed/
     "tests/neurofed/test_bench_e2e.py": "e2e",                # 1 integration (bad options) marked
     "tests/neurofed/test_bench_fleet.py": "integration",
+    "tests/neurofed/test_bench_swap.py": "e2e",               # headset-sim, an infer process, Mosquitto (~30 s)
     "tests/neurofed/test_bench_secagg.py": "unit",
     "tests/neurofed/test_demo.py": "e2e",
     "tests/neurofed/test_docsite.py": "unit",
@@ -164,7 +168,8 @@ LSL_FILES = frozenset({
     "tests/export/test_profiles_export.py", "tests/runtime/test_lsl.py", "tests/edge/test_bridge.py",
     "tests/export/test_apps_live.py", "tests/edge/test_follow_mqtt.py",
     "tests/firmware_sim/test_cli.py", "tests/firmware_sim/test_player.py", "tests/firmware_sim/test_profile.py",
-    "tests/neurofed/test_bench_e2e.py", "tests/neurofed/test_demo.py",
+    "tests/neurofed/test_bench_e2e.py", "tests/neurofed/test_demo.py", "tests/neurofed/test_bench_swap.py",
+    "tests/broker/test_long_lived_e2e.py",
 })
 
 #: files whose tests share an expensive module-scoped set-up: one xdist group each, so ``-n`` runs the set-up

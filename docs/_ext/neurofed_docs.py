@@ -174,7 +174,8 @@ def _dataclass_rows(section: str, cls: type, defaults: dict[str, Any]) -> list[t
 def federation_rows() -> list[tuple[str, ...]]:
     """One row per ``federation.toml`` key: (key, type, default, bounds, description)."""
     rows: list[tuple[str, ...]] = []
-    for section, field in FederationConfig.model_fields.items():
+    for name, field in FederationConfig.model_fields.items():
+        section = field.alias or name  # the TOML name (``[async]`` is the field ``async_``)
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             for key, sub in ann.model_fields.items():

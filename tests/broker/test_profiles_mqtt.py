@@ -102,16 +102,21 @@ def edge_cmd(url: str, fed: str, subject: int, profile: str, state: Path) -> lis
             "--profile", profile, "--state-dir", str(state), "--max-seconds", "600", "--keepalive", "5"]
 
 
-def serialise_training(edges: list[EdgeClient]) -> None:
+def serialise_training(edges: list[EdgeClient], lock: threading.Lock | None = None) -> None:
     """Edge clients on threads of one process share torch's global RNG (dropout is seeded per round and client
     with ``torch.manual_seed``; building a model draws from it too): one at a time handles a task, as separate
-    processes on separate devices would."""
-    lock = threading.Lock()
+    processes on separate devices would (``lock``: shared with other torch work of the test, e.g. an ONNX export)."""
+    lock = lock or threading.Lock()
     for e in edges:
         def run_task(*a, _run=e._run_task):
             with lock:
                 return _run(*a)
         e._run_task = run_task  # type: ignore[method-assign]
+
+        def on_eval(*a, _ev=e._on_eval):  # a validating client's evaluation (asynchronous federations)
+            with lock:
+                return _ev(*a)
+        e._on_eval = on_eval  # type: ignore[method-assign]
 
 
 def _diff(a, b) -> float:

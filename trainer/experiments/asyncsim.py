@@ -35,13 +35,20 @@ from torch import nn
 from neurofed.trainer.data.dataset import SubjectData
 from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.fl.client import client_update, init_client_state
-from neurofed.trainer.fl.fedbuff import STALE, BufferedServer, async_clip_mult, check_async
-from neurofed.trainer.fl.init import client_seed, init_group_models, init_server_state
+from neurofed.trainer.fl.fedbuff import (
+    STALE,
+    BufferedServer,
+    async_clip_mult,
+    async_seed,
+    check_async,
+    window_bounds,
+)
+from neurofed.trainer.fl.init import init_group_models, init_server_state
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.server import ServerState, downlink
 from neurofed.trainer.fl.strategies import Strategy
 
-__all__ = ["AsyncConfig", "Availability", "run_async"]
+__all__ = ["AsyncConfig", "Availability", "replay_async", "run_async", "window_bounds"]
 
 _FOREVER = 1e12  # an always-online client's session length
 _ARRIVE, _END, _FETCH = 0, 1, 2  # event kinds; at one instant arrivals first, then session ends, then fetches
@@ -91,6 +98,51 @@ class Availability:
         return float(self.rng.exponential(self.off_mean))
 
 
+def _setup(clients: Mapping[str, SubjectData], model_name: str, strategy: Strategy, cfg: AsyncConfig, seed: int):
+    """The initial model, the buffered server and every client's starting state (as the coordinator draws them)."""
+    check_async(strategy)
+    ids = sorted(clients)
+    models = init_group_models(dict(clients), {cid: "" for cid in ids}, model_name, strategy.bn_mode, seed,
+                               **strategy.model_kwargs(model_name))
+    model = models[""]
+    strategy.setup(model)
+    buf = BufferedServer(ServerState(init_server_state(models, ())), cfg.buffer_k, cfg.max_staleness, cfg.server_lr,
+                         async_clip_mult(strategy))
+    states = {cid: init_client_state(buf.server.global_state, model, strategy) for cid in ids}
+    return ids, model, buf, states
+
+
+def replay_async(
+    clients: Mapping[str, SubjectData], model_name: str, strategy: Strategy, local: LocalConfig, cfg: AsyncConfig,
+    seed: int, arrivals: list[tuple[str, int]],
+) -> tuple[BufferedServer, list]:
+    """The simulation for a fixed arrival order: ``arrivals`` lists ``(client, base version)`` of every update the
+    server received, in order (e.g. an MQTT coordinator's log). Each client trains, in its own order, from the
+    global model of the base version (its ``repeat``-th training from it, :func:`async_seed`) on the newest
+    ``cfg.window`` trials of its store (``cfg.reveal`` is not used: the store as loaded), and the update is submitted
+    to the same :class:`BufferedServer`. Returns the server and each submission's verdict."""
+    ids, model, buf, states = _setup(clients, model_name, strategy, cfg, seed)
+    worker = copy.deepcopy(model)
+    versions = {buf.version: buf.server.global_state}  # every version (a stale base must still be trained from)
+    repeats: dict[tuple[str, int], int] = {}
+    verdicts = []
+    for cid, base in arrivals:
+        if base not in versions:
+            raise NeuroFedError(f"arrival of {cid} from version {base}, which the server has not made")
+        sd = clients[cid]
+        lo, hi = window_bounds(len(sd.y), cfg.window)
+        k = repeats.get((cid, base), 0)
+        repeats[(cid, base)] = k + 1
+        down = downlink(versions[base], strategy, model)
+        upd, states[cid] = client_update(worker, down, states[cid], sd.X[lo:hi], sd.y[lo:hi], strategy, local,
+                                         async_seed(seed, base, cid, k))
+        v = buf.submit(cid, upd, base)
+        verdicts.append(v)
+        if v.aggregated:
+            versions[buf.version] = buf.server.global_state
+    return buf, verdicts
+
+
 def run_async(
     clients: Mapping[str, SubjectData], model_name: str, strategy: Strategy, local: LocalConfig, aggregations: int,
     cfg: AsyncConfig, seed: int, evaluate: Callable[[nn.Module], float] | None = None, every: int = 0,
@@ -103,17 +155,8 @@ def run_async(
     ``participation`` (accepted updates per client) and ``async`` (updates submitted/accepted/used, rejected by
     code, lost offline, simulated time, measured online fraction, the settings).
     """
-    check_async(strategy)
-    ids = sorted(clients)
-    groups = {cid: "" for cid in ids}
-    models = init_group_models(dict(clients), groups, model_name, strategy.bn_mode, seed,
-                               **strategy.model_kwargs(model_name))
-    model = models[""]
-    strategy.setup(model)
-    buf = BufferedServer(ServerState(init_server_state(models, ())), cfg.buffer_k, cfg.max_staleness, cfg.server_lr,
-                         async_clip_mult(strategy))
+    ids, model, buf, states = _setup(clients, model_name, strategy, cfg, seed)
     worker = copy.deepcopy(model)
-    states = {cid: init_client_state(buf.server.global_state, model, strategy) for cid in ids}
     avail = {cid: Availability(cfg, seed, i) for i, cid in enumerate(ids)}
     index = {cid: i for i, cid in enumerate(ids)}
     sessions = {cid: 0 for cid in ids}  # sessions begun
@@ -153,14 +196,14 @@ def run_async(
                 heapq.heappush(events, (session_end[cid], _END, index[cid], cid))
             sd = clients[cid]
             seen = len(sd.y) if cfg.reveal == 0 else min(len(sd.y), cfg.reveal * sessions[cid])
-            lo = max(0, seen - cfg.window) if cfg.window else 0
+            lo, _ = window_bounds(seen, cfg.window)
             if seen - lo < 2:
                 counts["too_few_trials"] += 1
                 continue  # nothing to train on this session: wait for the next one
             version, glob = buf.fetch()
             k = repeats.get((cid, version), 0)
             repeats[(cid, version)] = k + 1
-            tseed = client_seed(seed + 1_000_003 * k, version, cid)
+            tseed = async_seed(seed, version, cid, k)
             down = downlink(glob, strategy, model)
             upd, states[cid] = client_update(worker, down, states[cid], sd.X[lo:seen], sd.y[lo:seen], strategy,
                                              local, tseed)

@@ -40,10 +40,11 @@ from neurofed.trainer.fl.aggregate import WeightedSum
 from neurofed.trainer.fl.algorithms.robust import Robust
 from neurofed.trainer.fl.api import Component, Strategy
 from neurofed.trainer.fl.client import ClientUpdate
+from neurofed.trainer.fl.init import client_seed
 from neurofed.trainer.fl.server import ServerState
 
 __all__ = ["ACCEPTED", "FUTURE", "STALE", "AsyncRefused", "BufferedServer", "Verdict", "async_clip_mult",
-           "check_async", "staleness_weight"]
+           "async_seed", "check_async", "staleness_weight", "window_bounds"]
 
 ACCEPTED = "accepted"
 STALE = "stale"  # staleness beyond the bound
@@ -59,6 +60,19 @@ def staleness_weight(tau: int) -> float:
     if tau < 0:
         raise ValueError(f"staleness must be >= 0, got {tau}")
     return 1.0 / math.sqrt(1.0 + tau)
+
+
+def async_seed(seed: int, version: int, client_id: str, repeat: int = 0) -> int:
+    """Seed of one client's local training from global ``version`` (its ``repeat``-th training from that version,
+    0 first): the same in the simulation (:mod:`neurofed.trainer.experiments.asyncsim`) and on an edge client of an
+    asynchronous MQTT federation."""
+    return client_seed(seed + 1_000_003 * repeat, version, client_id)
+
+
+def window_bounds(seen: int, window: int) -> tuple[int, int]:
+    """``(lo, hi)``: the trials a client trains on when its store holds ``seen`` (the newest ``window``; all when 0).
+    The same rule on an edge client (``edge-client join --window``)."""
+    return (max(0, seen - window) if window else 0), seen
 
 
 #: the Component hooks whose rule assumes one synchronous cohort per round, and why (for the refusal line)
@@ -180,8 +194,9 @@ class BufferedServer:
         """What a client coming online gets: the current version and global state."""
         return self.version, self.server.global_state
 
-    def submit(self, client_id: str, update: ClientUpdate, base_version: int) -> Verdict:
-        """Buffer one update trained from ``base_version``; aggregate when the buffer holds K."""
+    def check(self, base_version: int) -> Verdict | None:
+        """The rejection an update trained from ``base_version`` gets now (counted), or None if it would be
+        accepted: lets a caller refuse a stale update before validating its body (the MQTT coordinator)."""
         tau = self.version - base_version
         if tau < 0:
             self.rejected[FUTURE] += 1
@@ -189,6 +204,13 @@ class BufferedServer:
         if tau > self.max_staleness:
             self.rejected[STALE] += 1
             return Verdict(STALE, tau)
+        return None
+
+    def submit(self, client_id: str, update: ClientUpdate, base_version: int) -> Verdict:
+        """Buffer one update trained from ``base_version``; aggregate when the buffer holds K."""
+        if (refused := self.check(base_version)) is not None:
+            return refused
+        tau = self.version - base_version
         if update.n_samples < 1:
             raise ValueError(f"update of {client_id} says it used {update.n_samples} trials")
         w = update.n_samples * staleness_weight(tau)

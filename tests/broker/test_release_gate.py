@@ -1,0 +1,142 @@
+"""Federated validation, the release gate and auto-published signed releases of an asynchronous federation.
+
+The coordinator, two training and two validating edge clients run for real over the in-memory broker (unit tier):
+every 2 versions the version is a candidate, the validating clients (``--evaluate``) report its BCA (and the current
+release's) on their own trials, the gate records its decision with the statistics, and each release is exported as
+a standalone ONNX graph, signed with the federation's Ed25519 key and published retained on the release topic -
+where a decoder's :class:`neurofed.edge.follow.ReleaseFollower` accepts it. The gate's rule alone: a unit test
+on made-up reports.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from neurofed_runtime import release as rel
+
+from neurofed.broker.config import ConfigError, load_config
+from neurofed.broker.coordinator import Coordinator
+from neurofed.broker.protocol import EvalReportMsg, Topics
+from neurofed.broker.registry import Registry
+from neurofed.broker.release_gate import ReleaseGate, paired_stats, read_history
+from neurofed.broker.validation import Rejected
+from neurofed.edge.federation import EdgeClient
+from neurofed.edge.follow import ReleaseFollower
+from neurofed.edge.join_cli import make_loader
+from neurofed.export.decoder import StandaloneModel
+from neurofed.export.standalone import export_standalone
+from neurofed.trainer.checkpoint import load_checkpoint
+from neurofed.trainer.evaluate import bca, predict
+from tests.broker.conftest import DATA_DIR, write_toml
+
+TRAIN, VALIDATE = (1, 2), (3, 4)
+
+
+def release_toml(tmp_path, fed, key, margin=1.0, every=2):
+    return write_toml(tmp_path / "federation.toml", fed, rounds=4, min_clients=4, strategy="fedavg",
+                      federation_extra='mode = "async"',
+                      extra=f"[async]\nbuffer_k = 2\nmax_staleness = 2\n[release]\nevery = {every}\nmin_clients = 2\n"
+                            f"margin = {margin}\nwait_s = 60\nkey = \"{key}\"\n")
+
+
+def test_candidates_are_validated_released_signed_and_published(memory_broker, fed_name, tmp_path):
+    from tests.broker.test_hostile import Bg
+    from tests.broker.test_profiles_mqtt import serialise_training
+
+    lock = threading.Lock()  # ONNX export, training, evaluation share this torch: one at a time (as separate processes)
+
+    priv, pub = rel.keygen(tmp_path / "keys")
+    cfg = release_toml(tmp_path, fed_name, priv)
+    out = tmp_path / "out"
+    coord = Coordinator(load_config(cfg), memory_broker.url, out, exporter=lambda c, o: locked(lock, export_standalone, c, o))
+    ct = Bg(coord.run)
+    edges = [EdgeClient(memory_broker.url, fed_name, f"S{s:03d}", make_loader(DATA_DIR, s, None), tmp_path / "state",
+                        join_timeout=60, window=30, evaluate=s in VALIDATE) for s in TRAIN + VALIDATE]
+    serialise_training(edges, lock)
+    runs = [Bg(lambda e=e: e.run(max_seconds=240)) for e in edges]
+    ct.result(300)
+    trained = [r.result(60) for r in runs]
+    assert trained[:2] != [0, 0] and trained[2:] == [0, 0]  # validating clients never train
+    assert [e.evaluations for e in edges[2:]] == [2, 2]
+
+    history = read_history(out / "releases")
+    assert [h["version"] for h in history] == [2, 4]
+    first, second = history
+    assert first["released"] and first["release"] == 1 and first["parent"] is None
+    assert second["released"] and second["release"] == 2 and second["parent"] == 1 and second["parent_version"] == 2
+    assert second["clients"] == ["S003", "S004"] and second["n_clients"] == 2
+    # the figures are the validating clients' own evaluation of the released checkpoint, recomputed here
+    for h in history:
+        model, meta = load_checkpoint(out / "releases" / f"v{h['release']:04d}.safetensors")
+        for row in h["per_client"]:
+            sd = make_loader(DATA_DIR, int(row["client"][1:]), None)(coord.spec)
+            assert row["n_trials"] == len(sd.y) and sum(row["class_counts"]) == len(sd.y)
+            assert row["bca"] == pytest.approx(bca(sd.y, predict(model, sd.X, 8)), abs=1e-9)
+        assert h == {**h, **paired_stats({r["client"]: r for r in h["per_client"]})}
+    assert second["paired_diff_mean"] == pytest.approx(
+        sum(r["bca"] - r["bca_release"] for r in second["per_client"]) / 2)
+    # signed, kept, published retained: the last release is on the topic, and a decoder accepts it
+    kept = [rel.verify_file(out / "releases" / f"v{v:04d}.onnx", pub) for v in (1, 2)]
+    assert [(r.version, r.parent) for r in kept] == [(1, None), (2, 1)]
+    payload = memory_broker.retained[Topics(fed_name).release]
+    follower = ReleaseFollower(pub, tmp_path / "decoder", StandaloneModel)
+    got = follower.offer(payload)
+    assert got is not None and got.version == 2, follower.refused
+    assert second["signed"]["sha256"] == rel.unpack(payload)[1]["header"]["sha256"]
+    assert Topics(fed_name).eval not in memory_broker.retained or not memory_broker.retained[Topics(fed_name).eval]
+    assert json.loads((out / "metrics.json").read_text())["rejections"] == {}
+
+
+def _report(eid, cid, b, r=None, n=40):
+    return EvalReportMsg(federation="f", sender=cid, eval_id=eid, version=3, n_trials=n, class_counts=[n // 2, n // 2],
+                         bca=b, bca_release=r)
+
+
+def test_the_gate_refuses_too_few_clients_and_a_worse_candidate(tmp_path):
+    import torch
+
+    from neurofed.broker.protocol import JoinMsg
+
+    reg = Registry()
+    for c in ("a", "b", "c"):
+        reg.join(JoinMsg(federation="f", sender=c, n_trials=40, n_channels=2, n_times=4, sfreq=80.0, classes=["x", "y"]))
+    gate = ReleaseGate(tmp_path, min_clients=2, margin=0.02, wait_s=10)
+    state = {"w": torch.ones(2)}
+    gate.ask("0" * 32, 3, state, 3)
+    gate.offer(_report("0" * 32, "a", 0.8), reg)
+    assert not gate.passes()[0] and "fewer than min_clients 2" in gate.passes()[1]
+    with pytest.raises(Rejected, match="already reported"):
+        gate.offer(_report("0" * 32, "a", 0.8), reg)
+    with pytest.raises(Rejected, match="joined with 40"):
+        gate.offer(_report("0" * 32, "b", 0.8, n=60), reg)
+    gate.offer(_report("0" * 32, "b", 0.6), reg)
+    assert gate.decide(1)["release"] == 1 and gate.current == 1  # first release: enough clients suffice
+    gate.ask("1" * 32, 3, {"w": torch.zeros(2)}, 3)
+    with pytest.raises(Rejected, match="bca_release"):
+        gate.offer(_report("1" * 32, "a", 0.7), reg)
+    gate.offer(_report("1" * 32, "a", 0.70, 0.80), reg)
+    gate.offer(_report("1" * 32, "b", 0.60, 0.60), reg)
+    assert gate.due() is False
+    gate.offer(_report("1" * 32, "c", 0.70, 0.70), reg)
+    assert gate.due()  # every validating client asked answered
+    ok, why = gate.passes()
+    assert not ok and "-0.0333" in why
+    rec = gate.decide(2)
+    assert not rec["released"] and rec["release"] is None and gate.current == 1
+    assert rec["paired_diff_mean"] == pytest.approx(-0.1 / 3) and rec["n_paired"] == 3
+    assert [h["released"] for h in read_history(tmp_path)] == [True, False]
+    assert torch.equal(ReleaseGate(tmp_path, 2, 0.02, 10).current_state["w"], torch.ones(2))  # kept across restarts
+
+
+def test_release_every_needs_async_mode(tmp_path):
+    cfg = write_toml(tmp_path / "f.toml", "x", extra="[release]\nevery = 2\n")
+    with pytest.raises(ConfigError, match="federation.mode"):
+        load_config(cfg)
+
+
+
+def locked(lock, fn, *args):
+    with lock:
+        return fn(*args)
