@@ -66,6 +66,10 @@ say "pip install -e runtime/ && pip install -e '.[dev,moabb,attacks,grid]'"
 pip install -q -e runtime/
 pip install -q -e '.[dev,moabb,attacks,grid]'
 
-# 5. Every tier (unit, integration, e2e; tests/tiers.py), on every core (pytest-xdist; tests that stream over
+# 5. One torch/OpenMP thread per process: the test workers and the processes they start share the cores, and a
+#    second intra-op thread per process mostly waits for a core (measured on 2 cores at load ~2.2: the 4-subject,
+#    1-round simulation of tests/trainer/test_sweep.py took 0.4-0.5 s at 1 thread, 1.8-7.1 s at 2).
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# 6. Every tier (unit, integration, e2e; tests/tiers.py), on every core (pytest-xdist; tests that stream over
 #    LSL share one worker: their xdist_group). `-m unit` etc. select a tier; `-n 0` runs in this process.
 exec python -m pytest -n auto --dist loadgroup "$@"

@@ -177,4 +177,5 @@ LSL_FILES = frozenset({
 SHARED_SETUP_FILES = {
     "tests/trainer/test_strategy_regression.py": "strategy_regression",  # the reference commit's runs (~15 s)
     "tests/broker/test_cluster.py": "rabbitmq_cluster",  # a 3-node RabbitMQ cluster (~30 s to start)
+    "tests/trainer/test_ensemble.py": "ensemble",  # three small federations with saved models
 }

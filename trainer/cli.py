@@ -95,7 +95,7 @@ def simulate(
     test_batch: Annotated[int, typer.Option(help="test batch size (batch-specific BN)")] = 8,
     eval_every: Annotated[int, typer.Option(help="evaluate the global model every N rounds (learning curve)")] = 10,
     workers: Annotated[int, typer.Option(help="parallel processes over folds/seeds")] = 1,
-    threads: Annotated[int | None, typer.Option(help="torch threads per worker (default: cores / workers)")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch threads per worker (default: $OMP_NUM_THREADS, else cores / workers)")] = None,
     fold_seed: Annotated[int, typer.Option(help="seed of the k-fold subject grouping")] = 0,
     folds: Annotated[str | None, typer.Option(help="run only these fold indices, e.g. '0,1' (a pilot)")] = None,
     save_models: Annotated[bool, typer.Option(

@@ -113,3 +113,16 @@ def test_workers_and_seeds_give_the_same_numbers(data_dir, tmp_path, monkeypatch
     assert json.loads((a / "sweep.json").read_text())["seeds"] == [0, 1]
     with pytest.raises(NeuroFedError, match="no finished job of seeds"):
         sweep_mod.sweep_runs([a], [("fgsm", 0.05)], seeds=[5])
+
+
+def test_default_threads_follow_omp_num_threads(monkeypatch):
+    """A job's torch threads: $OMP_NUM_THREADS when it is a positive integer, else cores / workers."""
+    import os
+
+    from neurofed.trainer.experiments.simulate import default_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert default_threads(1) == default_threads(4) == 3
+    for bad in ("0", "", "two"):
+        monkeypatch.setenv("OMP_NUM_THREADS", bad)
+        assert default_threads(1) == max(1, os.cpu_count() or 1) and default_threads(10_000) == 1

@@ -436,6 +436,14 @@ def write_results(cfg: SimConfig, out_dir: str | os.PathLike, done: list[dict]) 
     return results
 
 
+def default_threads(workers: int = 1) -> int:
+    """torch threads per job: ``$OMP_NUM_THREADS`` if it is a positive integer, else cores / ``workers`` (>= 1)."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, (os.cpu_count() or 1) // max(workers, 1))
+
+
 def run_simulation(
     cfg: SimConfig, out_dir: str | os.PathLike, workers: int = 1,
     on_done: Callable[[dict, int, int], None] | None = None, threads: int | None = None,
@@ -448,8 +456,9 @@ def run_simulation(
     todo, done = plan_jobs(cfg, out_dir)
     total = len(todo) + len(done)
     if todo:
-        # one torch thread per worker by default: extra threads only spin when cores are shared
-        threads = threads or max(1, (os.cpu_count() or 1) // max(workers, 1))
+        # cores / workers threads by default, or $OMP_NUM_THREADS when set (the usual knob: extra threads only spin
+        # when cores are shared, e.g. under parallel test workers)
+        threads = threads or default_threads(workers)
         if workers <= 1:
             for k, fold, seed, p in todo:
                 done.append(_job(asdict(cfg), k, fold, seed, p, threads, on_round))
