@@ -44,10 +44,6 @@ except ImportError as _exc:
     run_secagg_bench = run_fleet_bench = None
     _secagg_exc = _exc
 try:
-    from neurofed.bench_swap import bench_swap as run_swap_bench
-except ImportError as _exc:
-    run_swap_bench = None
-try:
     from neurofed.bench_e2e import bench_e2e as run_e2e_bench
     from neurofed.edge.bench_lsl import run_bench as run_lsl_bench
 except ImportError as _exc:
@@ -208,6 +204,9 @@ def bench_swap(
 ) -> None:
     """Release published -> first window decoded by it (p50), and windows lost at a swap: headset-sim on LSL, a
     real `edge-client infer --follow` process, signed releases published retained on a real broker."""
+    # lazy: it loads pylsl, which `neurofed demo` must configure (a private LSL session) before anything imports it
+    from neurofed.bench_swap import bench_swap as run_swap_bench
+
     res = run_swap_bench(out, md, data_dir, subject, releases, interval, step, broker)
     typer.echo(f"wrote {out} and {md}: swap latency p50 {res['latency_ms_p50']:.1f} ms over {res['swaps']} swaps, "
                f"{res['windows_lost']} windows lost")
@@ -276,8 +275,7 @@ if run_runtime_bench is not None:
     bench.command("runtime")(bench_runtime)
 else:
     print(f"warning: runtime benchmark unavailable ({_runtime_exc})", file=sys.stderr)
-if run_swap_bench is not None:
-    bench.command("swap")(bench_swap)
+bench.command("swap")(bench_swap)
 if run_standalone_bench is not None:
     bench.command("standalone")(bench_standalone)
 else:

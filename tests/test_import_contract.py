@@ -213,3 +213,11 @@ def test_runtime_imports_no_torch():
             "print(','.join(bad)); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, f"importing the runtime imported {res.stdout.strip()} {res.stderr[-2000:]}"
+
+
+def test_the_cli_loads_no_pylsl():
+    """`neurofed demo` gives its process a private LSL session before pylsl loads: building the CLI must not load it
+    (a benchmark module imported at the top of neurofed.cli once did, and the demo refused to start)."""
+    code = "import sys, neurofed.cli, neurofed.edge.cli; sys.exit(1 if 'pylsl' in sys.modules else 0)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, f"importing the CLIs loaded pylsl {res.stderr[-2000:]}"

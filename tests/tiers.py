@@ -150,6 +150,7 @@ TEST_TIERS: dict[str, str] = {
     # the import-linter CLI and a clean interpreter as processes
     "tests/test_import_contract.py::test_lint_imports_on_the_staging_tree": "integration",
     "tests/test_import_contract.py::test_runtime_imports_no_torch": "integration",
+    "tests/test_import_contract.py::test_the_cli_loads_no_pylsl": "integration",
     "tests/edge/test_lsl_config.py::test_session_config_text": "unit",
     "tests/edge/test_lsl_config.py::test_a_base_port_without_room_is_refused": "unit",
     "tests/trainer/test_cli.py::test_bad_data_dir_is_one_clear_line": "integration",  # the CLI as a process
@@ -178,4 +179,7 @@ SHARED_SETUP_FILES = {
     "tests/trainer/test_strategy_regression.py": "strategy_regression",  # the reference commit's runs (~15 s)
     "tests/broker/test_cluster.py": "rabbitmq_cluster",  # a 3-node RabbitMQ cluster (~30 s to start)
     "tests/trainer/test_ensemble.py": "ensemble",  # three small federations with saved models
+    # both build the wheel in the checkout (setuptools' build/ folder): one at a time
+    "tests/test_packaging.py": "wheel_build",
+    "tests/export/test_app_serve.py": "wheel_build",
 }
