@@ -204,8 +204,8 @@ def bench_swap(
 ) -> None:
     """Release published -> first window decoded by it (p50), and windows lost at a swap: headset-sim on LSL, a
     real `edge-client infer --follow` process, signed releases published retained on a real broker."""
-    # lazy: it loads pylsl, which `neurofed demo` must configure (a private LSL session) before anything imports it
-    from neurofed.bench_swap import bench_swap as run_swap_bench
+    # pylsl must load only after `neurofed demo` set up its private LSL session (tests/test_import_contract.py)
+    from neurofed.bench_swap import bench_swap as run_swap_bench  # lazy: pylsl
 
     res = run_swap_bench(out, md, data_dir, subject, releases, interval, step, broker)
     typer.echo(f"wrote {out} and {md}: swap latency p50 {res['latency_ms_p50']:.1f} ms over {res['swaps']} swaps, "

@@ -70,6 +70,9 @@ pip install -q -e '.[dev,moabb,attacks,grid]'
 #    second intra-op thread per process mostly waits for a core (measured on 2 cores at load ~2.2: the 4-subject,
 #    1-round simulation of tests/trainer/test_sweep.py took 0.4-0.5 s at 1 thread, 1.8-7.1 s at 2).
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-# 6. Every tier (unit, integration, e2e; tests/tiers.py), on every core (pytest-xdist; tests that stream over
-#    LSL share one worker: their xdist_group). `-m unit` etc. select a tier; `-n 0` runs in this process.
-exec python -m pytest -n auto --dist loadgroup "$@"
+# 6. Every tier (unit, integration, e2e; tests/tiers.py) on one more pytest-xdist worker than there are cores: over
+#    half of the tests' wall time is spent waiting (real-time LSL replays, brokers starting, deadlines), not
+#    computing (docs/BENCHMARKS.md "Test suite": 843 CPU-s in 1,918 worker-s), so a spare worker fills them. Tests that
+#    stream over LSL share one worker (their xdist_group). `-m unit` etc. select a tier; `-n 0` runs in this process.
+workers="${NEUROFED_TEST_WORKERS:-$(( $(nproc) + 1 ))}"
+exec python -m pytest -n "$workers" --dist loadgroup "$@"
