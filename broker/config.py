@@ -219,6 +219,9 @@ class FederationConfig(_Frozen):
         fed, grouped = self.federation, bool(self.strategy().group_prefixes)
         if self.release.every and fed.mode != "async":
             raise ValueError("release.every: federated validation and releases need federation.mode = \"async\"")
+        if self.release.key and not self.release.every:
+            raise ValueError("release.key: set release.every (versions between candidates) too, or nothing is ever "
+                             "released and signed")
         if fed.mode == "async":
             try:
                 check_async(self.strategy(), fed.secure_aggregation)

@@ -464,7 +464,9 @@ class Coordinator:
     # ------------------------------------------------------------------ rounds
     def _open_round(self) -> RoundState:
         r = self.server.round
-        chosen = select_clients(self.registry.candidates(), self.fed.fraction, r, self.fed.seed)
+        # validating clients (edge-client join --evaluate) never train: they only evaluate asynchronous candidates
+        trainers = [c for c in self.registry.candidates() if not self.registry.clients[c].capabilities.get("evaluate")]
+        chosen = select_clients(trainers, self.fed.fraction, r, self.fed.seed)
         down = downlink(self.server.global_state, self.strategy, self.model) if not self.profile_specs else {}
         extras = server_extras_for_clients(self.server, self.strategy)
         profiles = {c: p for c, p in self.registry.profiles().items() if c in chosen} if self.profile_specs else {}

@@ -137,6 +137,30 @@ def test_release_every_needs_async_mode(tmp_path):
 
 
 
+def test_a_release_key_without_candidates_is_refused(tmp_path):
+    cfg = write_toml(tmp_path / "f.toml", "x", extra='[release]\nkey = "keys/release.key"\n')
+    with pytest.raises(ConfigError, match="release.key: set release.every"):
+        load_config(cfg)
+
+
 def locked(lock, fn, *args):
     with lock:
         return fn(*args)
+
+
+def test_a_validating_client_is_never_selected_in_synchronous_rounds(memory_broker, fed_name, tmp_path):
+    """`edge-client join --evaluate` in a synchronous federation: the coordinator selects only the clients that train
+    (fraction 1.0: every client would be selected otherwise), and the rounds complete without the validating one."""
+    from tests.broker.test_hostile import Bg
+
+    cfg = write_toml(tmp_path / "federation.toml", fed_name, rounds=2, fraction=1.0, min_clients=2, strategy="fedavg")
+    coord = Coordinator(load_config(cfg), memory_broker.url, tmp_path / "out")
+    ct = Bg(coord.run)
+    edges = [EdgeClient(memory_broker.url, fed_name, f"S{s:03d}", make_loader(DATA_DIR, s, None), tmp_path / "state",
+                        join_timeout=60, evaluate=s == 2) for s in (1, 2)]
+    runs = [Bg(lambda e=e: e.run(max_seconds=120)) for e in edges]
+    state = ct.result(180)
+    assert state.round == 2
+    assert [r.result(60) for r in runs][1] == 0  # the validating client trained in no round
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert all(r["participants"] == ["S001"] for r in metrics["rounds"]), metrics["rounds"]
