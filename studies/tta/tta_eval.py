@@ -2,7 +2,7 @@
 
 For every job (seed, fold) of the given run directories, each held-out subject's session is decoded in its recorded
 order under every condition below by the SAME trained model; per-subject BCA goes to
-``OUT/tta/<condition>/jobs/seedS_foldKK.json`` (plus ``results.json``: per-subject means over seeds), so
+``OUT/GROUP/<condition>/jobs/seedS_foldKK.json`` (plus ``results.json``: per-subject means over seeds), so
 ``neurofed report OUT/tta/<a> OUT/tta/<b> --refs <a>`` pairs them, and ``raw.pack`` stores them.
 
 Conditions (``neurofed.trainer.tta``):
@@ -13,11 +13,13 @@ Conditions (``neurofed.trainer.tta``):
   decoder), EA offline (``off``) or online (``on``, the standalone graph's running reference);
 * ``{off,on}_adabn``: running BN moments of the session (no parameter update);
 * ``{off,on}_tent``: adaptive BN + entropy minimisation on the BN affine parameters with the safeguards;
-* ``{off,on}_im``: as ``tent`` with the diversity term (information maximisation, T-TIME's objective).
+* ``{off,on}_im``: as ``tent`` with the diversity term (information maximisation, T-TIME's objective);
+* secondary: ``{off,on}_ctxall`` (batch-specific BN over every window so far) and ``{off,on}_adabn125``
+  (running moments, momentum 0.125), ``{off,on}_im10`` (``im`` at lr 1e-2).
 
 Usage::
 
-    python studies/tta/tta_eval.py runs/tta_fedbs runs/tta_fedbs_s12 --out runs/tta_results
+    python studies/tta/tta_eval.py runs/tta_fedbs runs/tta_fedbs_s12 --out runs/tta_results --group tta_fedbs
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ CONDITIONS: dict[str, TTAConfig | None] = {
     "adabn": TTAConfig(bn="adaptive"),
     "tent": TTAConfig(bn="adaptive", entropy=True),
     "im": TTAConfig(bn="adaptive", entropy=True, diversity=1.0),
+    # secondary (added after fold 0 of seed 0 showed adaptive BN below the context of 8): other BN statistics
+    "ctxall": TTAConfig(bn="context", context=100_000),  # batch-specific BN over every window so far
+    "adabn125": TTAConfig(bn="adaptive", momentum=0.125),  # running moments with a memory of ~8 windows
+    # secondary (added after seed 0: "im" changed almost no prediction at lr 1e-3): ten times the step size
+    "im10": TTAConfig(bn="adaptive", entropy=True, diversity=1.0, lr=1e-2),
 }
 
 
@@ -52,17 +59,22 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", type=Path, help="neurofed simulate run dirs with --save-models")
     ap.add_argument("--out", type=Path, default=Path("runs/tta_results"))
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--group", default="tta", help="results sub-folder: OUT/GROUP/<condition>")
     ap.add_argument("--only", default="", help="comma list of conditions (default: all)")
+    ap.add_argument("--seeds", default="", help="comma list: only these seeds' jobs (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     conds = {k: v for k, v in CONDITIONS.items() if not args.only or k in args.only.split(",")}
     names = ["protocol"] + [f"{e}_{k}" for e in ("off", "on") for k in conds]
-    per_seed: dict[str, dict[int, dict]] = {n: {} for n in names}
     for run in args.runs:
         for job_path in sorted((run / "jobs").glob("seed*_fold*.json")):
             job = json.loads(job_path.read_text())
+            if args.seeds and job["seed"] not in {int(v) for v in args.seeds.split(",")}:
+                continue
             model, meta = load_checkpoint(job["checkpoint"])
+            if meta.test_batch_size != CONDITIONS["context"].context:
+                raise SystemExit(f"{job_path}: test batch {meta.test_batch_size}, the context conditions assume 8")
             pre = PreprocessConfig.from_dict(meta.preprocess)
             ids = [int(s[1:]) for s in job["test_subjects"]]
             aligned = load_subjects(ids, pre, args.data_dir)
@@ -79,14 +91,13 @@ def main() -> None:
                     raise SystemExit(f"{job_path}: {sa.subject} protocol BCA differs from the job's ({ref})")
                 for e, X, online in (("off", sa.X, False), ("on", sr.X, True)):
                     for k, cfg in conds.items():
-                        cfg = replace(cfg, seed=job["seed"], context=meta.test_batch_size)
+                        cfg = replace(cfg, seed=job["seed"])
                         r = decode_stream(model, X, cfg, ea_online=online)
                         rows[f"{e}_{k}"][sa.subject] = {"bca": bca(y, r.pred)}
                         stats[f"{e}_{k}"][sa.subject] = {"updates": r.updates, "skipped": r.skipped,
                                                           "resets": r.resets, "windows": len(X)}
             for n in names:
-                per_seed[n].setdefault(job["seed"], {}).update(rows[n])
-                d = args.out / "tta" / n / "jobs"
+                d = args.out / args.group / n / "jobs"
                 d.mkdir(parents=True, exist_ok=True)
                 cfg = None if n == "protocol" else CONDITIONS[n.split("_", 1)[1]]
                 out = {"fold": job["fold"], "seed": job["seed"], "test_subjects": job["test_subjects"],
@@ -95,15 +106,18 @@ def main() -> None:
                 (d / job_path.name).write_text(json.dumps(out))
             logging.info("%s: %s (%.0f s)", job_path, "  ".join(
                 f"{n} {100 * np.mean([r['bca'] for r in rows[n].values()]):.1f}" for n in names), time.time() - t0)
-    for n in names:
-        per_subject, summary = aggregate_seeds(per_seed[n])
+    for n in names:  # every job of the group's condition so far (runs evaluated in several calls add up)
+        per_seed_n: dict[int, dict] = {}
+        for f in sorted((args.out / args.group / n / "jobs").glob("seed*_fold*.json")):
+            j = json.loads(f.read_text())
+            per_seed_n.setdefault(j["seed"], {}).update(j["per_subject"])
+        per_subject, summary = aggregate_seeds(per_seed_n)
         res = {"algorithm": "tta", "condition": n, "summary": summary, "per_subject": per_subject,
-               "per_seed": {str(k): v for k, v in per_seed[n].items()},
+               "per_seed": {str(k): v for k, v in sorted(per_seed_n.items())},
                "tta": None if n == "protocol" else asdict(CONDITIONS[n.split("_", 1)[1]]),
-               "ea_online": n.startswith("on_"), "source_runs": [str(r) for r in args.runs]}
-        (args.out / "tta" / n / "results.json").write_text(json.dumps(res, indent=1))
-        print(f"{n:12s} {100 * summary['bca']['mean']:.2f}")
-
+               "ea_online": n.startswith("on_")}
+        (args.out / args.group / n / "results.json").write_text(json.dumps(res, indent=1))
+        print(f"{n:12s} {100 * summary['bca']['mean']:.2f}  seeds {sorted(per_seed_n)}")
 
 if __name__ == "__main__":
     main()
