@@ -26,7 +26,7 @@ LABELS = {
     "off_adabn": "adaptive BN (offline EA)",
     "off_tent": "adaptive BN + entropy min. (offline EA)",
     "off_im": "adaptive BN + entropy + diversity (offline EA)",
-    "on_context": "causal, context of 8, online EA (= standalone graph)",
+    "on_context": "causal, context of 8, online EA (the standalone graph's decoder)",
     "on_adabn": "adaptive BN (online EA)",
     "on_tent": "adaptive BN + entropy min. (online EA)",
     "on_im": "adaptive BN + entropy + diversity (online EA)",
