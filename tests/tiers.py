@@ -142,6 +142,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/trainer/test_studies.py": "unit",
     "tests/trainer/test_strategy_regression.py": "e2e",       # a whole `neurofed simulate` at the reference commit
     "tests/trainer/test_sweep.py": "unit",                    # 1 integration (process pool) marked
+    "tests/trainer/test_tta.py": "unit",
 }
 
 #: single tests of files that do not import pytest or are another branch's to edit (file::test name -> tier;
