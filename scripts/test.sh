@@ -66,6 +66,11 @@ say "pip install -e runtime/ && pip install -e '.[dev,moabb,attacks,grid]'"
 pip install -q -e runtime/
 pip install -q -e '.[dev,moabb,attacks,grid]'
 
+# The core count is read before OMP_NUM_THREADS is set below: GNU nproc honours OMP_NUM_THREADS (it printed 1 there,
+# so the suite ran on 2 workers instead of cores + 1).
+cores="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
+workers="${NEUROFED_TEST_WORKERS:-$(( cores + 1 ))}"
+
 # 5. One torch/OpenMP thread per process: the test workers and the processes they start share the cores, and a
 #    second intra-op thread per process mostly waits for a core (measured on 2 cores at load ~2.2: the 4-subject,
 #    1-round simulation of tests/trainer/test_sweep.py took 0.4-0.5 s at 1 thread, 1.8-7.1 s at 2).
@@ -74,5 +79,4 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 #    half of the tests' wall time is spent waiting (real-time LSL replays, brokers starting, deadlines), not
 #    computing (docs/BENCHMARKS.md "Test suite": 843 CPU-s in 1,918 worker-s), so a spare worker fills them. Tests that
 #    stream over LSL share one worker (their xdist_group). `-m unit` etc. select a tier; `-n 0` runs in this process.
-workers="${NEUROFED_TEST_WORKERS:-$(( $(nproc) + 1 ))}"
 exec python -m pytest -n "$workers" --dist loadgroup "$@"

@@ -45,3 +45,13 @@ def test_the_unit_guard_sees_processes_and_sockets_but_not_unix_sockets():
         with pytest.raises(FileNotFoundError):
             subprocess.Popen(["/nonexistent/neurofed-tier-guard"])
     assert any("internet socket" in h for h in hits) and any("started a process" in h for h in hits), hits
+
+
+def test_the_test_command_counts_cores_before_it_pins_one_thread():
+    """GNU nproc honours OMP_NUM_THREADS: read after `export OMP_NUM_THREADS=1` it said 1, and the suite ran on 2
+    workers instead of cores + 1 (docs/BENCHMARKS.md "Test suite")."""
+    lines = (ROOT / "scripts" / "test.sh").read_text().splitlines()
+    cores = next(i for i, line in enumerate(lines) if line.startswith("cores="))
+    pin = next(i for i, line in enumerate(lines) if line.startswith("export OMP_NUM_THREADS=1"))
+    assert cores < pin and "-u OMP_NUM_THREADS" in lines[cores], lines[cores]
+    assert any(line.startswith("workers=") and "cores + 1" in line for line in lines[cores:pin])
