@@ -154,7 +154,8 @@ def ort_dist(web: str | os.PathLike | None = None) -> Path:
 
 
 def live_data(model: str | os.PathLike, out_dir: str | os.PathLike, ws_url: str) -> tuple[Path, Any]:
-    """``model.onnx``, ``model.json`` and ``live.json`` (the bridge's address) for the live page in ``out_dir``.
+    """``model.onnx``, ``model.json`` and ``live.json`` (the bridge's address) for the live page in ``out_dir``;
+    ``model.onnx.sig`` too when the model is a signed release (``MODEL.onnx.sig`` beside it).
 
     The model is loaded once (:class:`StandaloneModel`: metadata validated, graph opened), so a bad file is
     refused here in one line rather than in the page. Returns ``(out_dir, metadata)``.
@@ -163,6 +164,9 @@ def live_data(model: str | os.PathLike, out_dir: str | os.PathLike, ws_url: str)
     out.mkdir(parents=True, exist_ok=True)
     sm = StandaloneModel(model)
     shutil.copyfile(model, out / "model.onnx")
+    sig = Path(f"{model}.sig")  # a signed release's detached signature travels with it (docs/security.md)
+    if sig.is_file():
+        shutil.copyfile(sig, out / "model.onnx.sig")
     (out / "model.json").write_text(sm.meta.model_dump_json(indent=1))
     (out / "live.json").write_text(json.dumps({"ws": ws_url}))
     return out, sm.meta

@@ -9,6 +9,7 @@ nothing of edge/ (the import contract).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Annotated
 
@@ -55,6 +56,8 @@ def app_serve_cmd(
     timeout: Annotated[float, typer.Option(help="LIVE: seconds to find the streams")] = 5.0,
     duration: Annotated[float | None, typer.Option(help="stop after this many seconds")] = None,
     stats_out: Annotated[Path | None, typer.Option(help="LIVE: write the bridge's counts (JSON) here at the end")] = None,
+    public_key: Annotated[Path | None, typer.Option(
+        help="LIVE: serve only a signed release (MODEL.onnx.sig) verified with this key; the page checks it too")] = None,
 ) -> None:
     """Serve the browser app on http://HOST:PORT/ until Ctrl-C; with --stream, decode a live headset in it.
 
@@ -90,9 +93,16 @@ def app_serve_cmd(
         raise NeuroFedError("--stream needs the model: --model FILE.onnx (a standalone export) or --bundle DIR")
     if not src.is_file():
         raise NeuroFedError(f"{src}: no such model file")
+    if public_key is not None:  # refuse an unsigned or foreign model here, in one line, before anything starts
+        from neurofed_runtime.release import verify_file
+
+        rel = verify_file(src, public_key)
+        console.print(f"release {rel.version} of {src} verified with {public_key}")
     wsp = ws_port if ws_port is not None else port + 1
     with tempfile.TemporaryDirectory(prefix="neurofed-live-") as tmp:
         data, meta = live_data(src, tmp, f"ws://{host}:{wsp}")
+        if public_key is not None:  # the page verifies the release itself (apps/web/live.mjs)
+            shutil.copyfile(public_key, data / "release.pub")
         cfg = BridgeConfig(stream=stream, source_id=source_id, markers=markers, mode=mode, step=step, host=host,
                            port=wsp, timeout=timeout)
         bridge = LiveBridge(LiveSpec.from_meta(meta), cfg).open()

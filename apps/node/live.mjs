@@ -3,12 +3,15 @@
 // `neurofed app serve --stream NAME`: the model and the bridge's address come from that server, every window
 // the bridge forwards is decoded here with onnxruntime-node; prints each prediction and the running accuracy.
 //   node apps/node/live.mjs --server http://127.0.0.1:8765 [--windows N] [--seconds S] [--json out.json] [--keep]
+//                           [--public-key release.pub]
+// --public-key: the server's model must be a signed release (data/model.onnx.sig, docs/security.md) verified
+// against this key, which the app holds itself (like a CA certificate); otherwise it is refused.
 // Ends after N windows, S seconds, or when the bridge closes; --json writes every result (--keep: with the
 // window's samples, base64) plus the accuracy and latency quantiles. Errors: one line, exit 2.
-import { writeFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import * as ort from "onnxruntime-node";
 import WebSocket from "ws";
-import { LiveSession, NeurofedError, StandaloneDecoder } from "../web/neurofed.mjs";
+import { LiveSession, NeurofedError, StandaloneDecoder, importReleaseKey, verifyRelease } from "../web/neurofed.mjs";
 
 function arg(name, fallback) {
   const i = process.argv.indexOf(`--${name}`);
@@ -32,6 +35,14 @@ async function main() {
   const seconds = Number(arg("seconds", "0"));
   const meta = await (await fetchOk(`${server}/data/model.json`, "model metadata")).json();
   const model = new Uint8Array(await (await fetchOk(`${server}/data/model.onnx`, "model")).arrayBuffer());
+  const pub = arg("public-key");
+  if (pub) {
+    const key = await importReleaseKey(readFileSync(pub, "utf8"));
+    const sig = await fetch(`${server}/data/model.onnx.sig`).catch(() => null);
+    if (!sig?.ok) throw new NeurofedError(`${server} serves no model signature (an unsigned model is refused with --public-key)`);
+    const h = await verifyRelease(model, await sig.text(), key, meta);
+    console.log(`release ${h.version} verified (sha256 ${h.sha256.slice(0, 12)}…)`);
+  }
   const url = arg("ws") ?? (await (await fetchOk(`${server}/data/live.json`, "bridge address")).json()).ws;
   const dec = await StandaloneDecoder.create(ort, model, meta, ["cpu"]);
   const ws = new WebSocket(url);

@@ -1,12 +1,13 @@
 #!/usr/bin/env node
 // Replay a NeuroFed app bundle (model.onnx, model.json, recording.bin/.json) through the
 // standalone decoder with onnxruntime-node: prints each window's prediction and the running
-// accuracy; --json FILE writes every window's probabilities.
-//   node apps/node/replay.mjs --bundle DIR [--json out.json]
-import { readFileSync, writeFileSync } from "node:fs";
+// accuracy; --json FILE writes every window's probabilities. With --public-key PEM the model must be a signed
+// release (DIR/model.onnx.sig, docs/security.md) verified against that key before it is loaded.
+//   node apps/node/replay.mjs --bundle DIR [--json out.json] [--public-key release.pub]
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import * as ort from "onnxruntime-node";
-import { NeurofedError, StandaloneDecoder, recordingWindows } from "../web/neurofed.mjs";
+import { NeurofedError, StandaloneDecoder, importReleaseKey, recordingWindows, verifyRelease } from "../web/neurofed.mjs";
 
 function arg(name, fallback) {
   const i = process.argv.indexOf(`--${name}`);
@@ -15,10 +16,18 @@ function arg(name, fallback) {
 
 async function main() {
   const dir = arg("bundle");
-  if (!dir) throw new NeurofedError("usage: replay.mjs --bundle DIR [--json out.json]");
+  if (!dir) throw new NeurofedError("usage: replay.mjs --bundle DIR [--json out.json] [--public-key release.pub]");
   const meta = JSON.parse(readFileSync(join(dir, "model.json"), "utf8"));
   const doc = JSON.parse(readFileSync(join(dir, "recording.json"), "utf8"));
-  const dec = await StandaloneDecoder.create(ort, join(dir, "model.onnx"), meta, ["cpu"]);
+  const model = readFileSync(join(dir, "model.onnx"));
+  const pub = arg("public-key");
+  if (pub) {
+    const sigPath = join(dir, "model.onnx.sig");
+    if (!existsSync(sigPath)) throw new NeurofedError(`${sigPath}: no signature (an unsigned model is refused with --public-key)`);
+    const h = await verifyRelease(model, readFileSync(sigPath, "utf8"), await importReleaseKey(readFileSync(pub, "utf8")), meta);
+    console.log(`release ${h.version} verified (sha256 ${h.sha256.slice(0, 12)}…)`);
+  }
+  const dec = await StandaloneDecoder.create(ort, new Uint8Array(model), meta, ["cpu"]);
   dec.checkStream(doc);
   const windows = recordingWindows(doc, readFileSync(join(dir, "recording.bin")));
   let state = dec.initialState();

@@ -1,13 +1,14 @@
 // Live decoding in the browser: the bridge of `neurofed app serve --stream NAME` forwards a LSL EEG stream and
 // its cues over a WebSocket; every window is decoded here with onnxruntime-web (neurofed.mjs's LiveSession).
 // Query: ?ws=ws://host:port (default: data/live.json), threads=1, keep=1 (keep each window for tests).
-// Results: window.neurofed (results, accuracy, status, error).
-import { LiveSession, StandaloneDecoder } from "./neurofed.mjs";
+// Results: window.neurofed (results, accuracy, status, error, release: the verified release header or null).
+// A server started with --public-key serves data/release.pub: the model must then be a release signed by that key.
+import { LiveSession, NeurofedError, StandaloneDecoder, importReleaseKey, verifyRelease } from "./neurofed.mjs";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const EEG_SECONDS = 5;
-const state = { results: [], status: [], error: null, connected: false, closed: false, session: null };
+const state = { results: [], status: [], error: null, connected: false, closed: false, session: null, release: null };
 window.neurofed = state;
 
 async function fetchOk(url, kind) {
@@ -93,12 +94,22 @@ async function main() {
   ort.env.wasm.wasmPaths = new URL("node_modules/onnxruntime-web/dist/", location.href).href;
   const meta = await (await fetchOk("data/model.json", "model metadata")).json();
   const model = new Uint8Array(await (await fetchOk("data/model.onnx", "model")).arrayBuffer());
+  // `neurofed app serve --public-key K` serves K as data/release.pub: the model must then be a release signed by it
+  const pub = await fetch("data/release.pub");
+  let release = null;
+  if (pub.ok) {
+    const sig = await fetch("data/model.onnx.sig");
+    if (!sig.ok) throw new NeurofedError("the server gives a release key but no model signature: unsigned model refused");
+    release = await verifyRelease(model, await sig.text(), await importReleaseKey(await pub.text()), meta);
+  }
+  state.release = release;
   const url = params.get("ws") ?? (await (await fetchOk("data/live.json", "bridge address")).json()).ws;
   const dec = await StandaloneDecoder.create(ort, model, meta, ["wasm"]);
   const sa = meta.standalone;
   $("model").textContent =
     `${meta.model} (${meta.bn_mode}, ${meta.strategy || "?"}), model hash ${meta.model_hash.slice(0, 12)}…; ` +
-    `${meta.n_channels} channels at ${sa.rate} Hz (${sa.unit}), ${sa.window_samples}-sample windows`;
+    `${meta.n_channels} channels at ${sa.rate} Hz (${sa.unit}), ${sa.window_samples}-sample windows` +
+    (release ? `; signed release ${release.version}, verified` : "");
   drawBars(meta.classes, meta.classes.map(() => 0));
   let scope = null;
   const ws = new WebSocket(url);

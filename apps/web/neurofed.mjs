@@ -291,3 +291,84 @@ export class LiveSession {
     return xs.length ? xs[Math.min(xs.length - 1, Math.floor(q * xs.length))] : null;
   }
 }
+
+// ----------------------------------------------------------------------------- signed releases
+// The JavaScript half of neurofed_runtime.release (runtime/neurofed_runtime/release.py, docs/security.md): a
+// release is the standalone ONNX file and a detached signature document MODEL.onnx.sig,
+//   {"header": {"format": "neurofed-release/1", "version", "parent", "created", "sha256", "size", "model_hash", ...},
+//    "signature": "<base64 Ed25519 signature of SIGNED_PREFIX + the header's canonical JSON>"}
+// verified with WebCrypto's Ed25519 (browsers and Node >= 20) against the federation's public key (PEM, SPKI).
+
+export const RELEASE_FORMAT = "neurofed-release/1";
+const SIGNED_PREFIX = `${RELEASE_FORMAT}\n`;
+const HEADER_KEYS = new Set(["format", "version", "parent", "created", "sha256", "size", "model_hash", "rollback_of"]);
+
+/** Python's json.dumps(value, sort_keys=True, separators=(",", ":")) for the JSON values a header holds. */
+function canonicalJson(value) {
+  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(",")}]`;
+  if (value !== null && typeof value === "object") {
+    return `{${Object.keys(value).sort().map((k) => `${JSON.stringify(k)}:${canonicalJson(value[k])}`).join(",")}}`;
+  }
+  return JSON.stringify(value);
+}
+
+function base64Bytes(b64, what) {
+  let bin;
+  try {
+    bin = atob(b64);
+  } catch {
+    throw new NeurofedError(`${what} is not base64`);
+  }
+  return Uint8Array.from(bin, (c) => c.charCodeAt(0));
+}
+
+function hex(buffer) {
+  return Array.from(new Uint8Array(buffer), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/** The Ed25519 public key of a PEM text (`neurofed release keygen` writes it: release.pub). */
+export async function importReleaseKey(pem, subtle = globalThis.crypto?.subtle) {
+  if (!subtle) throw new NeurofedError("this runtime has no WebCrypto (crypto.subtle): signed models cannot be checked");
+  const m = /-----BEGIN PUBLIC KEY-----([\s\S]+?)-----END PUBLIC KEY-----/.exec(String(pem));
+  if (!m) throw new NeurofedError("the release key is not a PEM public key (-----BEGIN PUBLIC KEY-----)");
+  try {
+    return await subtle.importKey("spki", base64Bytes(m[1].replace(/\s+/g, ""), "the release key"), { name: "Ed25519" },
+      false, ["verify"]);
+  } catch (err) {
+    if (err instanceof NeurofedError) throw err;
+    throw new NeurofedError(`the release key is not an Ed25519 public key (${err.name ?? err.message})`);
+  }
+}
+
+/**
+ * Verify a signed release before it is loaded: the signature document (text of MODEL.onnx.sig) must be signed by
+ * `key` (from importReleaseKey) and name exactly these model bytes (size, sha256), and, when `meta` is given, the
+ * model's hash. Returns the verified header; anything else throws a one-line NeurofedError.
+ */
+export async function verifyRelease(model, sigText, key, meta = null, subtle = globalThis.crypto?.subtle) {
+  const bytes = model instanceof Uint8Array ? model : new Uint8Array(model);
+  let doc;
+  try {
+    doc = JSON.parse(sigText);
+  } catch {
+    throw new NeurofedError("the model's signature file is not JSON");
+  }
+  const h = doc?.header;
+  if (!doc || typeof doc !== "object" || Object.keys(doc).sort().join() !== "header,signature" ||
+      !h || typeof h !== "object" || h.format !== RELEASE_FORMAT || !Object.keys(h).every((k) => HEADER_KEYS.has(k))) {
+    throw new NeurofedError(`the model's signature file is not a ${RELEASE_FORMAT} document`);
+  }
+  if (!Number.isInteger(h.version) || h.version < 1 || typeof h.sha256 !== "string" || !Number.isInteger(h.size)) {
+    throw new NeurofedError("the release header has an invalid version, sha256 or size");
+  }
+  const signed = new TextEncoder().encode(SIGNED_PREFIX + canonicalJson(h));
+  const ok = await subtle.verify({ name: "Ed25519" }, key, base64Bytes(String(doc.signature), "the signature"), signed);
+  if (!ok) throw new NeurofedError("bad signature: the model is not signed by the federation's release key (or its header was altered)");
+  if (bytes.length !== h.size || hex(await subtle.digest("SHA-256", bytes)) !== h.sha256) {
+    throw new NeurofedError("the model's bytes differ from the signed ones (sha256 mismatch: tampered or truncated)");
+  }
+  if (meta && h.model_hash && meta.model_hash && meta.model_hash !== h.model_hash) {
+    throw new NeurofedError(`the metadata's model hash ${meta.model_hash.slice(0, 12)}… is not the release's ${h.model_hash.slice(0, 12)}…`);
+  }
+  return h;
+}

@@ -112,6 +112,55 @@ console.log(JSON.stringify(errs));
     assert r.returncode == 2 and r.stderr.strip() == "error: recording.bin has 12 bytes, expected 4 x 45 x 21 x 640"
 
 
+@pytest.fixture(scope="module")
+def signed(bundle, tmp_path_factory):
+    """(bundle with model.onnx.sig of release 1, its public key, another key's public key)."""
+    from neurofed_runtime import release
+
+    keys = tmp_path_factory.mktemp("keys")
+    priv, pub = release.keygen(keys)
+    _, other = release.keygen(keys, "other")
+    out = tmp_path_factory.mktemp("signed")
+    shutil.copytree(bundle, out, dirs_exist_ok=True)
+    doc = release.sign((out / "model.onnx").read_bytes(), release.load_private(priv), version=1)
+    release.sig_path(out / "model.onnx").write_text(json.dumps(doc))
+    return out, pub, other
+
+
+def test_node_verifies_a_signed_release_and_refuses_others(signed, tmp_path):
+    """The Node app checks the Python-signed release (Ed25519, WebCrypto) before it loads the model."""
+    out, pub, other = signed
+
+    def replay(bundle_dir, key):
+        return subprocess.run([_node(), str(NODE / "replay.mjs"), "--bundle", str(bundle_dir), "--public-key", str(key)],
+                              check=False, capture_output=True, text=True, timeout=120)
+
+    r = replay(out, pub)
+    assert r.returncode == 0, r.stderr
+    assert "release 1 verified" in r.stdout and "accuracy" in r.stdout
+    r = replay(out, other)  # a release key that did not sign it
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: bad signature"), r.stderr
+    tampered = tmp_path / "tampered"
+    shutil.copytree(out, tampered)
+    data = bytearray((tampered / "model.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (tampered / "model.onnx").write_bytes(bytes(data))
+    r = replay(tampered, pub)
+    assert r.returncode == 2 and "sha256 mismatch" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    (tampered / "model.onnx.sig").unlink()
+    r = replay(tampered, pub)
+    assert r.returncode == 2 and "no signature (an unsigned model is refused" in r.stderr, r.stderr
+
+
+def test_app_serve_refuses_an_unsigned_model_with_a_key(bundle, signed, tmp_path):
+    _, pub, _ = signed
+    r = subprocess.run(["neurofed", "app", "serve", "--stream", "nf-unsigned-never-streams", "--model",
+                        str(bundle / "model.onnx"), "--public-key", str(pub), "--port", str(_free_port())],
+                       check=False, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "signature file not found (an unsigned model is refused)" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -128,7 +177,7 @@ def _wait_done(d, timeout: float = 240.0) -> dict:
     raise AssertionError("the page did not finish")
 
 
-def test_browser_replay_equals_python(bundle, python_probs, browser, tmp_path):
+def test_browser_replay_equals_python(bundle, python_probs, browser, signed, tmp_path):
     assert (WEB / "node_modules" / "onnxruntime-web" / "dist").is_dir(), "run `npm ci` in apps/web (.ci/run does)"
     port = _free_port()
     web = tmp_path / "web"  # a private copy of the page: parallel runs never share data/
@@ -153,6 +202,18 @@ def test_browser_replay_equals_python(bundle, python_probs, browser, tmp_path):
             + BAD_INPUT_JS + " return errs; })().then(done, (e) => done({fatal: e.message}));"
         )
         _check_bad_input(errs)
+        # the page's verifier (WebCrypto Ed25519 in Chromium) accepts the Python-signed release, refuses another key
+        out, pub, other = signed
+        got = browser.execute_async_script(
+            "const [sig, pub, other, done] = arguments;"
+            "(async () => { const m = await import('./neurofed.mjs');"
+            " const model = new Uint8Array(await (await fetch('data/model.onnx')).arrayBuffer());"
+            " const h = await m.verifyRelease(model, sig, await m.importReleaseKey(pub), window.neurofed.decoder.meta);"
+            " let refused = null;"
+            " try { await m.verifyRelease(model, sig, await m.importReleaseKey(other)); } catch (e) { refused = e.message; }"
+            " return {version: h.version, refused}; })().then(done, (e) => done({fatal: e.message}));",
+            (out / "model.onnx.sig").read_text(), pub.read_text(), other.read_text())
+        assert got.get("version") == 1 and got["refused"].startswith("bad signature"), got
         browser.get(f"http://127.0.0.1:{port}/index.html?speed=0&data=nothing")
         st = _wait_done(browser)
         assert "nothing/model.json: HTTP 404" in st["error"]

@@ -92,13 +92,22 @@ def test_live_page_and_node_decode_a_headset_sim_stream(bundle, browser, data_di
     port, wsp = _free_port(), _free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     sim_log, srv_log = tmp_path / "sim.log", tmp_path / "serve.log"
+    # the model is a signed release: the server, the page and Node each verify it against the public key
+    from neurofed_runtime import release
+
+    signed = tmp_path / "release"
+    signed.mkdir()
+    shutil.copyfile(bundle / "model.onnx", signed / "model.onnx")
+    priv, pub = release.keygen(tmp_path / "keys")
+    doc = release.sign((signed / "model.onnx").read_bytes(), release.load_private(priv), version=1)
+    release.sig_path(signed / "model.onnx").write_text(json.dumps(doc))
     sim = subprocess.Popen(
         [sys.executable, "-m", "neurofed.firmware_sim.cli", "--subject", "3", "--runs", "4", "--name", name,
          "--speed", "4", "--wait-consumers", "120", "--go-file", str(go), "--data-dir", str(data_dir)],
         stdout=sim_log.open("w"), stderr=subprocess.STDOUT, env=env)
     srv = subprocess.Popen(
-        [sys.executable, "-m", "neurofed.cli", "app", "serve", "--model", str(bundle / "model.onnx"), "--stream",
-         name, "--port", str(port), "--ws-port", str(wsp), "--timeout", "30", "--duration", "300",
+        [sys.executable, "-m", "neurofed.cli", "app", "serve", "--model", str(signed / "model.onnx"), "--stream",
+         name, "--public-key", str(pub), "--port", str(port), "--ws-port", str(wsp), "--timeout", "30", "--duration", "300",
          "--stats-out", str(tmp_path / "bridge.json")],
         stdout=srv_log.open("w"), stderr=subprocess.STDOUT, env=env)
     node_proc = None
@@ -109,7 +118,7 @@ def test_live_page_and_node_decode_a_headset_sim_stream(bundle, browser, data_di
                "the page to connect to the bridge")
         node_proc = subprocess.Popen(
             [node, str(NODE / "live.mjs"), "--server", f"http://127.0.0.1:{port}", "--windows", str(N_CUES),
-             "--keep", "--json", str(tmp_path / "node.json")],
+             "--keep", "--json", str(tmp_path / "node.json"), "--public-key", str(pub)],
             stdout=(tmp_path / "node.log").open("w"), stderr=subprocess.STDOUT)
         _until(lambda: srv_log.read_text().count("connected") >= 2, 60, "Node to connect to the bridge")
         go.touch()  # both apps are listening: the headset starts
@@ -118,6 +127,8 @@ def test_live_page_and_node_decode_a_headset_sim_stream(bundle, browser, data_di
                    180, "the page to decode every cue")
         assert n == N_CUES, browser.execute_script("return window.neurofed.status")
         page = browser.execute_script("return window.neurofed.results")
+        assert browser.execute_script("return window.neurofed.release && window.neurofed.release.version") == 1
+        assert "signed release 1, verified" in browser.find_element("id", "model").text
         shot = tmp_path / "live.png"
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
         assert node_proc.wait(120) == 0, (tmp_path / "node.log").read_text()
@@ -132,6 +143,7 @@ def test_live_page_and_node_decode_a_headset_sim_stream(bundle, browser, data_di
         sim.wait(60)
     out = srv_log.read_text()
     assert srv.returncode == 0 and "Traceback" not in out, out
+    assert "release 1 of" in out and "release 1 verified" in (tmp_path / "node.log").read_text()
     bridge = json.loads((tmp_path / "bridge.json").read_text())
     assert bridge["windows"] == N_CUES and bridge["garbage_messages"] == 0 and bridge["clients"] == 2
     assert bridge["predictions_reported"] == 2 * N_CUES  # both apps reported every prediction back
