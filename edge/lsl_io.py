@@ -21,6 +21,9 @@ class StreamError(NeuroFedError):
     """An LSL stream cannot be found, has the wrong shape, or was lost."""
 
 
+#: seconds :func:`find_stream` spends listing the visible streams when none matched
+LIST_WAIT_S = 1.0
+
 #: Inlet processing: liblsl flags applied inside the inlet. Clock synchronisation is done here (see
 #: :meth:`Inlet.pull`) rather than with ``proc_clocksync``: after a stream recovers, liblsl's in-inlet clock
 #: sync makes every pull time out until a fresh offset arrives, which never happens once the outlet is gone,
@@ -89,7 +92,8 @@ def find_stream(name: str | None = None, stype: str | None = None, source_id: st
     pred = _predicate(name, stype, source_id)
     found = pylsl.resolve_bypred(pred, 1, timeout)
     if not found:
-        visible = sorted(f"{i.name()} ({i.type()}, {i.source_id()})" for i in pylsl.resolve_streams(0.5))
+        # the listing waits 1 s: at 0.5 s a loaded 2-core machine missed a stream that was there (a test flake)
+        visible = sorted(f"{i.name()} ({i.type()}, {i.source_id()})" for i in pylsl.resolve_streams(LIST_WAIT_S))
         raise StreamError(f"no LSL stream matching {pred} within {timeout:g} s; visible: {visible or 'none'} "
                           "(a stream on this machine that stays invisible while others show: raise [ports] "
                           "PortRange in lsl_api.cfg, see edge/lsl_config.py)")

@@ -78,5 +78,5 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # 6. Every tier (unit, integration, e2e; tests/tiers.py) on one more pytest-xdist worker than there are cores: over
 #    half of the tests' wall time is spent waiting (real-time LSL replays, brokers starting, deadlines), not
 #    computing (docs/BENCHMARKS.md "Test suite": 843 CPU-s in 1,918 worker-s), so a spare worker fills them. Tests that
-#    stream over LSL share one worker (their xdist_group). `-m unit` etc. select a tier; `-n 0` runs in this process.
+#    stream over LSL run in two xdist groups (tests/tiers.py). `-m unit` etc. select a tier; `-n 0` runs in this process.
 exec python -m pytest -n "$workers" --dist loadgroup "$@"

@@ -54,7 +54,7 @@ def subjects4(data_dir, small_cfg, tmp_path_factory):
 # Every test is exactly one of unit / integration / e2e (tests/tiers.py says how a test gets its tier).
 
 from tests import tier_guard  # noqa: E402
-from tests.tiers import FILE_TIERS, LSL_FILES, SHARED_SETUP_FILES, TEST_TIERS, TIERS  # noqa: E402
+from tests.tiers import FILE_TIERS, LSL_FILES, LSL_SECOND_GROUP, SHARED_SETUP_FILES, TEST_TIERS, TIERS  # noqa: E402
 
 _TIER_STASH = pytest.StashKey[dict]()
 
@@ -77,7 +77,7 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("xdist_group") is None:  # under `-n ... --dist loadgroup` (tests/tiers.py)
             rel = Path(item.fspath).resolve().relative_to(root).as_posix()
             if own != ["unit"] and rel in LSL_FILES:  # one worker, one at a time
-                item.add_marker(pytest.mark.xdist_group("lsl"))
+                item.add_marker(pytest.mark.xdist_group("lsl2" if rel in LSL_SECOND_GROUP else "lsl"))
             elif rel in SHARED_SETUP_FILES:  # one worker: its module-scoped set-up runs once
                 item.add_marker(pytest.mark.xdist_group(SHARED_SETUP_FILES[rel]))
     config.stash[_TIER_STASH] = tiers

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests import tier_guard
-from tests.tiers import FILE_TIERS, LSL_FILES, SHARED_SETUP_FILES, TEST_TIERS, TIERS
+from tests.tiers import FILE_TIERS, LSL_FILES, LSL_SECOND_GROUP, SHARED_SETUP_FILES, TEST_TIERS, TIERS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def test_every_collected_test_has_exactly_one_tier(collected_tiers):
 def test_the_tier_table_names_every_test_file_and_only_those():
     files = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py")}
     assert set(FILE_TIERS) - files == set(), "tests/tiers.py names files that do not exist"
-    assert LSL_FILES <= files and set(SHARED_SETUP_FILES) <= files
+    assert LSL_FILES <= files and set(SHARED_SETUP_FILES) <= files and LSL_SECOND_GROUP <= LSL_FILES
     assert set(FILE_TIERS.values()) | set(TEST_TIERS.values()) <= set(TIERS)
     for node in TEST_TIERS:
         path, name = node.split("::")

@@ -159,8 +159,8 @@ TEST_TIERS: dict[str, str] = {
     "tests/trainer/test_cli.py::test_simulate_ct_loso_writes_results_and_resumes": "e2e",
 }
 
-#: files whose non-unit tests stream over LSL (or run the demo, which does): one xdist group ("lsl"), so under
-#: ``-n`` they run one at a time on one worker. Sessions are private per worker process (tests/lsl_support.py),
+#: files whose non-unit tests stream over LSL (or run the demo, which does): two xdist groups ("lsl", and "lsl2"
+#: for LSL_SECOND_GROUP below), so under ``-n`` at most two run at a time. Sessions are private per worker process (tests/lsl_support.py),
 #: but every session on the machine takes its service ports from the same 128-port range (edge/lsl_config.py),
 #: and two workers opening dozens of outlets and resolvers at once could push outlets out of it.
 LSL_FILES = frozenset({
@@ -172,6 +172,16 @@ LSL_FILES = frozenset({
     "tests/firmware_sim/test_cli.py", "tests/firmware_sim/test_player.py", "tests/firmware_sim/test_profile.py",
     "tests/neurofed/test_bench_e2e.py", "tests/neurofed/test_demo.py", "tests/neurofed/test_bench_swap.py",
     "tests/broker/test_long_lived_e2e.py",
+})
+
+#: LSL files that form the second group ("lsl2"): one group alone (540 s of the suite's 1,521 worker-s, 3 workers)
+#: was the suite's critical path. Balanced by measured wall time (~270 s each, docs/BENCHMARKS.md "Test suite").
+#: Each worker's LSL session has its own liblsl port range (tests/lsl_support.py), so two groups do not crowd one.
+LSL_SECOND_GROUP = frozenset({
+    "tests/export/test_apps_live.py", "tests/edge/test_infer_lsl.py", "tests/broker/test_long_lived_e2e.py",
+    "tests/edge/test_follow_mqtt.py", "tests/edge/test_capture.py", "tests/firmware_sim/test_player.py",
+    "tests/edge/test_lsl_bench.py", "tests/edge/test_lsl_buffer.py", "tests/edge/test_record_profiles.py",
+    "tests/edge/test_lsl_config.py",
 })
 
 #: files whose tests share an expensive module-scoped set-up: one xdist group each, so ``-n`` runs the set-up
