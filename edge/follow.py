@@ -145,6 +145,7 @@ class ReleaseFollower:
         self._lock = threading.Lock()
         self.refused: list[str] = []
         self.swaps: list[dict[str, Any]] = []
+        self.accepted: list[int] = []  # versions verified and loaded (a later one may supersede one before its swap)
         self._newest_seen = version  # versions accepted into the pending slot (a later one replaces it)
 
     # -------------------------------------------------------------- receiving (any thread)
@@ -175,6 +176,7 @@ class ReleaseFollower:
         p = Pending(r.version, model, path, t0, time.monotonic(), r.rollback_of)
         with self._lock:
             self._pending, self._newest_seen = p, r.version
+            self.accepted.append(r.version)
         logger.info("release %d verified (%s%s); swapping at the next window", r.version, path,
                     f", a rollback to release {r.rollback_of}'s model" if r.rollback_of is not None else "")
         return p
