@@ -22,6 +22,7 @@ Latency (logged at the end) = emission time - local arrival time of the window's
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -381,6 +382,7 @@ def infer(
             + (f" and MQTT {mqtt}" if mqtt else "")
         )
         stop = threading.Event()
+        _stop_on_sigterm(stop)
         stats = run_loop(
             engine,
             eeg,
@@ -405,6 +407,14 @@ def infer(
     console.print(f"done: {stats}")
     if stats_out is not None:
         stats_out.write_text(json.dumps(stats, indent=1))
+
+
+def _stop_on_sigterm(stop: threading.Event) -> None:
+    """SIGTERM (a service manager stopping the decoder, or a launcher whose children ignore SIGINT, as a background
+    job's do) ends the decode loop between two windows: every window decoded so far is published and counted, and
+    the stats are written."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
 
 
 def _start_follow(model, pub, broker, federation, release_dir, release_timeout, ca, console):

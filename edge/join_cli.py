@@ -78,7 +78,8 @@ def join(
     noise_seed: Annotated[int, typer.Option(help="With --profile: seed of the profile's simulated noise.")] = 0,
     window: Annotated[int, typer.Option(
         help="Asynchronous federations: train on the newest N trials of the store (0: all); with --store the "
-        "store is read again before each training, so trials recorded meanwhile count.", min=0)] = 0,
+        "store is read again before each training (and each evaluation with --evaluate), so trials recorded "
+        "meanwhile count.", min=0)] = 0,
     evaluate: Annotated[bool, typer.Option(
         help="Asynchronous federations with releases: validate instead of training - evaluate each candidate model "
         "(and the current release) on this host's trials and report balanced accuracy and counts, never trials.")

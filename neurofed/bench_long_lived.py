@@ -310,7 +310,7 @@ def run_fleet(plan: FleetPlan, broker: str, work: Path, data_dir: Path | None,
     finally:
         for d in decoders.values():
             if d.poll() is None:
-                d.send_signal(signal.SIGINT)  # the decoder ends its loop and writes its stats
+                d.send_signal(signal.SIGTERM)  # the decoder ends its loop and writes its stats
         for d in decoders.values():
             try:
                 d.wait(20)
@@ -353,9 +353,9 @@ BENCH_PLAN = FleetPlan(
     train={1: (4, 8, 12), 2: (4, 8), 5: (4, 8, 12), 6: (4, 8, 12), 7: (4, 8, 12), 8: (4, 8, 12)},
     validate={3: (4, 8, 12), 9: (4, 8, 12)}, heldout=(47, 48),
     join_at_version={6: 6, 8: 12}, leave_after_sessions={2: 2},
-    rounds=36, buffer_k=3, max_staleness=4, strategy="fedbs", window=45, local={},
-    every=6, release_min_clients=2, margin=0.02, wait_s=60.0, speed=20.0, live_speed=10.0, gap_s=5.0,
-    forge=True, rollback_to=None, windows_per_last=20, timeout_s=1500.0)
+    rounds=120, buffer_k=3, max_staleness=4, strategy="fedbs", window=45, local={},
+    every=20, release_min_clients=2, margin=0.02, wait_s=60.0, speed=20.0, live_speed=10.0, gap_s=5.0,
+    forge=True, rollback_to=None, windows_per_last=30, timeout_s=1500.0)
 
 
 def bench_long_lived(out: Path, data_dir: Path | None, broker: str = "mqtt://127.0.0.1:1883",
