@@ -353,8 +353,8 @@ BENCH_PLAN = FleetPlan(
     train={1: (4, 8, 12), 2: (4, 8), 5: (4, 8, 12), 6: (4, 8, 12), 7: (4, 8, 12), 8: (4, 8, 12)},
     validate={3: (4, 8, 12), 9: (4, 8, 12)}, heldout=(47, 48),
     join_at_version={6: 6, 8: 12}, leave_after_sessions={2: 2},
-    rounds=120, buffer_k=3, max_staleness=4, strategy="fedbs", window=45, local={},
-    every=20, release_min_clients=2, margin=0.02, wait_s=60.0, speed=20.0, live_speed=10.0, gap_s=5.0,
+    rounds=60, buffer_k=6, max_staleness=1, strategy="fedavg", window=45, local={},
+    every=10, release_min_clients=2, margin=0.02, wait_s=60.0, speed=20.0, live_speed=10.0, gap_s=5.0,
     forge=True, rollback_to=None, windows_per_last=30, timeout_s=1500.0)
 
 
@@ -384,7 +384,8 @@ def bench_long_lived(out: Path, data_dir: Path | None, broker: str = "mqtt://127
                 "stores, late joiners, a client leaving for good, validating clients), releases through the gate "
                 "to two cue-locked --follow decoders on held-out subjects; live BCA per release beside its "
                 "federated validation BCA",
-        "command": "neurofed bench long-lived",
+        "command": (f"neurofed bench long-lived --strategy {plan.strategy} --rounds {plan.rounds} --buffer-k "
+                    f"{plan.buffer_k} --max-staleness {plan.max_staleness} --every {plan.every} --out {out}"),
         "plan": {k: ({str(a): b for a, b in v.items()} if isinstance(v, dict) else v) for k, v in asdict(plan).items()},
         "seconds": round(r["seconds"], 1), "cpu_seconds_this_process": round(time.process_time() - t_cpu, 1),
         "machine": {"cpus": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0], "python": platform.python_version()},
