@@ -228,7 +228,7 @@ def bench_long_lived(
     # pylsl must load only after `neurofed demo` set up its private LSL session (tests/test_import_contract.py)
     from dataclasses import replace
 
-    from neurofed.bench_long_lived import BENCH_PLAN
+    from neurofed.bench_long_lived import BENCH_PLAN  # lazy: pylsl
     from neurofed.bench_long_lived import bench_long_lived as run_long_lived  # lazy: pylsl
 
     plan = replace(BENCH_PLAN, strategy=strategy, rounds=rounds, buffer_k=buffer_k, max_staleness=max_staleness,
