@@ -85,7 +85,8 @@ class FederationSection(_Frozen):
     rounds: int = Field(default=3, ge=1, le=100_000, description="communication rounds")
     fraction: float = Field(default=0.5, gt=0, le=1, description="clients per round = max(1, floor(fraction x joined))")
     seed: int = Field(default=0, ge=0, description="client selection and local-training seeds (as neurofed simulate --seeds)")
-    min_clients: int = Field(default=2, ge=1, description="clients that must join before round 1")
+    min_clients: int = Field(default=2, ge=1, description="training clients (not --evaluate ones) that must join "
+                                                         "before round 1")
     join_timeout_s: float = Field(default=300.0, gt=0, description="how long to wait for them (s)")
     round_deadline_s: float = Field(default=120.0, gt=0, description="a round closes at its deadline with the updates received (s)")
     min_updates: int = Field(default=1, ge=1, description="fewer updates by the deadline: the round is re-issued")

@@ -11,6 +11,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,9 @@ class Coordinator:
             raise NeuroFedError("release.key is set but this coordinator has no ONNX exporter to publish releases "
                                 "with (run it through `neurofed coordinator`)")
         self.releases: list[dict[str, Any]] = []  # this run's gate decisions
+        # a release's ONNX export, signature and publication run on one worker thread (in order), off the loop
+        self._release_pool: ThreadPoolExecutor | None = None
+        self._release_jobs: list[Future] = []
         self._candidate_waiting = False  # a candidate came due while another was being validated
         self._window_t0 = time.monotonic()
         self._window_rejected = 0
@@ -229,7 +233,8 @@ class Coordinator:
         self.server, self.metrics = server, info.get("metrics", [])
         self.run_id = info.get("run_id") or self.run_id
         self.registry = Registry.from_json(info.get("registry", []))
-        self.resume_online = sum(1 for row in info.get("registry", []) if row.get("online"))
+        self.resume_online = sum(1 for row in info.get("registry", []) if row.get("online")
+                                 and not (row.get("capabilities") or {}).get("evaluate"))  # training clients
         logger.info("resumed %s (run %s) at round %d with %d known clients, %d online at the checkpoint",
                     self.fed.name, self.run_id[:8], server.round, len(self.registry), self.resume_online)
 
@@ -449,6 +454,8 @@ class Coordinator:
             self._republish_if_asked()
             if self.gate is not None and self.gate.due():
                 self._decide_release()
+            if self._release_jobs:
+                self._reap_releases()
         return True
 
     def _publish_cached_extras(self, cached: dict[str, torch.Tensor], r: int) -> int:
@@ -465,7 +472,7 @@ class Coordinator:
     def _open_round(self) -> RoundState:
         r = self.server.round
         # validating clients (edge-client join --evaluate) never train: they only evaluate asynchronous candidates
-        trainers = [c for c in self.registry.candidates() if not self.registry.clients[c].capabilities.get("evaluate")]
+        trainers = [c for c in self.registry.candidates() if self.registry.trains(self.registry.clients[c])]
         chosen = select_clients(trainers, self.fed.fraction, r, self.fed.seed)
         down = downlink(self.server.global_state, self.strategy, self.model) if not self.profile_specs else {}
         extras = server_extras_for_clients(self.server, self.strategy)
@@ -618,6 +625,7 @@ class Coordinator:
                     self.pump(lambda: self.gate.open is None, self.cfg.release.wait_s + 1.0, stop)
                     if self.gate.open is not None:
                         self._decide_release()
+            self._reap_releases(wait=True)  # every release exported, signed and published before the run ends
 
     def _async_aggregated(self) -> None:
         """A new version: record the window, checkpoint, publish the model (and result), open the next window."""
@@ -673,12 +681,13 @@ class Coordinator:
 
     def _decide_release(self) -> dict[str, Any]:
         """Decide the open evaluation; a release is recorded, and with ``release.key`` exported, signed and
-        published retained on the release topic."""
+        published retained on the release topic by the release worker thread (:meth:`_publish_release`), so the
+        loop goes on handling messages during the export."""
         gate = self.gate
         assert gate is not None and gate.open is not None and gate.candidate_state is not None
         ok, why = gate.passes()
         version, state = gate.open.version, gate.candidate_state
-        number, extra = None, {}
+        number, extra, job = None, {}, None
         if ok:
             store = ReleaseStore(gate.folder)
             number = gate.next_number((store.latest() or 0) + 1)
@@ -688,8 +697,13 @@ class Coordinator:
                              {"federation": self.fed.name, "rounds": version, "seed": self.fed.seed,
                               "transport": "mqtt", "release": number, **({"model_kwargs": kwargs} if kwargs else {})})
             if self.cfg.release.key and self.exporter is not None:
-                extra["signed"] = self._publish_release(number, ckpt, store)
+                extra["signed"] = None  # filled in once the worker has signed and published it
+                job = (number, ckpt, store)
         rec = self.gate.decide(number, self.fed.private_metadata, save=lambda p, s: None, **extra)
+        if job is not None:
+            if self._release_pool is None:
+                self._release_pool = ThreadPoolExecutor(1, thread_name_prefix="release-export")
+            self._release_jobs.append(self._release_pool.submit(self._publish_release, *job, rec))
         self.releases.append(rec)
         self._pub(self.topics.eval, b"", retain=True, wait=None)  # the request is closed
         logger.info("[RELEASE] candidate version %d: %s (%s)", version,
@@ -699,10 +713,11 @@ class Coordinator:
         self._candidate_waiting = False
         return rec
 
-    def _publish_release(self, number: int, ckpt: Path, store: ReleaseStore) -> dict[str, Any]:
-        """Export the release's standalone graph, sign it as release ``number`` (parent: the current release) with
-        the federation's key, keep it in the store and publish it retained (what ``edge-client infer --follow``
-        reads)."""
+    def _publish_release(self, number: int, ckpt: Path, store: ReleaseStore, rec: dict[str, Any]) -> None:
+        """(The release worker thread.) Export the release's standalone graph, sign it as release ``number``
+        (parent: the store's latest, i.e. the release decoders run now) with the federation's key, keep it in the
+        store, publish it retained (what ``edge-client infer --follow`` reads) and note the signature in the
+        gate's record ``rec``. Jobs run one at a time, in the order of the decisions."""
         from neurofed_runtime import release as rel  # lazy: cryptography
 
         assert self.gate is not None and self.exporter is not None
@@ -710,13 +725,23 @@ class Coordinator:
         self.exporter(ckpt, onnx_path)
         data = onnx_path.read_bytes()
         onnx_path.unlink()
-        doc = rel.sign(data, rel.load_private(self.cfg.release.key), number, self.gate.current or None)
+        # parent: the release decoders run now (the gate's last, or a rollback published into the store since)
+        doc = rel.sign(data, rel.load_private(self.cfg.release.key), number, store.latest())
         store.add(data, doc)
         payload = rel.pack(data, doc)
         self._pub(self.topics.release, payload, retain=True)
         logger.info("[RELEASE] release %d signed and published retained on %s (%d bytes)", number,
                     self.topics.release, len(payload))
-        return {k: doc["header"][k] for k in ("version", "parent", "sha256", "size")}
+        self.gate.note(rec, signed={k: doc["header"][k] for k in ("version", "parent", "sha256", "size")})
+
+    def _reap_releases(self, wait: bool = False) -> None:
+        """Collect finished release jobs (all of them with ``wait``); a failed export raises here, in the loop."""
+        jobs, self._release_jobs = self._release_jobs, []
+        for i, job in enumerate(jobs):
+            if not wait and not job.done():
+                self._release_jobs = jobs[i:]
+                return
+            job.result()
 
     def _checkpoint_with(self, m: dict[str, Any]) -> None:
         self.metrics.append(m)
@@ -745,6 +770,9 @@ class Coordinator:
             self._pub(self.topics.status(COORDINATOR_ID), self._status("done"), retain=True)
             self.clear_retained()
         finally:
+            if self._release_pool is not None:  # on an error: an export under way finishes, queued ones are dropped
+                self._release_pool.shutdown(wait=True, cancel_futures=True)
+                self._release_pool = None
             self.transport.close()
         return self.server
 
@@ -774,20 +802,24 @@ class Coordinator:
         return need
 
     def wait_for_clients(self, stop: threading.Event | None = None, log_every: float = 15.0) -> None:
-        """Pump messages until enough clients are online, saying what it waits for (and every ``log_every`` s)."""
+        """Pump messages until enough training clients are online, saying what it waits for (and every
+        ``log_every`` s). Validating clients (``evaluate``) do not count: they never train."""
         need = self.clients_needed()
         why = "" if need == self.fed.min_clients else (f" (resumed run: {self.resume_online} were online at the "
                                                        f"checkpoint; min_clients {self.fed.min_clients})")
         end = time.monotonic() + self.fed.join_timeout_s
-        while self.registry.n_online() < need:
-            have = self.registry.candidates()
+        while self.registry.n_training_online() < need:
+            have = [c for c in self.registry.candidates() if self.registry.trains(self.registry.clients[c])]
             left = end - time.monotonic()
             if left <= 0:
-                raise FederationError(f"only {len(have)} of {need} clients joined within {self.fed.join_timeout_s:.0f} s")
-            known = [c for c in self.registry.ids() if c not in have]
-            logger.info("waiting for %d client(s) to join%s: %d online%s; %.0f s left", need, why, len(have),
+                raise FederationError(f"only {len(have)} of {need} training clients joined within "
+                                      f"{self.fed.join_timeout_s:.0f} s")
+            online = set(self.registry.candidates())
+            known = [c for c in self.registry.ids() if c not in online]
+            logger.info("waiting for %d training client(s) to join%s: %d online (%d validating)%s; %.0f s left", need,
+                        why, len(have), len(online) - len(have),
                         f", known but offline: {', '.join(known[:20])}" if known else "", left)
-            self.pump(lambda: self.registry.n_online() >= need, min(left, log_every), stop)
+            self.pump(lambda: self.registry.n_training_online() >= need, min(left, log_every), stop)
 
     def save_final(self) -> Path:
         extra: dict[str, Any] = {"federation": self.fed.name, "rounds": self.server.round, "seed": self.fed.seed,

@@ -30,10 +30,25 @@ class Registry:
     def __init__(self) -> None:
         self.clients: dict[str, ClientInfo] = {}
         self._online: set[str] = set()  # ids with ``online`` set: counted per incoming message while joining
+        self._online_training: set[str] = set()  # ... of them, those that train (not joined with ``evaluate``)
 
     def n_online(self) -> int:
         """How many clients are online, in O(1) (the coordinator asks after every message while clients join)."""
         return len(self._online)
+
+    def n_training_online(self) -> int:
+        """How many online clients train (``min_clients`` counts these: a validating client, joined with the
+        ``evaluate`` capability, never trains), in O(1)."""
+        return len(self._online_training)
+
+    @staticmethod
+    def trains(info: ClientInfo) -> bool:
+        """A client trains unless it joined to validate (``edge-client join --evaluate``)."""
+        return not info.capabilities.get("evaluate")
+
+    def _mark(self, info: ClientInfo) -> None:
+        for group, member in ((self._online, info.online), (self._online_training, info.online and self.trains(info))):
+            (group.add if member else group.discard)(info.client_id)
 
     def __len__(self) -> int:
         return len(self.clients)
@@ -49,14 +64,14 @@ class Registry:
             info = self.clients[msg.sender] = ClientInfo(msg.sender, msg.n_trials, dict(msg.capabilities), now, now)
         info.n_trials, info.capabilities, info.profile = msg.n_trials, dict(msg.capabilities), msg.profile
         info.online, info.last_seen = True, now
-        self._online.add(msg.sender)
+        self._mark(info)
         return info
 
     def set_online(self, cid: str, online: bool) -> None:
         info = self.clients.get(cid)
         if info is not None:
             info.online, info.last_seen = online, time.time()
-            (self._online.add if online else self._online.discard)(cid)
+            self._mark(info)
 
     def profiles(self) -> dict[str, str]:
         """Client id -> device profile, of every client that joined with one."""

@@ -120,6 +120,32 @@ def list_cmd(store: Store = Path("releases"),
               + ("" if r.get("released") else f"  refused: {r['reason']}"))
 
 
+@release_app.command("report")
+def report_cmd(
+    predictions: Annotated[list[str], typer.Option(help="NAME=FILE: a decoder's --predictions-out file (repeat it "
+                                                        "for each decoder)")],
+    store: Store = Path("releases"),
+    out: Annotated[Path | None, typer.Option(help="write the report here (JSON)")] = None,
+) -> None:
+    """Each release's live BCA (the cue-locked windows it decoded, from `edge-client infer --follow --mode cue
+    --predictions-out`, against their cues) beside its federated validation BCA (the release gate's history)."""
+    from neurofed.release_report import release_report, summary_lines  # lazy: scipy, torch (release gate)
+
+    files: dict[str, Path] = {}
+    for item in predictions:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise NeuroFedError(f"--predictions {item!r}: use NAME=FILE")
+        files[name] = Path(path)
+    rep = release_report(files, store)
+    for line in summary_lines(rep):
+        print(line)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rep, indent=1))
+        print(f"wrote {out}")
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add ``neurofed release``."""
     app.add_typer(release_app, name="release")

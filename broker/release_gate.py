@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,6 +99,7 @@ class ReleaseGate:
         if self.current and (p := self.state_path(self.current)).is_file():
             self.current_state = load_file(str(p))
         self.candidate_state: dict[str, Tensor] | None = None
+        self._lock = threading.Lock()  # history.json is rewritten by the loop and by the release worker thread
 
     def state_path(self, number: int) -> Path:
         return self.folder / f"v{number:04d}.safetensors"
@@ -169,11 +171,21 @@ class ReleaseGate:
             (save or _save_plain)(self.state_path(number), self.candidate_state)  # type: ignore[arg-type]
             self.current, self.current_version = number, ev.version  # type: ignore[assignment]
             self.current_state = self.candidate_state
-        self.history.append(rec)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(self.folder / HISTORY, json.dumps(self.history, indent=1).encode())
+        with self._lock:
+            self.history.append(rec)
+            self._save()
         self.open, self.candidate_state = None, None
         return rec
+
+    def note(self, rec: dict[str, Any], **fields: Any) -> None:
+        """Add ``fields`` to a decision record of the history (e.g. its signature, once published) and save it."""
+        with self._lock:
+            rec.update(fields)
+            self._save()
+
+    def _save(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.folder / HISTORY, json.dumps(self.history, indent=1).encode())
 
     def passes(self, stats: dict[str, Any] | None = None) -> tuple[bool, str]:
         """Whether the open evaluation's candidate may become a release, and why (one line)."""

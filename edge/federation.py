@@ -152,8 +152,8 @@ class EdgeClient:
         Asynchronous federations (``federation.mode = "async"``): train on the newest ``window`` trials of the
         store (0: all), as :func:`neurofed.trainer.fl.fedbuff.window_bounds`.
     reload_data : bool
-        Asynchronous federations: load the trials again before each training (a store that grows while the
-        federation runs); a changed count is announced with a new join.
+        Asynchronous federations: load the trials again before each training or evaluation (a store that grows
+        while the federation runs); a changed count is announced with a new join.
     evaluate : bool
         A validating client (``edge-client join --evaluate``): it never trains; it evaluates each candidate model
         the coordinator asks about (and the current release) on its own trials and reports balanced accuracy and
@@ -372,11 +372,7 @@ class EdgeClient:
         our store, upload the update tagged with that version, fetch the current model again."""
         self.fetching = False
         assert self.spec is not None and self.data is not None
-        if self.reload_data:
-            data = self.load_data(self.spec)
-            if len(data.y) != len(self.data.y):
-                self.data = data
-                self._announce()  # join again with the new count (the coordinator bounds n_samples by it)
+        self._refresh_data()
         lo, hi = window_bounds(len(self.data.y), self.window)
         if hi - lo < 2:
             raise NeuroFedError(f"{hi - lo} trial(s) in the window: need at least 2 to train")
@@ -405,6 +401,15 @@ class EdgeClient:
                    compress=task.compress, reference=delta_reference(self.global_state))
         self._fetch()
 
+    def _refresh_data(self) -> None:
+        """With a store (``reload_data``): read it again, and when it grew, join again with the new count (the
+        coordinator bounds an update's ``n_samples`` and a report's ``n_trials`` by it)."""
+        if self.reload_data and self.spec is not None and self.data is not None:
+            data = self.load_data(self.spec)
+            if len(data.y) != len(self.data.y):
+                self.data = data
+                self._announce()
+
     def _on_eval(self, msg: EvalMsg, tensors: dict[str, Tensor]) -> None:
         """Evaluate a candidate (and the current release) on our trials; report BCA and counts only."""
         if not self.evaluate or msg.run_id != self.run_id or msg.eval_id in self.evaluated:
@@ -415,6 +420,7 @@ class EdgeClient:
         from neurofed.trainer.evaluate import bca, predict  # lazy: scikit-learn (validating clients only)
 
         self.evaluated.append(msg.eval_id)
+        self._refresh_data()  # a validating host's store grows between sessions too
         groups = unpack(tensors, ("cand", "rel"))
         task = self.async_task
         strategy = get_strategy(task.strategy, **task.strategy_overrides) if task else get_strategy(self.spec.strategy)

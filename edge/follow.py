@@ -49,6 +49,7 @@ class Pending:
     path: Path
     t_received: float = 0.0  # time.monotonic() when the payload arrived
     t_ready: float = 0.0     # ... when it was verified and loaded
+    rollback_of: int | None = None  # a signed rollback: the earlier release whose model this is
 
 
 def _layout(model: Any) -> dict[str, tuple[int, tuple[int, ...]]]:
@@ -144,6 +145,7 @@ class ReleaseFollower:
         self._lock = threading.Lock()
         self.refused: list[str] = []
         self.swaps: list[dict[str, Any]] = []
+        self.accepted: list[int] = []  # versions verified and loaded (a later one may supersede one before its swap)
         self._newest_seen = version  # versions accepted into the pending slot (a later one replaces it)
 
     # -------------------------------------------------------------- receiving (any thread)
@@ -171,10 +173,12 @@ class ReleaseFollower:
             self.refused.append(line)
             logger.warning("release refused, decoder keeps its model: %s", line)
             return None
-        p = Pending(r.version, model, path, t0, time.monotonic())
+        p = Pending(r.version, model, path, t0, time.monotonic(), r.rollback_of)
         with self._lock:
             self._pending, self._newest_seen = p, r.version
-        logger.info("release %d verified (%s); swapping at the next window", r.version, path)
+            self.accepted.append(r.version)
+        logger.info("release %d verified (%s%s); swapping at the next window", r.version, path,
+                    f", a rollback to release {r.rollback_of}'s model" if r.rollback_of is not None else "")
         return p
 
     def take(self) -> Pending | None:
@@ -202,11 +206,13 @@ class ReleaseFollower:
         prev, self.version, self.current = self.version, p.version, p.model
         engine.model_version = p.version
         n_ea = int(state[_layout(p.model)["ea_count"][0]]) if "ea_count" in _layout(p.model) else 0
-        self.swaps.append({"version": p.version, "previous": prev, "ea_windows_carried": n_ea,
+        self.swaps.append({"version": p.version, "previous": prev, "rollback_of": p.rollback_of,
+                           "ea_windows_carried": n_ea,
                            "context_carried": ctx, "verify_load_ms": round((p.t_ready - p.t_received) * 1e3, 2),
                            "received_to_swap_ms": round((time.monotonic() - p.t_received) * 1e3, 2)})
-        logger.warning("swapped decoder to release %d (was %s): %d EA windows carried, BN context %s", p.version,
-                       prev, n_ea, "carried" if ctx else "restarted")
+        logger.warning("swapped decoder to release %d (was %s%s): %d EA windows carried, BN context %s", p.version,
+                       prev, f"; rollback to release {p.rollback_of}'s model" if p.rollback_of is not None else "",
+                       n_ea, "carried" if ctx else "restarted")
         return True
 
 

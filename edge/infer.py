@@ -213,6 +213,8 @@ class Prediction:
     t_arrival: float = float("nan")
     t_emit: float = float("nan")
     model_version: int | None = None  # the signed release that decoded it (edge-client infer --follow)
+    onset: float | None = None  # cue-locked windows: the cue marker's stream time (None: sliding windows)
+    cue: str = ""  # ... and the cue's label (the class the session asked for)
 
 
 @dataclass
@@ -224,6 +226,9 @@ class Rejection:
     bad_channels: dict[str, list[str]] = field(default_factory=dict)
     t_arrival: float = float("nan")
     t_emit: float = float("nan")
+    model_version: int | None = None  # the signed release running when it was refused (--follow)
+    onset: float | None = None  # cue-locked windows: the cue marker's stream time
+    cue: str = ""
 
 
 class InferenceEngine:
@@ -306,11 +311,13 @@ class InferenceEngine:
             try:
                 p, self.state = self.decoder.step(raw, self.state)
             except WindowRejected as exc:
-                return Rejection(str(exc), float(t_end), exc.bad_channels, float(t_arrival))
+                return Rejection(str(exc), float(t_end), exc.bad_channels, float(t_arrival),
+                                 model_version=self.model_version)
         else:
             verdict: GuardResult = check_window(raw, self.meta.ch_names, self.guard)
             if not verdict.ok:
-                return Rejection(verdict.reason, float(t_end), verdict.bad_channels, float(t_arrival))
+                return Rejection(verdict.reason, float(t_end), verdict.bad_channels, float(t_arrival),
+                                 model_version=self.model_version)
             p, self.state = self.decoder.step(raw, self.state)
         p = np.asarray(p, np.float64).reshape(-1)
         k = int(p.argmax())
@@ -319,8 +326,11 @@ class InferenceEngine:
                           int(ea_windows), float(t_arrival), model_version=self.model_version)
 
     def process_window(self, w: Window) -> Prediction | Rejection:
-        """:meth:`process` on a window cut by :mod:`neurofed.edge.windowing` (stream layout, sample-major)."""
-        return self.process(w.data.T, w.t_end, w.t_arrival)
+        """:meth:`process` on a window cut by :mod:`neurofed.edge.windowing` (stream layout, sample-major); a
+        cue-locked window's result carries the cue (``onset``, ``cue``)."""
+        res = self.process(w.data.T, w.t_end, w.t_arrival)
+        res.onset, res.cue = w.onset, w.label
+        return res
 
 
 def check_stream(meta: OnnxModelMeta, ch_names: Sequence[str], sfreq: float,

@@ -22,6 +22,7 @@ Latency (logged at the end) = emission time - local arrival time of the window's
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -155,8 +156,8 @@ def run_loop(
     ms = np.array(lat) * 1e3
     return {
         **counts,
-        **({"windows_by_version": by_version, "swaps": follower.swaps, "refused": follower.refused}
-           if follower is not None else {}),
+        **({"windows_by_version": by_version, "accepted": follower.accepted, "swaps": follower.swaps,
+            "refused": follower.refused} if follower is not None else {}),
         "skipped": len(windower.skipped),
         "latency_ms_p50": float(np.median(ms)) if len(ms) else None,
         "latency_ms_p90": float(np.percentile(ms, 90)) if len(ms) else None,
@@ -181,26 +182,45 @@ def lsl_sink(outlet, labels=None, versioned: bool = False) -> Callable[[object],
     return push
 
 
-def mqtt_sink(transport, topic: str) -> Callable[[object], None]:
+def prediction_body(res: object) -> dict:
+    """The JSON of one decoded window (MQTT and ``--predictions-out``): a prediction's class, probabilities, window
+    end and latency, or a rejection's reason; ``model_version`` under ``--follow`` (the release that decoded it);
+    for a cue-locked window the cue's stream time ``onset`` and label ``cue`` (what the session asked for)."""
     from neurofed.edge.infer import Prediction, Rejection  # lazy: onnx, onnxruntime (keeps --help fast)
 
+    if isinstance(res, Prediction):
+        body = {
+            "label": res.label,
+            "index": res.index,
+            "probabilities": res.probabilities,
+            "t_end": res.t_end,
+            "t_emit": res.t_emit,
+            "latency_ms": (res.t_emit - res.t_arrival) * 1e3,
+        }
+    else:
+        assert isinstance(res, Rejection)
+        body = {"rejected": res.reason, "t_end": res.t_end, "t_emit": res.t_emit,
+                "bad_channels": res.bad_channels}
+    if res.model_version is not None:
+        body["model_version"] = res.model_version
+    if res.onset is not None:
+        body.update(onset=res.onset, cue=res.cue)
+    return body
+
+
+def mqtt_sink(transport, topic: str) -> Callable[[object], None]:
     def push(res: object) -> None:
-        if isinstance(res, Prediction):
-            body = {
-                "label": res.label,
-                "index": res.index,
-                "probabilities": res.probabilities,
-                "t_end": res.t_end,
-                "t_emit": res.t_emit,
-                "latency_ms": (res.t_emit - res.t_arrival) * 1e3,
-            }
-            if res.model_version is not None:
-                body["model_version"] = res.model_version
-        else:
-            assert isinstance(res, Rejection)
-            body = {"rejected": res.reason, "t_end": res.t_end, "t_emit": res.t_emit,
-                    "bad_channels": res.bad_channels}
-        transport.publish(topic, json.dumps(body).encode(), wait=None)
+        transport.publish(topic, json.dumps(prediction_body(res)).encode(), wait=None)
+
+    return push
+
+
+def jsonl_sink(fh) -> Callable[[object], None]:
+    """Append each decoded window's JSON (:func:`prediction_body`) as one line to the open text file ``fh``
+    (flushed per line: a report can read it while the decoder runs)."""
+    def push(res: object) -> None:
+        fh.write(json.dumps(prediction_body(res)) + "\n")
+        fh.flush()
 
     return push
 
@@ -260,6 +280,11 @@ def infer(
     stats_out: Annotated[
         Path | None, typer.Option(help="write the run's counts and latency (JSON) here at the end")
     ] = None,
+    predictions_out: Annotated[
+        Path | None, typer.Option(help="append every decoded window as one JSON line here (as on MQTT: with "
+                                       "--follow its release version, in cue mode its cue's time and label; "
+                                       "neurofed release report reads it)")
+    ] = None,
     follow: Annotated[bool, typer.Option(help="follow signed releases on the broker's release topic and swap to "
                                               "each newer verified one between two windows")] = False,
     pub: Annotated[Path | None, typer.Option(help="--follow: the federation's public release key")] = None,
@@ -302,7 +327,7 @@ def infer(
                                                               release_timeout, ca, console)
     model = model_files(model or [])  # every model loaded and checked against its metadata before waiting for a stream
     eeg = Inlet(find_stream(name=stream, source_id=source_id, timeout=timeout, unique=False))
-    mk = transport = None
+    mk = transport = pred_file = None
     # every inlet and connection opened here is closed on any exit, errors included: an inlet left to the garbage
     # collector while its stream's outlet is destroyed crashed liblsl (a segfault in CI)
     try:
@@ -345,12 +370,19 @@ def infer(
 
             transport = MqttTransport(mqtt, f"neurofed-infer-{eeg.meta.source_id}").connect()
             sinks.append(mqtt_sink(transport, mqtt_topic or f"neurofed/predictions/{stream}"))
+        if predictions_out is not None:
+            try:
+                pred_file = open(predictions_out, "a", encoding="utf-8")  # noqa: SIM115 - closed below
+            except OSError as exc:
+                raise NeuroFedError(f"{predictions_out}: cannot write predictions ({exc.strerror})") from None
+            sinks.append(jsonl_sink(pred_file))
         console.print(
             f"decoding {stream!r} ({eeg.meta.n_channels} ch @ {eeg.meta.sfreq:g} Hz) with {om.meta.model} "
             f"[{mode}], publishing LSL streams {name!r} and {name + '-markers'!r}"
             + (f" and MQTT {mqtt}" if mqtt else "")
         )
         stop = threading.Event()
+        _stop_on_sigterm(stop)
         stats = run_loop(
             engine,
             eeg,
@@ -370,9 +402,19 @@ def infer(
             mk.close()
         if transport is not None:
             transport.close()
+        if pred_file is not None:
+            pred_file.close()
     console.print(f"done: {stats}")
     if stats_out is not None:
         stats_out.write_text(json.dumps(stats, indent=1))
+
+
+def _stop_on_sigterm(stop: threading.Event) -> None:
+    """SIGTERM (a service manager stopping the decoder, or a launcher whose children ignore SIGINT, as a background
+    job's do) ends the decode loop between two windows: every window decoded so far is published and counted, and
+    the stats are written."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
 
 
 def _start_follow(model, pub, broker, federation, release_dir, release_timeout, ca, console):

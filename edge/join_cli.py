@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from neurofed.edge.store import LocalStore
+from neurofed.edge.store import store_loader, store_montage
 from neurofed.trainer.data import load_eegmmidb_subject
 from neurofed.trainer.data.config import PreprocessConfig
 from neurofed.trainer.data.profiles import get_profile, load_profile_subject
@@ -36,11 +36,7 @@ def make_loader(data_dir: Path | None, subject: int | None, store: Path | None, 
         if spec.profile and store is None:
             return load_profile_subject(int(subject), profile or "lab64", cfg, data_dir, noise_seed)  # type: ignore[arg-type]
         if store is not None:
-            try:
-                from neurofed.edge.store import LocalStore  # written by the capture feature
-            except ImportError:
-                raise DataError("--store needs edge/store.py (LocalStore), which this build does not have") from None
-            return LocalStore(store).load_subject_data(cfg, classes=list(spec.classes))
+            return store_loader(store)(spec)
 
         return load_eegmmidb_subject(int(subject), cfg, data_dir)  # type: ignore[arg-type]
 
@@ -51,13 +47,10 @@ def make_montage(store: Path | None, profile: str | None):
     """``() -> (channels, rate)`` of this client's device: the store's, or the ``--profile`` an EEGMMIDB
     subject is presented through (default ``lab64``)."""
 
-    def montage() -> tuple[list[str], float]:
-        if store is not None:
-            st = LocalStore(store)
-            if not st.meta:
-                raise DataError(f"{store}: the store holds no trials yet, so its device is unknown")
-            return list(st.meta["ch_names"]), float(st.meta["sfreq"])
+    if store is not None:
+        return store_montage(store)
 
+    def montage() -> tuple[list[str], float]:
         p = get_profile(profile or "lab64")
         return list(p.channels), p.sfreq
 
@@ -85,7 +78,8 @@ def join(
     noise_seed: Annotated[int, typer.Option(help="With --profile: seed of the profile's simulated noise.")] = 0,
     window: Annotated[int, typer.Option(
         help="Asynchronous federations: train on the newest N trials of the store (0: all); with --store the "
-        "store is read again before each training, so trials recorded meanwhile count.", min=0)] = 0,
+        "store is read again before each training (and each evaluation with --evaluate), so trials recorded "
+        "meanwhile count.", min=0)] = 0,
     evaluate: Annotated[bool, typer.Option(
         help="Asynchronous federations with releases: validate instead of training - evaluate each candidate model "
         "(and the current release) on this host's trials and report balanced accuracy and counts, never trials.")

@@ -19,8 +19,9 @@ import io
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -227,3 +228,24 @@ class LocalStore:
         y = np.array([cls.index(lab) for lab in self.labels], dtype=np.int64)
         hashes = {e["file"]: e["sha256"] for e in self.entries}
         return SubjectData(self.subject, x.astype(np.float32), y, tuple(cls), sfreq, names, hashes)
+
+
+def store_loader(path: str | os.PathLike) -> Callable[[Any], SubjectData]:
+    """``ModelSpec -> SubjectData`` of a captured store, read afresh at each call (``edge-client join --store``):
+    the federation's preprocessing (``spec.preprocess``) and class order (``spec.classes``)."""
+    def load(spec: Any) -> SubjectData:
+        return LocalStore(path).load_subject_data(PreprocessConfig.from_dict(spec.preprocess),
+                                                  classes=list(spec.classes))
+
+    return load
+
+
+def store_montage(path: str | os.PathLike) -> Callable[[], tuple[list[str], float]]:
+    """``() -> (channels, rate)`` of the device that filled a store (refused while it holds no trial)."""
+    def montage() -> tuple[list[str], float]:
+        st = LocalStore(path)
+        if not st.meta:
+            raise DataError(f"{path}: the store holds no trials yet, so its device is unknown")
+        return list(st.meta["ch_names"]), float(st.meta["sfreq"])
+
+    return montage

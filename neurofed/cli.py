@@ -212,6 +212,33 @@ def bench_swap(
                f"{res['windows_lost']} windows lost")
 
 
+def bench_long_lived(
+    out: Path = typer.Option(Path("docs/bench/long_lived.json"), help="Result JSON."),
+    data_dir: Path | None = typer.Option(None, help="EEGMMIDB folder (default $NEUROFED_DATA)."),
+    broker: str = typer.Option("mqtt://127.0.0.1:1883", help="Broker URL (a real broker: Mosquitto)."),
+    strategy: str = typer.Option("fedavg", help="Federated strategy (one the asynchronous mode accepts)."),
+    rounds: int = typer.Option(60, help="Model versions the federation makes.", min=1),
+    buffer_k: int = typer.Option(6, help="Accepted updates per version (K).", min=1),
+    max_staleness: int = typer.Option(1, help="Largest accepted staleness.", min=0),
+    every: int = typer.Option(10, help="Versions between two release candidates.", min=1),
+) -> None:
+    """A long-lived federation of simulated headsets (sessions with gaps into their stores, late joiners, one
+    leaving for good, validating clients) releasing through the gate to two cue-locked `edge-client infer --follow`
+    decoders on held-out subjects: each release's live BCA beside its federated validation BCA."""
+    # pylsl must load only after `neurofed demo` set up its private LSL session (tests/test_import_contract.py)
+    from dataclasses import replace
+
+    from neurofed.bench_long_lived import BENCH_PLAN  # lazy: pylsl
+    from neurofed.bench_long_lived import bench_long_lived as run_long_lived  # lazy: pylsl
+
+    plan = replace(BENCH_PLAN, strategy=strategy, rounds=rounds, buffer_k=buffer_k, max_staleness=max_staleness,
+                   every=every)
+    res = run_long_lived(out, data_dir, broker, plan)
+    for line in res["summary"]:
+        typer.echo(line)
+    typer.echo(f"wrote {out} ({res['seconds']:.0f} s)")
+
+
 def bench_standalone(
     checkpoint: Annotated[Path, typer.Option(help="trained .safetensors checkpoint")],
     subjects: Annotated[str, typer.Option(help="held-out EEGMMIDB subjects, e.g. '13-19'")] = "13-16",
@@ -276,6 +303,7 @@ if run_runtime_bench is not None:
 else:
     print(f"warning: runtime benchmark unavailable ({_runtime_exc})", file=sys.stderr)
 bench.command("swap")(bench_swap)
+bench.command("long-lived")(bench_long_lived)
 if run_standalone_bench is not None:
     bench.command("standalone")(bench_standalone)
 else:

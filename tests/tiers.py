@@ -98,6 +98,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/neurofed/test_demo.py": "e2e",
     "tests/neurofed/test_docsite.py": "unit",
     "tests/neurofed/test_preflight.py": "unit",
+    "tests/neurofed/test_release_report.py": "unit",
     "tests/neurofed/test_supervise.py": "integration",
     "tests/neurofed/test_wiretap.py": "integration",          # 1 unit test marked
     # repository-wide

@@ -122,3 +122,52 @@ def test_async_federation_of_real_processes_over_mosquitto(subjects4, mosquitto,
         kill_all([coord, *edges])
     assert_equals_replay(out, subjects4, cfg)
     assert not math.isnan(json.loads((out / "metrics.json").read_text())["rounds"][-1]["loss"])
+
+
+def test_async_coordinator_resumes_from_its_last_version_and_release_history(memory_broker, fed_name, tmp_path):
+    """`neurofed coordinator --resume` of an asynchronous run with a release gate: stopped after release 1, a new
+    coordinator resumes from the last checkpointed version with the same run id and release history; the clients
+    (never restarted) go on training, the run ends at its last version, and the releases made after the resume
+    continue the numbering and the parent chain (each version made exactly once across the two coordinators)."""
+    import threading
+    import time
+
+    from neurofed.broker.coordinator import FederationError
+    from neurofed.broker.release_gate import read_history
+    from tests.broker.test_hostile import Bg
+    from tests.broker.test_profiles_mqtt import serialise_training
+
+    versions = 8
+    cfg = write_toml(tmp_path / "federation.toml", fed_name, rounds=versions, min_clients=2, strategy="fedavg",
+                     federation_extra='mode = "async"',
+                     extra=f"[async]\nbuffer_k = {K}\nmax_staleness = 2\n[release]\nevery = 2\nmin_clients = 1\n"
+                           "margin = 1.0\nwait_s = 30\n")
+    out, stop = tmp_path / "out", threading.Event()
+    first = Coordinator(load_config(cfg), memory_broker.url, out)
+    ct = Bg(lambda: first.run(stop))
+    edges = [EdgeClient(memory_broker.url, fed_name, f"S{s:03d}", make_loader(DATA_DIR, s, None), tmp_path / "state",
+                        join_timeout=60, window=WINDOW, evaluate=s == 3) for s in (1, 2, 3)]
+    serialise_training(edges)
+    runs = [Bg(lambda e=e: e.run(max_seconds=240)) for e in edges]
+    end = time.monotonic() + 120
+    while not first.releases and time.monotonic() < end:
+        time.sleep(0.05)
+    stop.set()  # the coordinator stops (as after a crash: its last checkpoint is its last version)
+    with pytest.raises(FederationError, match="stopped"):
+        ct.result(60)
+    before = [h["release"] for h in read_history(out / "releases") if h["released"]]
+    stopped_at = first.server.round
+    assert before[0] == 1 and 2 <= stopped_at < versions, (before, stopped_at)
+    again = Coordinator(load_config(cfg), memory_broker.url, out, resume=True)
+    assert (again.server.round, again.run_id) == (stopped_at, first.run_id)
+    assert again.gate is not None and again.gate.current == before[-1] and again.gate.current_state is not None
+    state = Bg(again.run).result(180)
+    assert state.round == versions
+    assert [r.result(60) for r in runs][2] == 0 and all(e.finished for e in edges)
+    rounds = json.loads((out / "metrics.json").read_text())["rounds"]
+    assert [m["version"] for m in rounds] == list(range(1, versions + 1))
+    history = [h for h in read_history(out / "releases") if h["released"]]
+    n = len(before)
+    assert len(history) > n and history[-1]["version"] == versions  # releases made after the resume, the last one
+    assert [(h["release"], h["parent"]) for h in history] == [(i + 1, i or None) for i in range(len(history))]
+    assert history[n]["version"] > stopped_at

@@ -349,7 +349,7 @@ def test_resume_does_not_demand_min_clients_again_and_says_what_it_waits_for(mos
     p.t.close()
     assert coord.server.round == 2
     waits = [r.getMessage() for r in caplog.records if "waiting for" in r.getMessage()]
-    assert waits and "waiting for 2 client(s)" in waits[0] and "S003" in waits[0]
+    assert waits and "waiting for 2 training client(s)" in waits[0] and "S003" in waits[0]
 
 
 # ------------------------------------------------------------------ transport faults

@@ -3,7 +3,8 @@
 The coordinator, two training and two validating edge clients run for real over the in-memory broker (unit tier):
 every 2 versions the version is a candidate, the validating clients (``--evaluate``) report its BCA (and the current
 release's) on their own trials, the gate records its decision with the statistics, and each release is exported as
-a standalone ONNX graph, signed with the federation's Ed25519 key and published retained on the release topic -
+a standalone ONNX graph (on the coordinator's release worker thread: updates are handled meanwhile), signed with the
+federation's Ed25519 key and published retained on the release topic -
 where a decoder's :class:`neurofed.edge.follow.ReleaseFollower` accepts it. The gate's rule alone: a unit test
 on made-up reports.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 from neurofed_runtime import release as rel
@@ -35,7 +37,7 @@ TRAIN, VALIDATE = (1, 2), (3, 4)
 
 
 def release_toml(tmp_path, fed, key, margin=1.0, every=2):
-    return write_toml(tmp_path / "federation.toml", fed, rounds=4, min_clients=4, strategy="fedavg",
+    return write_toml(tmp_path / "federation.toml", fed, rounds=4, min_clients=2, strategy="fedavg",
                       federation_extra='mode = "async"',
                       extra=f"[async]\nbuffer_k = 2\nmax_staleness = 2\n[release]\nevery = {every}\nmin_clients = 2\n"
                             f"margin = {margin}\nwait_s = 60\nkey = \"{key}\"\n")
@@ -50,7 +52,17 @@ def test_candidates_are_validated_released_signed_and_published(memory_broker, f
     priv, pub = rel.keygen(tmp_path / "keys")
     cfg = release_toml(tmp_path, fed_name, priv)
     out = tmp_path / "out"
-    coord = Coordinator(load_config(cfg), memory_broker.url, out, exporter=lambda c, o: locked(lock, export_standalone, c, o))
+    advanced: list[bool] = []
+
+    def exporter(ckpt, onnx):
+        if not advanced:  # release 1: the coordinator's loop goes on handling messages while a release exports
+            n, end = coord.handled, time.monotonic() + 60
+            while coord.handled == n and time.monotonic() < end:
+                time.sleep(0.05)
+            advanced.append(coord.handled > n)
+        locked(lock, export_standalone, ckpt, onnx)
+
+    coord = Coordinator(load_config(cfg), memory_broker.url, out, exporter=exporter)
     ct = Bg(coord.run)
     edges = [EdgeClient(memory_broker.url, fed_name, f"S{s:03d}", make_loader(DATA_DIR, s, None), tmp_path / "state",
                         join_timeout=60, window=30, evaluate=s in VALIDATE) for s in TRAIN + VALIDATE]
@@ -60,6 +72,7 @@ def test_candidates_are_validated_released_signed_and_published(memory_broker, f
     trained = [r.result(60) for r in runs]
     assert trained[:2] != [0, 0] and trained[2:] == [0, 0]  # validating clients never train
     assert [e.evaluations for e in edges[2:]] == [2, 2]
+    assert advanced == [True], advanced  # release 1's export did not block the loop
 
     history = read_history(out / "releases")
     assert [h["version"] for h in history] == [2, 4]
@@ -148,19 +161,27 @@ def locked(lock, fn, *args):
         return fn(*args)
 
 
-def test_a_validating_client_is_never_selected_in_synchronous_rounds(memory_broker, fed_name, tmp_path):
-    """`edge-client join --evaluate` in a synchronous federation: the coordinator selects only the clients that train
-    (fraction 1.0: every client would be selected otherwise), and the rounds complete without the validating one."""
+def test_a_validating_client_is_never_selected_nor_counted_for_min_clients(memory_broker, fed_name, tmp_path):
+    """`edge-client join --evaluate` in a synchronous federation: with one training and one validating client online
+    the coordinator still waits for ``min_clients = 2`` training clients (no task published); once a second training
+    client joins, it selects only the clients that train (fraction 1.0: every client would be selected otherwise)."""
     from tests.broker.test_hostile import Bg
 
     cfg = write_toml(tmp_path / "federation.toml", fed_name, rounds=2, fraction=1.0, min_clients=2, strategy="fedavg")
     coord = Coordinator(load_config(cfg), memory_broker.url, tmp_path / "out")
     ct = Bg(coord.run)
-    edges = [EdgeClient(memory_broker.url, fed_name, f"S{s:03d}", make_loader(DATA_DIR, s, None), tmp_path / "state",
-                        join_timeout=60, evaluate=s == 2) for s in (1, 2)]
-    runs = [Bg(lambda e=e: e.run(max_seconds=120)) for e in edges]
+    edges = {s: EdgeClient(memory_broker.url, fed_name, f"S{s:03d}", make_loader(DATA_DIR, s, None),
+                           tmp_path / "state", join_timeout=60, evaluate=s == 2) for s in (1, 2, 3)}
+    runs = {s: Bg(lambda e=edges[s]: e.run(max_seconds=120)) for s in (1, 2)}
+    end = time.monotonic() + 60
+    while coord.registry.n_online() < 2 and time.monotonic() < end:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the coordinator has handled both joins: it must still be waiting
+    assert coord.registry.n_online() == 2 and coord.registry.n_training_online() == 1
+    assert not memory_broker.retained.get(Topics(fed_name).task)  # no round was opened
+    runs[3] = Bg(lambda: edges[3].run(max_seconds=120))
     state = ct.result(180)
     assert state.round == 2
-    assert [r.result(60) for r in runs][1] == 0  # the validating client trained in no round
+    assert [runs[s].result(60) for s in (1, 2, 3)][1] == 0  # the validating client trained in no round
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert all(r["participants"] == ["S001"] for r in metrics["rounds"]), metrics["rounds"]
+    assert all(r["participants"] == ["S001", "S003"] for r in metrics["rounds"]), metrics["rounds"]

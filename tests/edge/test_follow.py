@@ -125,6 +125,40 @@ def test_swap_between_windows_carries_alignment(models, keys, windows, tmp_path)
     assert not np.allclose(first.probabilities, out[k].probabilities, atol=1e-5)
 
 
+def test_signed_rollback_swaps_back_and_forged_or_replayed_ones_are_refused(models, keys, windows, tmp_path):
+    """Running release 2 (model B): a replay of genuine release 1 and a forged rollback (wrong key, version 3,
+    ``rollback_of`` 1) are refused; the publisher's rollback (model A's bytes signed anew as version 3, parent 2,
+    ``rollback_of`` 1) swaps the decoder back to model A between two windows, its outputs those of A continuing the
+    session (alignment carried), and a later replay of release 2 is refused too."""
+    a, b = models
+    ch, sf, ws = windows
+    k = 5
+    mb, eng = _engine(b, ch, sf)
+    eng.model_version = 2
+    f = ReleaseFollower(keys[0][1], tmp_path, StandaloneModel, version=2, current=mb)
+    data = a.read_bytes()
+    rollback = rel.pack(data, rel.sign(data, rel.load_private(keys[0][0]), 3, 2, rollback_of=1))
+    forged = rel.pack(data, rel.sign(data, rel.load_private(keys[1][0]), 3, 2, rollback_of=1))
+    out = []
+    for i, w in enumerate(ws):
+        if i == k:
+            assert f.offer(_payload(a, keys, 1)) is None          # genuine release 1 replayed: older
+            assert f.offer(forged) is None                        # valid format, wrong key
+            assert f.offer(rollback) is not None
+        if i == k + 2:
+            assert f.offer(_payload(b, keys, 2, 1)) is None       # genuine release 2 replayed after the rollback
+        f.apply(eng)
+        out.append(eng.process(w, float(i)))
+    assert [r.model_version for r in out] == [2] * k + [3] * (len(ws) - k)
+    assert len(f.refused) == 3 and "not newer" in f.refused[0] and "bad signature" in f.refused[1]
+    assert "not newer" in f.refused[2]
+    assert [(s["previous"], s["version"], s["rollback_of"]) for s in f.swaps] == [(2, 3, 1)]
+    _, ref = _engine(a, ch, sf)  # model A from the start of the session
+    ref_out = [ref.process(w, float(i)) for i, w in enumerate(ws)]
+    for got, want in zip(out[k:], ref_out[k:]):
+        assert np.allclose(got.probabilities, want.probabilities, atol=1e-5)
+
+
 def test_carry_state_keeps_model_hash_of_the_new_model(models):
     a, b = models
     ma, mb = StandaloneModel(a), StandaloneModel(b)
