@@ -358,6 +358,18 @@ BENCH_PLAN = FleetPlan(
     forge=True, rollback_to=None, windows_per_last=30, timeout_s=1500.0)
 
 
+def submission_summary(rows: list[list[Any]]) -> dict[str, Any]:
+    """Counts of the coordinator's logged submissions (rows ``[version, client, base, verdict, staleness, weight,
+    trials]``): by verdict, accepted ones by staleness and by client (the per-update log stays in the run folder)."""
+    from collections import Counter
+
+    acc = [r for r in rows if r[3] == "accepted"]
+    return {"n": len(rows), "by_verdict": dict(sorted(Counter(str(r[3]) for r in rows).items())),
+            "accepted_by_staleness": {str(k): v for k, v in sorted(Counter(int(r[4]) for r in acc).items())},
+            "accepted_by_client": dict(sorted(Counter(str(r[1]) for r in acc).items())),
+            "mean_staleness_accepted": round(sum(int(r[4]) for r in acc) / len(acc), 3) if acc else None}
+
+
 def bench_long_lived(out: Path, data_dir: Path | None, broker: str = "mqtt://127.0.0.1:1883",
                      plan: FleetPlan = BENCH_PLAN, work: Path | None = None) -> dict[str, Any]:
     """Run :data:`BENCH_PLAN` (or ``plan``) and write a summary to ``out``: the plan, the sessions, the clients'
@@ -393,8 +405,7 @@ def bench_long_lived(out: Path, data_dir: Path | None, broker: str = "mqtt://127
         "joined_at_version": {f"S{s:03d}": v for s, v in r["joined_at"].items()},
         "left_at_version": {f"S{s:03d}": v for s, v in r["left_at"].items()},
         "trained": {f"S{s:03d}": v for s, v in r["trained"].items()},
-        "submissions": {"columns": ["version", "client", "base", "verdict", "staleness", "weight", "trials"],
-                        "rows": r["submissions"]},
+        "submissions": submission_summary(r["submissions"]),
         "forged_release_published": r["forged"],
         "history": [{k: h.get(k) for k in ("version", "released", "release", "parent", "reason", "n_clients",
                                              "n_trials", "bca_mean", "paired_diff_mean", "paired_diff_se")}
