@@ -48,6 +48,7 @@ class LiveWatch(threading.Thread):
 
     def run(self) -> None:
         import pylsl
+        from neurofed_runtime.channels import lsl_channels
 
         try:
             end = time.monotonic() + self.timeout
@@ -63,6 +64,7 @@ class LiveWatch(threading.Thread):
                 return
             self.ready.set()
             next_try = 0.0
+            t_col: int | None = None
             while not self.stop_evt.is_set():
                 busy = False
                 _, ts = eeg.pull_chunk(timeout=0.0, max_samples=8192)
@@ -78,10 +80,13 @@ class LiveWatch(threading.Thread):
                     pred = self._inlet(self.pred_name, 0.05)
                     next_try = time.monotonic() + 0.2
                 if pred is not None:
+                    if t_col is None:  # the window end's channel, by its label (--follow adds model_version after it)
+                        labels = lsl_channels(pred.info(timeout=5.0)).ch_names
+                        t_col = labels.index("t_window_end") if "t_window_end" in labels else len(labels) - 1
                     data, ts = pred.pull_chunk(timeout=0.0)
                     now = pylsl.local_clock()
-                    for d in data:  # stamped at emission; the window end is the last channel (neurofed.edge.infer_cli)
-                        self.preds.append((float(d[-1]), [float(v) for v in d[:-1]], now))
+                    for d in data:  # stamped at emission (neurofed.edge.infer_cli.prediction_outlet)
+                        self.preds.append((float(d[t_col]), [float(v) for v in d[:t_col]], now))
                 if not busy:
                     time.sleep(0.0005)
         except Exception as exc:  # noqa: BLE001 - reported by the demo
