@@ -127,3 +127,26 @@ def test_replay_of_the_simulations_arrival_order_is_the_simulation(subjects4):
     assert [p["mean_staleness"] for p in info["curve"]] == [0.0, 1.0, 0.0, 1.0]
     a, b = sim.state_dict(), buf.server.global_state
     assert max(float((a[k].double() - b[k].double()).abs().max()) for k in a) < 1e-6
+
+
+def test_a_lost_training_is_not_computed_and_keeps_the_client_state(subjects4, monkeypatch):
+    """An update whose session ends before its training does is lost: the training is never computed, so it cannot
+    move what a FedBS client keeps between rounds (its local BN); every computed training is submitted."""
+    import neurofed.trainer.experiments.asyncsim as asim
+
+    calls: list[str] = []
+    orig = asim.client_update
+
+    def spy(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        calls.append("trained")
+        return out
+
+    monkeypatch.setattr(asim, "client_update", spy)
+    clients = {sd.subject: sd for sd in subjects4}
+    cfg = AsyncConfig(buffer_k=2, max_staleness=4, online_fraction=0.3, session_mean=2.0)
+    _, info = run_async(clients, "eegnet", get_strategy("fedbs"), CFG, 3, cfg, 0)
+    a = info["async"]
+    assert a["lost_offline"] > len(clients)  # more lost trainings than could be in flight when the run stops
+    # computed = submitted + those in flight at the end (at most one per client); the lost ones are not among them
+    assert a["submitted"] <= len(calls) <= a["submitted"] + len(clients)

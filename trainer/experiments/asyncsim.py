@@ -11,7 +11,9 @@ The availability model (seeded per client, so a run is reproducible):
   ``F`` (``online_fraction``; F = 1: always online). At time 0 a client is online with probability F, else in a gap
   (exponential, same mean); the draws come from ``numpy.random.default_rng([seed, 55, client index])``;
 * while online a client loops: fetch the current model, train for ``train_time`` units, submit; an update whose
-  training would end after the session ends is lost (the headset went off) and counted as ``lost_offline``;
+  training would end after the session ends is lost (the headset went off) and counted as ``lost_offline``: that
+  training never finishes, so it is not computed and what the client keeps between rounds (its local BatchNorm
+  under FedBS/SAFE/FedBN) stays as the last finished training left it;
 * the store grows between sessions: with ``reveal`` R > 0 the client's k-th session (k = 0, 1, ...) sees its first
   ``min(n, R (k + 1))`` trials in recorded order; with ``window`` W > 0 it trains on the newest W of them (all when
   0); the update's trial count (its weight) is the number it trained on. A store with fewer than two trials trains
@@ -203,14 +205,14 @@ def run_async(
             version, glob = buf.fetch()
             k = repeats.get((cid, version), 0)
             repeats[(cid, version)] = k + 1
+            done = now + cfg.train_time
+            if done >= session_end[cid]:  # the session ends before training does: the training never finishes,
+                counts["lost_offline"] += 1  # so it is not computed and leaves the client's kept state as it was
+                continue
             tseed = async_seed(seed, version, cid, k)
             down = downlink(glob, strategy, model)
             upd, states[cid] = client_update(worker, down, states[cid], sd.X[lo:seen], sd.y[lo:seen], strategy,
                                              local, tseed)
-            done = now + cfg.train_time
-            if done >= session_end[cid]:
-                counts["lost_offline"] += 1  # the session ends before training does
-                continue
             pending[cid] = (upd, version)
             heapq.heappush(events, (done, _ARRIVE, index[cid], cid))
         elif kind == _ARRIVE:
