@@ -43,6 +43,12 @@ SEEDS = (0, 1, 2)
 
 def fold_clips(kind: str, count_weight: float, ea_sum: bool, clients) -> tuple[float, float]:
     """Median norm of round 1, and of the LDA round under the noise-free round-1 fit, over ``clients``."""
+    n1, n2 = fold_norms(kind, count_weight, ea_sum, clients)
+    return float(np.median(n1)), float(np.median(n2))
+
+
+def fold_norms(kind: str, count_weight: float, ea_sum: bool, clients) -> tuple[np.ndarray, np.ndarray]:
+    """The clients' statistics-vector norms in round 1, and in the LDA round under the noise-free round-1 fit."""
     sd0 = clients[0]
     model = STATISTICS_MODELS[kind](sd0.X.shape[1], 2, sd0.X.shape[2], 80.0)
     settings = {"classical_dp_clip": 1e30, "classical_dp_count_weight": count_weight, "dp_seed": 0,
@@ -65,7 +71,7 @@ def fold_clips(kind: str, count_weight: float, ea_sum: bool, clients) -> tuple[f
     new = solve_state(model, old, {**old, **mean}, n, dp_off, 0, 0.5 if kind == "tangent_lda" else 0.0)
     model.load_state_dict(new)
     norms2 = [model.local_fit(sd.X, sd.y, settings)["stat_norm"] for sd in clients]
-    return float(np.median(norms1)), float(np.median(norms2))
+    return np.asarray(norms1), np.asarray(norms2)
 
 
 def main() -> None:
