@@ -62,7 +62,7 @@ def variant_rows(runs: dict[str, dict], summary: dict) -> list[str]:
     """The per-fold-clip variants (spec_rule.txt, spec_nested.txt) against their no-DP run, paired by subject."""
     out = ["", "Issue 57 item 4 (epsilon 8, delta 1e-5; clips chosen on each fold's training clients only: "
            "dp_clips.py, dp_nested.py; one run per fold and noise seed):", "",
-           "| variant | epsilon | BCA % (46 subjects, mean of 3 noise seeds) | sd over subjects | seed means | "
+           "| variant | epsilon | BCA % (46 subjects, mean over the noise seeds) | sd over subjects | seed means | "
            "vs no DP (points) | paired p (t / Wilcoxon) | within 5 points? |", "|---|---|---|---|---|---|---|---|"]
     summary.setdefault("variants_eps8", {})
     for name, (base_run, what) in VARIANTS.items():
@@ -70,7 +70,7 @@ def variant_rows(runs: dict[str, dict], summary: dict) -> list[str]:
             continue
         per_seed = []
         eps = []
-        for seed in range(3):
+        for seed in range(10):
             merged: dict[str, float] = {}
             for k in range(5):
                 r = runs.get(f"{name}_eps8_f{k}_s{seed}")
