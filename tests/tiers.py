@@ -121,6 +121,7 @@ FILE_TIERS: dict[str, str] = {
     "tests/trainer/test_fedavgm.py": "unit",
     "tests/trainer/test_fedbuff.py": "unit",
     "tests/trainer/test_asyncsim.py": "unit",
+    "tests/trainer/test_augment.py": "unit",
     "tests/trainer/test_fedbm.py": "unit",
     "tests/trainer/test_fedfa.py": "unit",
     "tests/trainer/test_fl.py": "unit",

@@ -81,6 +81,10 @@ def simulate(
     lr: Annotated[float | None, typer.Option(help="SGD learning rate [default: preset's]")] = None,
     momentum: Annotated[float | None, typer.Option(help="[default: preset's]")] = None,
     weight_decay: Annotated[float | None, typer.Option(help="[default: preset's]")] = None,
+    augment: Annotated[str | None, typer.Option(
+        help="data augmentation in local training only, seeded: 'mi' (shift:0.05,scale:0.1,dropout:0.1,mixup:0.2) "
+             "or NAME:VALUE,... with NAME in shift, scale, noise, dropout, mixup (neurofed.trainer.fl.augment) "
+             "[default: off]")] = None,
     seeds: Annotated[str, typer.Option(help="comma list of seeds")] = "0",
     channels: Annotated[str | None, typer.Option(help="all, sensorimotor21, or a comma list [default: preset's]")] = None,
     resample: Annotated[float | None, typer.Option(help="Hz; 0 keeps 160 Hz [default: preset's]")] = None,

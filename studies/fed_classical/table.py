@@ -48,6 +48,57 @@ def per_subject(res: dict) -> dict[str, float]:
     return {s: v["bca"] for s, v in res["per_subject"].items()}
 
 
+#: issue 57 item 4's variants at epsilon 8, one run per (fold, noise seed) with the fold's own clips:
+#: name -> (no-DP base run, what it is)
+VARIANTS = {
+    "csp_rulec": ("csp_nodp", "fed-csp-lda, first study's mechanism (counts weighted 0.3), clips: median rule"),
+    "csp_rule": ("csp_nodp", "fed-csp-lda, public counts + EA mirror, clips: median rule"),
+    "csp_nested": ("csp_nodp", "fed-csp-lda, public counts + EA mirror, clip quantiles and budget split: nested CV"),
+    "tan_rule": ("tan_nodp", "fed-tangent, public counts, clips: median rule"),
+}
+
+
+def variant_rows(runs: dict[str, dict], summary: dict) -> list[str]:
+    """The per-fold-clip variants (spec_rule.txt, spec_nested.txt) against their no-DP run, paired by subject."""
+    out = ["", "Issue 57 item 4 (epsilon 8, delta 1e-5; clips chosen on each fold's training clients only: "
+           "dp_clips.py, dp_nested.py; one run per fold and noise seed):", "",
+           "| variant | epsilon | BCA % (46 subjects, mean over the noise seeds) | sd over subjects | seed means | "
+           "vs no DP (points) | paired p (t / Wilcoxon) | within 5 points? |", "|---|---|---|---|---|---|---|---|"]
+    summary.setdefault("variants_eps8", {})
+    for name, (base_run, what) in VARIANTS.items():
+        if base_run not in runs:
+            continue
+        per_seed = []
+        eps = []
+        for seed in range(10):
+            merged: dict[str, float] = {}
+            for k in range(5):
+                r = runs.get(f"{name}_eps8_f{k}_s{seed}")
+                if r is None:
+                    break
+                merged.update(per_subject(r))
+                eps.append(r.get("privacy", {}).get("epsilon"))
+            else:
+                per_seed.append(merged)
+        if not per_seed:
+            continue
+        base = per_subject(runs[base_run])
+        subs = sorted(base)
+        m = np.array([[d[s] for s in subs] for d in per_seed])
+        b = np.array([base[s] for s in subs])
+        subj = m.mean(0)
+        delta = 100 * (subj.mean() - b.mean())
+        pt, pw = stats.ttest_rel(subj, b).pvalue, stats.wilcoxon(subj, b).pvalue
+        summary["variants_eps8"][name] = {"what": what, "bca": float(subj.mean()), "std_subjects": float(subj.std(ddof=1)),
+                                          "per_seed": m.mean(1).tolist(), "no_dp": float(b.mean()),
+                                          "delta_points": float(delta), "p_t": float(pt), "p_wilcoxon": float(pw),
+                                          "epsilon_max": float(max(eps)), "seeds": len(per_seed)}
+        out.append(f"| {name}: {what} | {max(eps):.2f} | {100 * subj.mean():.1f} | {100 * subj.std(ddof=1):.1f} | "
+                   f"{' / '.join(f'{100 * v:.1f}' for v in m.mean(1))} | {delta:+.1f} | {pt:.2g} / {pw:.2g} | "
+                   f"{'yes' if delta >= -5 else 'no'} |")
+    return out
+
+
 def main() -> None:
     args = sys.argv[1:]
     root = None
@@ -113,6 +164,7 @@ def main() -> None:
                              f"{100 * r['summary']['bca']['mean']:.1f} |")
                 summary["dpfedavg"][run] = {"epsilon": eps, "bca_fold0": r["summary"]["bca"]["mean"],
                                             "source": f"studies/byzantine_dp/raw.jsonl.gz:dp/{run}/results.json"}
+    lines += variant_rows(runs, summary)
     (HERE / "table.md").write_text("\n".join(lines) + "\n")
     (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print("\n".join(lines))

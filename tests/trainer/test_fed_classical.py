@@ -177,3 +177,42 @@ def test_deployment_run_trains_on_one_set_and_scores_another(data_dir, tmp_path)
     other = load_subjects([5, 6, 7, 8], pre, str(data_dir))
     scores = [bca(sd.y, predict(model, sd.X)) for sd in other]
     assert all(0.0 <= s <= 1.0 for s in scores) and np.mean(scores) > 0.55  # measured 0.67 (S005-S008)
+
+
+def test_dp_public_counts_ea_mirror_and_budget_split(eeg):
+    """The options that shrink what is noised: public counts (count weight 0: not clipped, not noised), EA's mirror
+    (class 1's centred covariance sum is minus class 0's: only class 0's is clipped and noised) and a split of the
+    budget between the rounds (same RDP, so the same epsilon)."""
+    from neurofed.trainer.fl.algorithms.dp import dp_epsilon_of
+
+    train, _ = eeg
+    clients = {sd.subject: sd for sd in train}
+    exact, _ = run_federated(clients, "csp_lda", get_strategy("fed-csp-lda"), LocalConfig(), 2, 1.0, 0)
+    # a bound above every norm and no noise: still the exact pipeline (public counts, mirror)
+    same, _ = run_federated(clients, "csp_lda", get_strategy("fed-csp-lda", classical_dp_clip=1e9,
+                                                             classical_dp_count_weight=0.0, classical_dp_ea_sum=True),
+                            LocalConfig(), 2, 1.0, 0)
+    torch.testing.assert_close(same.coef, exact.coef, rtol=1e-6, atol=1e-6)
+    # EA's identity on real data: a subject's centred class sums add to ~0
+    m = build_model("csp_lda", 21, 2, train[0].X.shape[2], 80.0)
+    st = get_strategy("fed-csp-lda", classical_dp_clip=5.0, classical_dp_count_weight=0.0, classical_dp_ea_sum=True,
+                      classical_dp_epsilon=8.0, classical_dp_lda_share=0.3)
+    met = m.local_fit(train[0].X, train[0].y, st.settings)
+    n = len(train[0].X)
+    counts = m.stat_cov_count.numpy() * n
+    assert np.array_equal(counts, np.bincount(train[0].y, minlength=2))  # public: as they are, not scaled
+    centred = m.stat_cov_gram.numpy() * n - counts[:, None, None] * np.eye(21)
+    assert np.abs(centred[0] + centred[1]).max() < 1e-3 * np.abs(centred[0]).max()
+    assert met["clipped"] == 1.0 and np.sqrt((centred[0] ** 2).sum()) == pytest.approx(5.0)  # class 0's block only
+    noisy, info = run_federated(clients, "csp_lda", st, LocalConfig(), 2, 1.0, 0)
+    p = info["privacy"]
+    z = get_strategy("fed-csp-lda", classical_dp_clip=5.0, classical_dp_epsilon=8.0).components
+    z_equal = next(c for c in z if hasattr(c, "dp")).dp.noise
+    assert 1 / p["noise_multiplier"] ** 2 + 1 / p["noise_multiplier_lda"] ** 2 == pytest.approx(2 / z_equal ** 2)
+    assert p["noise_multiplier_lda"] > p["noise_multiplier"]  # 30 % of the budget on the LDA round
+    assert p["epsilon"] == pytest.approx(dp_epsilon_of([z_equal, z_equal], 1e-5), rel=1e-6) and p["epsilon"] <= 8.0
+    assert torch.isfinite(noisy.coef).all() and not torch.allclose(noisy.coef, exact.coef)
+    with pytest.raises(ValueError, match="applies to fed-csp-lda"):
+        get_strategy("fed-tangent", classical_dp_ea_sum=True, classical_dp_clip=1.0)
+    with pytest.raises(ValueError, match="lda_share"):
+        get_strategy("fed-csp-lda", classical_dp_lda_share=1.0, classical_dp_clip=1.0)

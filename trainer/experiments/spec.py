@@ -96,6 +96,7 @@ class _SimOptionsBase(BaseModel):
     lr: float | None = None
     momentum: float | None = None
     weight_decay: float | None = None
+    augment: str | None = None
     seeds: str = "0"
     channels: str | None = None
     resample: float | None = None
@@ -166,8 +167,17 @@ class _SimOptionsBase(BaseModel):
                 raise SpecError("--test-subjects takes only 'none' (use --protocol for held-out subjects)")
             protocol = "none"
         p = pre_set.local
-        local = LocalConfig(pick(o.lr, p.lr), pick(o.momentum, p.momentum), pick(o.weight_decay, p.weight_decay),
-                            pick(o.batch_size, p.batch_size), pick(o.local_epochs, p.local_epochs))
+        try:
+            local = LocalConfig(pick(o.lr, p.lr), pick(o.momentum, p.momentum), pick(o.weight_decay, p.weight_decay),
+                                pick(o.batch_size, p.batch_size), pick(o.local_epochs, p.local_epochs),
+                                pick(o.augment, p.augment))
+        except ValueError as exc:
+            if o.augment and str(exc).startswith("augment"):
+                raise SpecError(str(exc), "--augment") from None
+            raise
+        if local.augment and o.algorithm in CLASSICAL_MODELS:
+            raise SpecError(f"--algorithm {o.algorithm} is fitted from summed statistics, not trained on batches: "
+                            "nothing to augment", "--augment")
         subject_ids = parse_subjects(o.subjects, o.data_dir)
         assignment: dict[str, str] = {}
         only_profile = o.only_profile

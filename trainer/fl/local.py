@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from neurofed.trainer.fl.api import LocalHook, RoundInputs, Strategy
+from neurofed.trainer.fl.augment import Augment, mixed_ce
 from neurofed.trainer.perturb import frozen_bn_stats, perturbed
 
 
@@ -30,6 +31,9 @@ class LocalConfig:
         Client mini-batch size.
     local_epochs : int
         Passes over the client's trials per round.
+    augment : str
+        Data augmentation of each local mini-batch (:mod:`neurofed.trainer.fl.augment`; ``""``: off, the default,
+        and then left out of :meth:`to_dict` so every earlier configuration reads the same).
     """
 
     lr: float = 0.05
@@ -37,13 +41,18 @@ class LocalConfig:
     weight_decay: float = 1e-4
     batch_size: int = 8
     local_epochs: int = 2
+    augment: str = ""
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.batch_size < 2 or self.local_epochs < 1:
             raise ValueError(f"invalid local config {self}: need lr > 0, batch_size >= 2, local_epochs >= 1")
+        Augment.parse(self.augment)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if not d["augment"]:
+            del d["augment"]
+        return d
 
 
 def batches(n: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -64,7 +73,7 @@ def train_local(
 ) -> dict[str, float]:
     """Train ``model`` in place on (X, y) for ``cfg.local_epochs`` epochs.
 
-    Each step: the hooks' adversarial inputs (FAT), the loss (cross-entropy + every hook's loss term:
+    Each step: the batch augmented (``cfg.augment``, its own seeded stream; off by default), the hooks' adversarial inputs (FAT), the loss (cross-entropy + every hook's loss term:
     FedProx, MOON), the first-pass gradient; if any hook perturbs weights (SAM, AWP), the sum of their
     perturbations is applied, the gradient taken there and the exact weights restored; the hooks'
     gradient corrections (SCAFFOLD); then one SGD step.
@@ -93,14 +102,18 @@ def train_local(
         hooks = [h for _, h in strategy.local_hooks(model, {}, inputs)]
     features = any(h.needs_features for h in hooks)
     Xt, yt = torch.as_tensor(X), torch.as_tensor(y)
+    aug = Augment.parse(cfg.augment)
+    arng = aug.rng(seed) if aug.on else None
+    y2: Tensor | None = None
+    lam = 1.0
 
     def loss_on(xb: Tensor, yb: Tensor) -> Tensor:
         if features:
             z = model.features(xb)
-            loss = F.cross_entropy(model.classifier(z), yb)
+            loss = mixed_ce(model.classifier(z), yb, y2, lam)
         else:
             z = None
-            loss = F.cross_entropy(model(xb), yb)
+            loss = mixed_ce(model(xb), yb, y2, lam)
         for h in hooks:
             term = h.loss_term(xb, z)
             if term is not None:
@@ -112,6 +125,8 @@ def train_local(
         for _ in range(cfg.local_epochs):
             for idx in batches(len(X), cfg.batch_size, rng):
                 xb, yb = Xt[idx], yt[idx]
+                if arng is not None:  # the mixup partner and weight are read by loss_on
+                    xb, yb, y2, lam = aug(xb, yb, arng)
                 for h in hooks:
                     xb = h.adversarial(model, xb, yb)
                 opt.zero_grad(set_to_none=True)

@@ -46,6 +46,7 @@ from neurofed.trainer.fl.algorithms.moon import _MoonHook
 from neurofed.trainer.fl.algorithms.safe import _AwpHook, _FatHook
 from neurofed.trainer.fl.algorithms.scaffold import _ScaffoldHook
 from neurofed.trainer.fl.api import Component, LocalHook, Strategy
+from neurofed.trainer.fl.augment import Augment
 from neurofed.trainer.fl.client import ClientState, ClientUpdate, begin_client_round, end_client_round
 from neurofed.trainer.fl.local import LocalConfig, batches
 
@@ -380,10 +381,13 @@ def _train(bm: BatchedModel, model: nn.Module, jobs: Sequence[ClientJob], states
     # each client's batches and dropout generator, drawn as the sequential path draws them
     steps: list[list[np.ndarray]] = []
     gens: list[torch.Generator] = []
+    aug = Augment.parse(cfg.augment)
+    arngs: list[np.random.Generator] = []
     for job in jobs:
         rng = np.random.default_rng(job.seed)
         steps.append([b for _ in range(cfg.local_epochs) for b in batches(len(job.X), B, rng)])
         gens.append(torch.Generator().manual_seed(job.seed))
+        arngs.append(aug.rng(job.seed))
     Xs = [torch.as_tensor(j.X) for j in jobs]
     ys = [torch.as_tensor(j.y).long() for j in jobs]
     totals = [0.0] * K
@@ -401,9 +405,17 @@ def _train(bm: BatchedModel, model: nn.Module, jobs: Sequence[ClientJob], states
         for size, ks in chunks:
             sel = torch.tensor(ks)
             whole = len(ks) == K
-            xb = torch.stack([Xs[k][steps[k][s]] for k in ks])
-            yb = torch.stack([ys[k][steps[k][s]] for k in ks])
-            g, loss, stats = _group_step(bm, comp, names, P, fixed, sel, whole, xb, yb, [gens[k] for k in ks])
+            mix = None
+            if aug.on:  # each client's batch from its own augmentation stream, as the sequential path draws it
+                parts = [aug(Xs[k][steps[k][s]], ys[k][steps[k][s]], arngs[k]) for k in ks]
+                xb = torch.stack([p[0] for p in parts])
+                yb = torch.stack([p[1] for p in parts])
+                if aug.mixup > 0:
+                    mix = (torch.stack([p[2] for p in parts]), torch.tensor([p[3] for p in parts]))
+            else:
+                xb = torch.stack([Xs[k][steps[k][s]] for k in ks])
+                yb = torch.stack([ys[k][steps[k][s]] for k in ks])
+            g, loss, stats = _group_step(bm, comp, names, P, fixed, sel, whole, xb, yb, [gens[k] for k in ks], mix)
             for n in names:
                 grads[n][sel] = g[n]
             if stats:
@@ -462,8 +474,10 @@ def _train(bm: BatchedModel, model: nn.Module, jobs: Sequence[ClientJob], states
 
 def _group_step(bm: BatchedModel, comp: _Components, names: list[str], P: dict[str, Tensor],
                 fixed: dict[str, Tensor], sel: Tensor, whole: bool, xb: Tensor, yb: Tensor,
-                gens: list[torch.Generator]) -> tuple[dict[str, Tensor], list[float], tuple]:
-    """One step of the clients ``sel`` (all with batches of one size): the gradient SGD uses, the loss, BN stats."""
+                gens: list[torch.Generator], mix: tuple[Tensor, Tensor] | None = None,
+                ) -> tuple[dict[str, Tensor], list[float], tuple]:
+    """One step of the clients ``sel`` (all with batches of one size): the gradient SGD uses, the loss, BN stats.
+    ``mix``: the mixup partners' labels (K, B) and each client's lambda (K,) (:mod:`neurofed.trainer.fl.augment`)."""
 
     def pick(t: Tensor) -> Tensor:
         return t if whole else t[sel]
@@ -477,6 +491,9 @@ def _group_step(bm: BatchedModel, comp: _Components, names: list[str], P: dict[s
         noise = bm.noise(gens, n)
         logits, z, stats = bm({**params, **fx}, x, noise, record, comp.moon is not None)
         loss = mean_ce(logits, yb)
+        if mix is not None:
+            lam = mix[1].to(loss.dtype)
+            loss = lam * loss + (1 - lam) * mean_ce(logits, mix[0])
         if comp.prox_mu is not None:
             term = sum(((params[nm] - pick(comp.anchors[nm])) ** 2).flatten(1).sum(1) for nm in names)
             loss = loss + 0.5 * comp.prox_mu * term

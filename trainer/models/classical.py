@@ -22,7 +22,11 @@ scikit-learn's ``svd`` solver written on the statistics (``Sigma = S_w / n``, ``
 Client-level DP (:class:`DPSpec`): each client's statistics vector of a phase (its sums, and its counts times
 ``count_weight``) is clipped to L2 norm ``clip`` before it leaves the client, and the server adds Gaussian noise
 ``N(0, (noise clip)^2)`` to every coordinate of the pooled sum; the noisy matrices are symmetrised and the
-within-class scatter floored to positive definite (post-processing).
+within-class scatter floored to positive definite (post-processing). Two options shrink what is noised:
+``count_weight`` 0 treats the class counts as public (the paradigm fixes how many cues of each class a session
+has): they are neither in the clipped vector nor noised; ``ea_sum`` uses Euclidean alignment's identity (a
+subject's class covariance sums add up to ``count x I``, so the centred sums of the two classes are each other's
+negatives): only class 0's centred sum is clipped and noised, class 1's is its negative (:meth:`dp_mirror`).
 """
 
 from __future__ import annotations
@@ -54,13 +58,25 @@ class DPSpec:
     count_weight: float = 1.0
     seed: int = 0
     clip_lda: float = 0.0
+    #: noise multiplier of the LDA round (0 = ``noise``): a budget split between the two releases
+    noise_lda: float = 0.0
+    #: release only class 0's centred sum where the model has an exact mirror (:meth:`StatisticsModel.dp_mirror`)
+    ea_sum: bool = False
 
     @property
     def on(self) -> bool:
         return self.clip > 0
 
+    @property
+    def public_counts(self) -> bool:
+        """Counts weighted 0: public, neither clipped nor noised."""
+        return self.count_weight == 0
+
     def clip_of(self, phase: int) -> float:
         return self.clip_lda if phase > 0 and self.clip_lda > 0 else self.clip
+
+    def noise_of(self, phase: int) -> float:
+        return self.noise_lda if phase > 0 and self.noise_lda > 0 else self.noise
 
 
 def lda_from_statistics(sums: np.ndarray, gram: np.ndarray, counts: np.ndarray, shrinkage: float = 0.0,
@@ -127,16 +143,24 @@ class StatisticsModel(nn.Module):
         if phase >= self.PHASES or len(X) == 0:
             return {"loss": 0.0, "steps": 0.0}
         stats = self.phase_statistics(phase, np.asarray(X, np.float64), np.asarray(y))
-        if dp.on:  # the clipped vector: statistics minus their public reference, counts weighted
+        off: Mapping[str, np.ndarray] = {}
+        if dp.on:  # the clipped vector: statistics minus their public reference, counts weighted (or public)
             off = self.public_offset(phase, stats)
             vec = {k: (v - off[k] if k in off else v) * (dp.count_weight if k in self.COUNTS else 1.0)
-                   for k, v in stats.items()}
+                   for k, v in stats.items() if not (dp.public_counts and k in self.COUNTS)}
+            mirror = self.dp_mirror(phase) if dp.ea_sum else None
+            if mirror is not None:
+                vec[mirror] = vec[mirror][:1]
             norm = float(np.sqrt(sum(float(np.sum(v ** 2)) for v in vec.values())))
         else:
             norm = float(np.sqrt(sum(float(np.sum(v ** 2)) for v in stats.values())))
         scale = min(1.0, dp.clip_of(phase) / norm) if dp.on and norm > 0 else 1.0
         for k, v in stats.items():
-            getattr(self, k).copy_(torch.from_numpy(np.asarray(v * scale / len(X), np.float64)))
+            if dp.on and dp.public_counts:  # counts as they are; the sums' departure from the offset scaled
+                v = v if k in self.COUNTS else (off[k] + scale * (v - off[k]) if k in off else v * scale)
+            else:
+                v = v * scale
+            getattr(self, k).copy_(torch.from_numpy(np.asarray(v / len(X), np.float64)))
         return {"loss": 0.0, "steps": 0.0, "stat_norm": norm, "clipped": float(scale < 1.0)}
 
     def public_offset(self, phase: int, stats: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -144,6 +168,11 @@ class StatisticsModel(nn.Module):
         noisy counts at the server): what every client's statistics are near, so the clip bounds only what differs.
         None by default."""
         return {}
+
+    def dp_mirror(self, phase: int) -> str | None:
+        """The statistic of ``phase`` whose centred class-1 block is exactly minus its class-0 block (so DP
+        releases class 0's only); None by default."""
+        return None
 
     # ---------------------------------------------------------------- server
     def solve_phase(self, phase: int, pooled: dict[str, np.ndarray], old: Mapping[str, Tensor],
@@ -162,7 +191,8 @@ def dp_spec(settings: Mapping[str, Any]) -> DPSpec:
     """The DP settings of the statistics from a strategy's settings (``classical_dp_*``, ``dp_seed``)."""
     return DPSpec(float(settings.get("classical_dp_clip", 0.0)), float(settings.get("classical_dp_noise", 0.0)),
                   float(settings.get("classical_dp_count_weight", 1.0)), int(settings.get("dp_seed", 0)),
-                  float(settings.get("classical_dp_clip_lda", 0.0)))
+                  float(settings.get("classical_dp_clip_lda", 0.0)), 0.0,
+                  bool(settings.get("classical_dp_ea_sum", False)))
 
 
 def _t(a: np.ndarray) -> Tensor:
@@ -270,6 +300,11 @@ class CSPLDA(StatisticsModel):
             return {}
         eye = np.eye(self.n_channels)
         return {"stat_cov_gram": stats["stat_cov_count"][:, None, None] * eye}
+
+    def dp_mirror(self, phase: int) -> str | None:
+        """Round 1 of two classes: on Euclidean-aligned trials a subject's ``sum X X^T / T`` over all its trials is
+        ``n I`` (its EA reference is that mean), so ``S_0 - n_0 I = -(S_1 - n_1 I)``."""
+        return "stat_cov_gram" if phase == 0 and self.n_classes == 2 else None
 
     def solve_phase(self, phase: int, pooled: dict[str, np.ndarray], old: Mapping[str, Tensor],
                     noisy: bool, shrinkage: float = 0.0) -> dict[str, Tensor]:
@@ -426,7 +461,8 @@ def solve_state(model: StatisticsModel, old: Mapping[str, Tensor], averaged: Map
     LDA's (:func:`lda_from_statistics`).
 
     With ``dp.on`` each pooled statistic gets Gaussian noise of std ``dp.noise * dp.clip`` per coordinate (counts:
-    the noise on ``count_weight * count``), seeded by ``(dp.seed, round_seed, phase)``.
+    the noise on ``count_weight * count``; public counts: none), seeded by ``(dp.seed, round_seed, phase)``; with
+    ``dp.ea_sum`` the mirrored statistic's class 0 block is noised and class 1's set to its negative.
     """
     out = {k: v.clone() for k, v in old.items()}
     phase = int(old["phase"].item())
@@ -434,14 +470,23 @@ def solve_state(model: StatisticsModel, old: Mapping[str, Tensor], averaged: Map
         return out
     rng = np.random.default_rng([dp.seed, round_seed, phase])
     pooled = {k: averaged[k].to(torch.float64).numpy() * n_total for k in model.PHASE_STATS[phase]}
-    if dp.on and dp.noise > 0:  # noise on the clipped vector's coordinates: centred statistics, weighted counts
+    noise = dp.noise_of(phase)
+    if dp.on and noise > 0:  # noise on the clipped vector's coordinates: centred statistics, weighted counts
         off = model.public_offset(phase, pooled)
+        mirror = model.dp_mirror(phase) if dp.ea_sum else None
+        sd = noise * dp.clip_of(phase)
         for k in model.PHASE_STATS[phase]:
+            if k in model.COUNTS and dp.public_counts:
+                continue
             w = dp.count_weight if k in model.COUNTS else 1.0
-            pooled[k] = pooled[k] - off.get(k, 0.0) + rng.normal(0.0, dp.noise * dp.clip_of(phase), pooled[k].shape) / w
+            if k == mirror:
+                c0 = pooled[k][0] - off[k][0] + rng.normal(0.0, sd, pooled[k][0].shape)
+                pooled[k] = np.stack([c0, -c0])
+            else:
+                pooled[k] = pooled[k] - off.get(k, 0.0) + rng.normal(0.0, sd, pooled[k].shape) / w
         off = model.public_offset(phase, pooled)  # back from the noisy counts
         pooled = {k: v + off.get(k, 0.0) for k, v in pooled.items()}
-    out.update(model.solve_phase(phase, pooled, old, noisy=dp.on and dp.noise > 0, shrinkage=shrinkage))
+    out.update(model.solve_phase(phase, pooled, old, noisy=dp.on and noise > 0, shrinkage=shrinkage))
     for k in out:
         if k.startswith(STAT):
             out[k] = torch.zeros_like(out[k])

@@ -19,12 +19,13 @@ one DP-FedAvg uses, :func:`neurofed.trainer.fl.algorithms.dp.dp_epsilon` with sa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor
 
-from neurofed.trainer.fl.algorithms.dp import dp_epsilon, noise_for_epsilon
+from neurofed.trainer.fl.algorithms.dp import dp_epsilon, dp_epsilon_of, noise_for_epsilon
 from neurofed.trainer.fl.api import Algorithm, Component, Param, ServerRound
 from neurofed.trainer.models.classical import STATISTICS_MODELS, DPSpec, model_from_state, solve_state
 
@@ -58,7 +59,12 @@ class SufficientStatistics(Component):
         Param("classical_dp_epsilon", float, 0.0, "federated classical pipelines: target epsilon (at dp_delta): "
               "sets the noise multiplier (overrides classical_dp_noise; needs classical_dp_clip)"),
         Param("classical_dp_count_weight", float, 1.0, "federated classical pipelines: weight of the class counts "
-              "in the clipped vector (their noise is divided by it)", minimum=1e-6),
+              "in the clipped vector (their noise is divided by it; 0 = counts public: neither clipped nor noised)"),
+        Param("classical_dp_lda_share", float, 0.5, "federated classical pipelines: share of the privacy budget "
+              "(RDP, proportional to 1/z^2) spent on the LDA round (0.5 = the same z in both rounds)",
+              minimum=1e-3),
+        Param("classical_dp_ea_sum", bool, False, "federated classical pipelines, fed-csp-lda: release only class 0's "
+              "centred covariance sum (EA makes class 1's its negative)"),
     )
     KEY = "classical"
     needs_every_client = True
@@ -82,8 +88,17 @@ class SufficientStatistics(Component):
                              "calibrated to the clip)")
         if eps > 0:
             noise = noise_for_epsilon(eps, 1.0, cls.PHASES, settings["dp_delta"])
+        share = settings["classical_dp_lda_share"]
+        if not 0 < share < 1:
+            raise ValueError(f"classical_dp_lda_share must be in (0, 1), got {share}")
+        noise_lda = 0.0
+        if share != 0.5 and noise > 0:  # the same total RDP as z in both rounds: 1/z1^2 + 1/z2^2 = 2/z^2
+            noise, noise_lda = noise / math.sqrt(2 * (1 - share)), noise / math.sqrt(2 * share)
+        if settings["classical_dp_ea_sum"] and settings["classical"] != "csp_lda":
+            raise ValueError("classical_dp_ea_sum applies to fed-csp-lda (its class covariance sums)")
         return cls(settings["classical"], DPSpec(clip, noise, settings["classical_dp_count_weight"],
-                                                 settings["dp_seed"], settings["classical_dp_clip_lda"]),
+                                                 settings["dp_seed"], settings["classical_dp_clip_lda"], noise_lda,
+                                                 settings["classical_dp_ea_sum"]),
                    settings["dp_delta"],
                    settings["classical_shrinkage"])
 
@@ -94,11 +109,17 @@ class SufficientStatistics(Component):
         if not self.dp.on:
             return {}
         releases = min(rounds, self.PHASES)
+        extra: dict[str, Any] = {}
+        if self.dp.noise_lda > 0 or self.dp.ea_sum:  # keys of the options beyond the first study's
+            extra = {"noise_multiplier_lda": self.dp.noise_of(1), "ea_sum": self.dp.ea_sum}
+        noises = [self.dp.noise_of(p) for p in range(releases)]
+        eps = (dp_epsilon(self.dp.noise, 1.0, releases, self.delta) if len(set(noises)) <= 1
+               else dp_epsilon_of(noises, self.delta))
         return {"privacy": {"mechanism": "client-level Gaussian noise on clipped summed statistics "
                                          "(federated classical pipeline)",
                             "clip": self.dp.clip, "clip_lda": self.dp.clip_of(1), "noise_multiplier": self.dp.noise, "sample_rate": 1.0,
                             "rounds": releases, "delta": self.delta, "count_weight": self.dp.count_weight,
-                            "epsilon": dp_epsilon(self.dp.noise, 1.0, releases, self.delta),
+                            "epsilon": eps, **extra,
                             "accountant": "dp-accounting RDP, Gaussian mechanism composed over the releases"}}
 
 

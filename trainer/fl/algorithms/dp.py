@@ -47,6 +47,23 @@ def dp_epsilon(noise: float, sample_rate: float, rounds: int, delta: float) -> f
     return float(acc.get_epsilon(delta))
 
 
+def dp_epsilon_of(noises: list[float], delta: float) -> float:
+    """(epsilon, delta)-DP of Gaussian releases of the given noise multipliers (sampling rate 1), composed by
+    dp-accounting's RDP accountant."""
+    import logging
+
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    if any(z <= 0 for z in noises):
+        return math.inf
+    acc = rdp_privacy_accountant.RdpAccountant()
+    for z in noises:
+        acc.compose(dp_accounting.GaussianDpEvent(z))
+    return float(acc.get_epsilon(delta))
+
+
 def noise_for_epsilon(epsilon: float, sample_rate: float, rounds: int, delta: float) -> float:
     """Smallest noise multiplier z (to 1e-3) whose :func:`dp_epsilon` is <= ``epsilon`` (bisection)."""
     lo, hi = 0.05, 1.0
