@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from neurofed.trainer.fl.api import LocalHook, RoundInputs, Strategy
