@@ -119,7 +119,7 @@ def test_control_a_queue_too_small_for_the_fleet_drops_joins(tmp_path, fed_name)
     n = 300
     b = FleetBroker(tmp_path, fed_name, n, swarms=1, extra=("max_queued_messages 5", "max_inflight_messages 1"))
     try:
-        with pytest.raises(FederationError, match=f"of {n} clients joined"):
+        with pytest.raises(FederationError, match=f"of {n} training clients joined"):
             run_rounds(b.url, n, secure=False, rounds=1, procs=1, fed=fed_name, swarm_urls=b.swarm_urls,
                        federation={"join_timeout_s": 15})
         assert b.dropped(), "the broker logged no dropped messages"
