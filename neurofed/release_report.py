@@ -54,6 +54,18 @@ def read_predictions(path: str | os.PathLike) -> list[dict[str, Any]]:
     return out
 
 
+def _cued(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The cue-locked windows a following decoder decoded (with a cue onset and a release version)."""
+    return [r for r in rows if r.get("onset") is not None and r.get("model_version") is not None]
+
+
+def _scored(rows: Sequence[Mapping[str, Any]], names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(cue, predicted) class indices of the windows that were decoded (not rejected) with a cue and label in
+    ``names``."""
+    ok = [r for r in rows if "rejected" not in r and r.get("cue") in names and r.get("label") in names]
+    return (np.array([names.index(r["cue"]) for r in ok], int), np.array([names.index(r["label"]) for r in ok], int))
+
+
 def live_by_release(predictions: Sequence[Mapping[str, Any]], classes: Sequence[str] | None = None
                     ) -> dict[int, dict[str, Any]]:
     """Per release version, the cue-locked windows it decoded: counts, rejections and the BCA (with accuracy, its
@@ -62,15 +74,13 @@ def live_by_release(predictions: Sequence[Mapping[str, Any]], classes: Sequence[
     ``classes`` default to every cue and predicted label seen, sorted."""
     from neurofed.demo_eval import decoded  # lazy: scipy
 
-    cued = [r for r in predictions if r.get("onset") is not None and r.get("model_version") is not None]
+    cued = _cued(predictions)
     names = list(classes) if classes is not None else sorted(
         {str(r["cue"]) for r in cued} | {str(r["label"]) for r in cued if "label" in r})
     out: dict[int, dict[str, Any]] = {}
     for v in sorted({int(r["model_version"]) for r in cued}):
         rows = [r for r in cued if int(r["model_version"]) == v]
-        ok = [r for r in rows if "rejected" not in r and r.get("cue") in names and r.get("label") in names]
-        y = np.array([names.index(r["cue"]) for r in ok], int)
-        p = np.array([names.index(r["label"]) for r in ok], int)
+        y, p = _scored(rows, names)
         out[v] = {"windows": len(rows), "rejected": sum("rejected" in r for r in rows),
                   "first_onset": min(float(r["onset"]) for r in rows), **decoded(y, p)}
     return out
@@ -88,8 +98,8 @@ def release_report(predictions: Mapping[str, str | os.PathLike | Sequence[Mappin
     signed = {h["version"]: h for h in ReleaseStore(store).history()}
     rows = {name: (read_predictions(src) if isinstance(src, (str, os.PathLike)) else list(src))
             for name, src in predictions.items()}
-    classes = sorted({str(r["cue"]) for rs in rows.values() for r in rs if r.get("onset") is not None
-                      and r.get("model_version") is not None})
+    cued = {name: _cued(rs) for name, rs in rows.items()}
+    classes = sorted({str(r["cue"]) for rs in cued.values() for r in rs})
     live = {name: live_by_release(rs, classes or None) for name, rs in rows.items()}
     versions = sorted(set(gate) | set(signed) | {v for per in live.values() for v in per})
     releases = []
@@ -98,22 +108,16 @@ def release_report(predictions: Mapping[str, str | os.PathLike | Sequence[Mappin
         source = h.get("rollback_of") or v  # a rollback runs the model of the release it names
         g = gate.get(source)
         per = {name: per_v[v] for name, per_v in live.items() if v in per_v}
-        ys, ps = [], []
-        for name, rs in rows.items():
-            ok = [r for r in rs if r.get("onset") is not None and r.get("model_version") == v and "rejected" not in r
-                  and r.get("cue") in classes and r.get("label") in classes]
-            ys += [classes.index(r["cue"]) for r in ok]
-            ps += [classes.index(r["label"]) for r in ok]
+        ys, ps = _scored([r for rs in cued.values() for r in rs if int(r["model_version"]) == v], classes)
         releases.append({
             "release": v, "parent": h.get("parent"), "rollback_of": h.get("rollback_of"),
             "signed": bool(h), "sha256": h.get("sha256"),
             "validation": ({k: g.get(k) for k in VALIDATION_KEYS} | {"of_release": source}) if g else None,
-            "live": per, "live_pooled": decoded(np.array(ys, int), np.array(ps, int)),
+            "live": per, "live_pooled": decoded(ys, ps),
         })
     return {"store": str(store), "classes": classes,
-            "decoders": {name: {"windows": len(rs), "cue_locked_versioned": sum(
-                1 for r in rs if r.get("onset") is not None and r.get("model_version") is not None)}
-                for name, rs in rows.items()},
+            "decoders": {name: {"windows": len(rs), "cue_locked_versioned": len(cued[name])}
+                         for name, rs in rows.items()},
             "releases": releases}
 
 
