@@ -19,7 +19,7 @@ from neurofed.broker.registry import Registry
 from neurofed.broker.rounds import SeenIds
 from neurofed.broker.validation import Rejected, UpdateRules, check_update, tensor_specs
 from neurofed.trainer.fl.api import Strategy
-from neurofed.trainer.fl.fedbuff import ACCEPTED, BufferedServer, Verdict, async_clip_mult
+from neurofed.trainer.fl.fedbuff import ACCEPTED, BufferedServer, Verdict, async_clip_mult, async_value_keys
 from neurofed.trainer.fl.server import ServerState, downlink
 
 __all__ = ["AsyncRound", "TrialCounts"]
@@ -66,8 +66,10 @@ class AsyncRound:
     losses: list[float] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
+        state = self.server.global_state
         self.buf = BufferedServer(self.server, self.buffer_k, self.max_staleness, self.server_lr,
-                                  async_clip_mult(self.strategy))
+                                  async_clip_mult(self.strategy),
+                                  async_value_keys(state, downlink(state, self.strategy, self.model)))
         self._add_version()
 
     @property

@@ -190,6 +190,7 @@ class Coordinator:
         # a release's ONNX export, signature and publication run on one worker thread (in order), off the loop
         self._release_pool: ThreadPoolExecutor | None = None
         self._release_jobs: list[Future] = []
+        self._release_lock = threading.Lock()
         self._candidate_waiting = False  # a candidate came due while another was being validated
         self._window_t0 = time.monotonic()
         self._window_rejected = 0
@@ -280,7 +281,8 @@ class Coordinator:
         """(Re)announce after every (re)connect: the broker may have restarted without retained messages."""
         self.connects += 1
         if self.connects > 1:
-            logger.info("reconnected to the broker (#%d): re-publishing status, model and open task", self.connects - 1)
+            logger.info("reconnected to the broker (#%d): re-publishing status, model, open task and current release",
+                        self.connects - 1)
         self._pub(self.topics.status(COORDINATOR_ID), self._status("online"), retain=True, wait=None)
         self._republish(task=True)
 
@@ -294,6 +296,26 @@ class Coordinator:
             self._pub(self.topics.extras, self._extras_payload, retain=True, wait=None)
         if task and self._task_payload is not None:
             self._pub(self.topics.task, self._task_payload, retain=True, wait=None)
+        with self._release_lock:  # not between the worker's keeping a release and publishing it
+            if (payload := self._current_release()) is not None:
+                self._pub(self.topics.release, payload, retain=True, wait=None)
+
+    def _current_release(self) -> bytes | None:
+        """The release topic's retained payload: the newest signed release in the gate's store (a rollback
+        published there since included), or None when this coordinator publishes none or has none yet. Called under
+        :attr:`_release_lock`, so the worker thread is not half-way through adding one; a graph without its
+        signature (left by a crash) is passed over."""
+        if self.gate is None or not self.cfg.release.key or self.exporter is None:
+            return None
+        from neurofed_runtime import release as rel  # lazy: cryptography
+
+        store = ReleaseStore(self.gate.folder)
+        for v in reversed(store.versions()):
+            try:
+                return rel.pack(store.path(v).read_bytes(), rel.read_sig(rel.sig_path(store.path(v))))
+            except (OSError, ValueError) as exc:
+                logger.warning("release %d in %s is not complete (%s): not re-published", v, store.folder, exc)
+        return None
 
     def _republish_if_asked(self) -> None:
         """Clients asked for the retained model / extras again (status ``idle``: their node of a clustered broker
@@ -355,6 +377,13 @@ class Coordinator:
             elif kind == "update" and self.current is not None:
                 info = self.registry.clients.get(cid or "")
                 ref = self._update_refs.get(info.profile if info is not None else "", b"")
+            elif kind == "update":  # no round or version open (the run ended, or has not begun): its header says so
+                msg = peek(item.payload, self.max_bytes)  # a delta-coded body has no reference to decode against
+                check_envelope(kind, cid, msg, self.fed.name)
+                if msg.run_id != self.run_id:
+                    raise Rejected("wrong_run", f"message for run {msg.run_id[:8] or '-'}, this is run {self.run_id[:8]}")
+                raise Rejected("late", f"update from round/version {msg.round} while no round is open "
+                               f"(the server is at {self.server.round})")
             msg, tensors = decode(item.payload, self.max_bytes, reference=ref, max_body=self.max_body)
             if kind == "error" and msg.sender == COORDINATOR_ID:
                 return  # our own reply to a client, echoed by an MQTT 3.1.1 broker (v5 subscribes no-local)
@@ -390,8 +419,6 @@ class Coordinator:
                 if v.aggregated:
                     self._async_aggregated()
             elif kind == "update":
-                if self.current is None:
-                    raise Rejected("late", f"update for round {msg.round} while no round is open")
                 self.current.offer(msg, tensors, len(item.payload), self.seen, self.bodies)
                 if _progress(len(self.current.updates), len(self.current.selected)):
                     logger.info("round %d: update from %s (%d/%d)", self.current.index, msg.sender,
@@ -727,9 +754,10 @@ class Coordinator:
         onnx_path.unlink()
         # parent: the release decoders run now (the gate's last, or a rollback published into the store since)
         doc = rel.sign(data, rel.load_private(self.cfg.release.key), number, store.latest())
-        store.add(data, doc)
         payload = rel.pack(data, doc)
-        self._pub(self.topics.release, payload, retain=True)
+        with self._release_lock:  # kept and published as one step (a reconnect re-publishes the store's newest)
+            store.add(data, doc)
+            self._pub(self.topics.release, payload, retain=True)
         logger.info("[RELEASE] release %d signed and published retained on %s (%d bytes)", number,
                     self.topics.release, len(payload))
         self.gate.note(rec, signed={k: doc["header"][k] for k in ("version", "parent", "sha256", "size")})

@@ -349,7 +349,8 @@ def infer(
             stream_units=eeg.meta.units, decoder=StandaloneStep(om, eeg.meta.sfreq) if standalone else None,
         )
         if follower is not None:
-            follower.current, follower.version, engine.model_version = om, version, version
+            follower.running(om, version)
+            engine.model_version = version
         if mode == "cue":
             mk = Inlet(find_stream(name=markers or f"{stream}-markers", timeout=timeout, unique=False))
             check_marker_stream(mk.meta)

@@ -84,6 +84,8 @@ FILE_TIERS: dict[str, str] = {
     "tests/runtime/test_model.py": "unit",
     "tests/runtime/test_decode.py": "unit",
     "tests/runtime/test_release.py": "unit",
+    "tests/runtime/test_follow.py": "unit",                   # a Decoder swapping to signed releases (no broker)
+    "tests/runtime/test_follow_mqtt.py": "integration",       # the runtime's subscriber over a real Mosquitto
     "tests/runtime/test_lsl.py": "integration",               # live LSL, mne-lsl's StreamLSL, CLIs
     "tests/runtime/test_venv.py": "e2e",                      # a fresh venv with the runtime alone (no torch)
     # firmware_sim/

@@ -10,6 +10,8 @@ Modules: :mod:`~neurofed_runtime.model` (load and check a model, run it), :mod:`
 (:class:`Decoder`: a window, a sliding stream, ``mne.Epochs``), :mod:`~neurofed_runtime.channels` (channel picking and
 units from an LSL description or an ``mne.Info``), :mod:`~neurofed_runtime.guard` (the input guard),
 :mod:`~neurofed_runtime.card` (the model card), :mod:`~neurofed_runtime.lsl` (a live LSL loop; ``[lsl]`` extra),
+:mod:`~neurofed_runtime.release` (signed releases; ``[signed]``), :mod:`~neurofed_runtime.follow` (follow signed
+releases over MQTT and swap a running :class:`Decoder` between two windows; ``[follow]``),
 :mod:`~neurofed_runtime.errors`. The names below load onnxruntime on first use only: importing
 ``neurofed_runtime.errors`` (as the main package does for its error types) stays light.
 """
@@ -29,6 +31,7 @@ _EXPORTS = {
     "match_stream": "channels", "lsl_channels": "channels", "mne_channels": "channels",
     "NeuroFedError": "errors", "DataError": "errors", "ModelError": "errors", "WindowRejected": "errors",
     "SmallBatchWarning": "errors",
+    "ReleaseFollower": "follow",
 }
 
 

@@ -16,6 +16,7 @@ graph does the rest (input guard, band-pass, resampling, online alignment, batch
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +30,13 @@ from neurofed_runtime.model import StandaloneModel
 
 @dataclass(frozen=True)
 class Result:
-    """One decoded window: the class probabilities, the winning index and its class name."""
+    """One decoded window: the class probabilities, the winning index, its class name and, for a decoder that
+    follows releases (:meth:`Decoder.follow`), the release version that decoded it."""
 
     probs: np.ndarray
     index: int
     label: str
+    version: int | None = None
 
 
 class Decoder:
@@ -80,7 +83,18 @@ class Decoder:
         self.window_samples = info.window_samples
         self.classes = list(card.classes)
         self.source = source
+        self.follower: Any = None  # a neurofed_runtime.follow.ReleaseFollower once follow() was called
+        self.version: int | None = None
         self.reset()
+
+    def follow(self, follower: Any, version: int | None = None) -> Decoder:
+        """Swap to every release ``follower`` (:class:`neurofed_runtime.follow.ReleaseFollower`) accepts, between
+        two windows: before each window a pending release replaces the model, and the session's alignment
+        statistics and BN context are carried over (:func:`~neurofed_runtime.follow.carry_state`). ``version`` is
+        the running model's release (None: not a release). Returns the decoder."""
+        follower.running(self.model, version)
+        self.follower, self.version = follower, version
+        return self
 
     @classmethod
     def load(cls, path: str | os.PathLike, **kwargs: Any) -> Decoder:
@@ -103,6 +117,9 @@ class Decoder:
     def reset(self) -> None:
         """Start a new session: the model's initial state, an empty sliding buffer."""
         self.state = self.model.initial_state()
+        #: the last accepted windows (graph channels and unit), as many as the graph keeps as BN context: a new
+        #: release rebuilds its own context from them
+        self._recent: deque[np.ndarray] = deque(maxlen=max(int(self.model.info.context_windows), 1))
         self._buf = np.zeros((0, len(self.layout.idx)), np.float64)
         self._due = self.window_samples  # samples until the next sliding window is complete
 
@@ -124,11 +141,25 @@ class Decoder:
             raise DataError(f"{self.source}: window shape {w.shape}, expected ({self.n_stream}, {self.window_samples})")
         return self._run(self.to_model(w.T))
 
+    def _swap_if_pending(self) -> None:
+        """Apply the follower's pending release (between two windows: the last one is out, the next not yet in)."""
+        from neurofed_runtime.follow import carry_state
+
+        p = self.follower.take()
+        if p is None:
+            return
+        state, ctx = carry_state(self.model, p.model, self.state, list(self._recent))
+        self.model, self.state, self.version = p.model, state, p.version
+        self.follower.swapped(p, state, ctx)
+
     def _run(self, x: np.ndarray) -> Result:
+        if self.follower is not None:
+            self._swap_if_pending()
         probs, self.state = self.model.run(x, self.state)
+        self._recent.append(np.array(x, copy=True))
         p = np.asarray(probs, np.float64).reshape(-1)
         k = int(np.argmax(p))
-        return Result(p, k, self.classes[k])
+        return Result(p, k, self.classes[k], self.version)
 
     def stream(self, chunk: np.ndarray) -> Iterator[Result | WindowRejected]:
         """Feed a chunk ``(samples, stream channels)`` of a continuous stream; yields one result per sliding

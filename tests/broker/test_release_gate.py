@@ -185,3 +185,54 @@ def test_a_validating_client_is_never_selected_nor_counted_for_min_clients(memor
     assert [runs[s].result(60) for s in (1, 2, 3)][1] == 0  # the validating client trained in no round
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert all(r["participants"] == ["S001", "S003"] for r in metrics["rounds"]), metrics["rounds"]
+
+
+def test_a_reconnect_republishes_the_current_release(memory_broker, fed_name, tmp_path):
+    """A broker that restarted without its retained store loses the release topic: the coordinator publishes the
+    newest signed release of its store again on every (re)connect, a rollback published there since included."""
+    from neurofed.broker.releases import ReleaseStore
+    from neurofed.broker.transport import Incoming
+
+    priv, _ = rel.keygen(tmp_path / "keys")
+    coord = Coordinator(load_config(release_toml(tmp_path, fed_name, priv)), memory_broker.url, tmp_path / "out",
+                        exporter=lambda ckpt, onnx: None)
+    topic = Topics(fed_name).release
+    coord.transport.connect()
+    try:
+        coord.handle(Incoming("connected"))
+        assert topic not in memory_broker.retained  # nothing released yet: nothing published
+        store = ReleaseStore(coord.gate.folder)
+        key = rel.load_private(priv)
+        docs = [rel.sign(data, key, v, v - 1 or None, model_hash="0" * 64)  # the store and the wire only: no graph
+                for v, data in ((1, b"graph one"), (2, b"graph two"))]
+        for data, doc in zip((b"graph one", b"graph two"), docs):
+            store.add(data, doc)
+        (store.folder / "v0003.onnx").write_bytes(b"left by a crash")  # no signature: passed over, never half-sent
+        coord.handle(Incoming("connected"))
+        assert memory_broker.retained[topic] == rel.pack(b"graph two", docs[1])
+    finally:
+        coord.transport.close()
+
+
+def test_an_update_after_the_run_is_refused_late(memory_broker, fed_name, tmp_path):
+    """An update whose round or version is no longer open (here: none is) is refused ``late`` from its header,
+    not ``bad_message`` for the delta-coded body it has no reference for; its client is told."""
+    import torch
+
+    from neurofed.broker.protocol import UpdateMsg, encode, pack
+    from neurofed.broker.transport import Incoming
+
+    priv, _ = rel.keygen(tmp_path / "keys")
+    coord = Coordinator(load_config(release_toml(tmp_path, fed_name, priv)), memory_broker.url, tmp_path / "out",
+                        exporter=lambda ckpt, onnx: None)
+    coord.transport.connect()
+    try:
+        msg = UpdateMsg(federation=fed_name, sender="S001", round=3, task_id="a" * 32, n_samples=10, base_sha256="0" * 64,
+                        run_id=coord.run_id)
+        body = pack({"state": {"w": torch.zeros(3)}, "extra": {}})
+        coord.handle(Incoming("message", Topics(fed_name).update("S001"),
+                              encode(msg, body, reference=b"\0" * 64)))
+        assert dict(coord.rejections) == {"late": 1}
+        assert any(t == Topics(fed_name).error("S001") for _, t, _, _ in memory_broker.log)
+    finally:
+        coord.transport.close()

@@ -150,3 +150,23 @@ def test_a_lost_training_is_not_computed_and_keeps_the_client_state(subjects4, m
     assert a["lost_offline"] > len(clients)  # more lost trainings than could be in flight when the run stops
     # computed = submitted + those in flight at the end (at most one per client); the lost ones are not among them
     assert a["submitted"] <= len(calls) <= a["submitted"] + len(clients)
+
+
+def test_stale_updates_keep_bn_variances_positive(subjects4, monkeypatch):
+    """K = 1 and a staleness bound of 4 (staleness up to 3): moving BN running variances by stale deltas (the rule
+    before the value entries, emulated by naming none) drives one below zero; as values they stay positive."""
+    import neurofed.trainer.experiments.asyncsim as asim
+
+    clients = {sd.subject: sd for sd in subjects4}
+    cfg = AsyncConfig(buffer_k=1, max_staleness=4, online_fraction=0.5, session_mean=3.0)
+
+    def min_var() -> tuple[float, float]:
+        m, info = run_async(clients, "eegnet", get_strategy("fedavg"), CFG, 8, cfg, 0)
+        var = min(float(v.min()) for k, v in m.state_dict().items() if k.endswith("running_var"))
+        return var, max(p["max_staleness"] for p in info["curve"])
+
+    fixed, stale = min_var()
+    assert stale >= 2 and fixed > 0
+    monkeypatch.setattr(asim, "async_value_keys", lambda state, down: frozenset())
+    old, _ = min_var()
+    assert old < 0  # the defect the value entries fix

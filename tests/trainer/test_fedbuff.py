@@ -106,3 +106,50 @@ def test_adaptive_clip_on_the_buffer():
         srv.submit(cid, _upd(w, 10), 0)
     assert srv.clipped == 1
     assert float(srv.server.global_state["w"]) == pytest.approx((1 + 1 + 1.5) / 3)
+
+
+def test_value_entries_move_from_the_current_model_not_the_stale_base():
+    """A BN running variance is the client's estimate, not a step from its base: averaged as a value it stays a
+    convex combination (the old rule, current + (value - stale base), went below zero here)."""
+    hist = {v: {"w": torch.tensor([2.0 * v]), "bn.running_var": torch.tensor([1.0 - 0.45 * v]),
+                "nbt": torch.tensor(0)} for v in range(3)}  # var 1.0, 0.55, 0.1
+    keys = frozenset({"bn.running_var"})
+    srv = BufferedServer(ServerState(dict(hist[2]), round=2), 2, 5, 1.0, value_keys=keys, history=hist)
+    srv.submit("a", ClientUpdate({"w": torch.tensor([5.0]), "bn.running_var": torch.tensor([0.2]),
+                                  "nbt": torch.tensor(3)}, 10), 0)  # tau 2: w delta 5 - 0
+    srv.submit("b", ClientUpdate({"w": torch.tensor([4.0]), "bn.running_var": torch.tensor([0.3]),
+                                  "nbt": torch.tensor(3)}, 10), 2)  # tau 0
+    w = [10 / math.sqrt(3), 10.0]
+    g = srv.server.global_state
+    assert float(g["w"]) == pytest.approx(4.0 + (w[0] * 5.0 + w[1] * 0.0) / sum(w))  # trained: from its base
+    assert float(g["bn.running_var"]) == pytest.approx((w[0] * 0.2 + w[1] * 0.3) / sum(w))  # value: mean of values
+
+
+@pytest.mark.parametrize("lr", [1.0, 0.5])
+def test_value_entries_equal_the_delta_rule_at_zero_staleness(lr):
+    """Without staleness the two rules are the same bits (every committed synchronous-equivalent result holds)."""
+    out = []
+    for keys in (frozenset(), frozenset({"w"})):
+        srv = _server(2, 5, lr)
+        srv.value_keys = keys
+        srv.submit("a", _upd(6.0, 10), 2)
+        srv.submit("b", _upd(3.0, 20), 2)
+        out.append(srv.server.global_state["w"])
+    assert torch.equal(out[0], out[1])
+
+
+def test_value_keys_are_bn_statistics_and_what_stays_on_the_clients():
+    """FedAvg (standard BN): the running statistics; FedBS (batch-specific BN kept on the clients, no running
+    statistics): every BN entry; never an integer counter or a trained convolution."""
+    from neurofed.trainer.fl.fedbuff import async_value_keys
+    from neurofed.trainer.fl.server import downlink
+    from neurofed.trainer.models import build_model
+
+    want = {"fedavg": {f"{bn}.{s}" for bn in ("bnorm_temporal", "bnorm_1", "bnorm_2")
+                       for s in ("running_mean", "running_var")},
+            "fedbs": {f"{bn}.{s}" for bn in ("bnorm_temporal", "bnorm_1", "bnorm_2") for s in ("weight", "bias")}}
+    for name, keys in want.items():
+        st = get_strategy(name)
+        model = build_model("eegnet", n_channels=4, n_classes=2, n_times=160, sfreq=80.0, bn_mode=st.bn_mode)
+        state = dict(model.state_dict())
+        assert async_value_keys(state, downlink(state, st, model)) == keys

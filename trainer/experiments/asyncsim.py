@@ -42,6 +42,7 @@ from neurofed.trainer.fl.fedbuff import (
     BufferedServer,
     async_clip_mult,
     async_seed,
+    async_value_keys,
     check_async,
     window_bounds,
 )
@@ -108,8 +109,9 @@ def _setup(clients: Mapping[str, SubjectData], model_name: str, strategy: Strate
                                **strategy.model_kwargs(model_name))
     model = models[""]
     strategy.setup(model)
-    buf = BufferedServer(ServerState(init_server_state(models, ())), cfg.buffer_k, cfg.max_staleness, cfg.server_lr,
-                         async_clip_mult(strategy))
+    start = init_server_state(models, ())
+    buf = BufferedServer(ServerState(start), cfg.buffer_k, cfg.max_staleness, cfg.server_lr, async_clip_mult(strategy),
+                         async_value_keys(start, downlink(start, strategy, model)))
     states = {cid: init_client_state(buf.server.global_state, model, strategy) for cid in ids}
     return ids, model, buf, states
 

@@ -6,8 +6,17 @@ returns its update tagged with the version it started from. The server buffers a
 have arrived, takes one step::
 
     new = current + server_lr * sum_i w_i * delta_i / sum_i w_i
-    delta_i = state_i - global(v_base_i)        (every floating entry, BN statistics included)
+    delta_i = state_i - global(v_base_i)        (trained entries: weights, biases)
+    delta_i = state_i - current                 (value entries: BN statistics, and BN kept on the clients)
     w_i = n_i * s(tau_i),   tau_i = v_now - v_base_i,   s(tau) = 1 / sqrt(1 + tau)
+
+*Value entries* are the ones a client does not train from the global model: BatchNorm running statistics (a
+client's are estimates of its own data, not a step from the base) and, under a local-BN rule (FedBS, SAFE, FedBN),
+every BN entry (the client started from its own BN, never from the global one). Their delta is taken against the
+*current* global model and their step is ``min(server_lr, 1)``, so the new value is a convex combination of the
+current one and the clients' (the clip only shrinks a delta): running variances stay positive whatever the staleness. Moving them by
+stale deltas (the rule before 2026-12-01) drove variances below zero at staleness 2-4 and collapsed the model to
+one class (docs/async.md). At zero staleness the two rules are the same bits. :func:`async_value_keys` names them.
 
 ``n_i`` is the number of trials the client trained on (it says so in the update), ``s`` FedBuff's polynomial
 staleness rule with exponent 1/2. An update with ``tau > max_staleness`` is rejected with the code ``stale`` (and
@@ -44,7 +53,7 @@ from neurofed.trainer.fl.init import client_seed
 from neurofed.trainer.fl.server import ServerState
 
 __all__ = ["ACCEPTED", "FUTURE", "STALE", "AsyncRefused", "BufferedServer", "Verdict", "async_clip_mult",
-           "async_seed", "check_async", "staleness_weight", "window_bounds"]
+           "async_seed", "async_value_keys", "check_async", "staleness_weight", "window_bounds"]
 
 ACCEPTED = "accepted"
 STALE = "stale"  # staleness beyond the bound
@@ -92,6 +101,25 @@ def async_clip_mult(strategy: Strategy) -> float:
         if isinstance(c, Robust) and c.rule == "mean":
             return float(c.clip_mult)
     return 0.0
+
+
+#: state-dict key endings of BatchNorm's running statistics
+BN_STAT_SUFFIXES = ("running_mean", "running_var")
+
+
+def async_value_keys(state: Mapping[str, Tensor], downlinked: Mapping[str, Tensor]) -> frozenset[str]:
+    """The floating entries the buffered rule averages as values (their delta against the current model, not the
+    stale base): BN running statistics, and every entry the downlink leaves out (BN kept on the clients).
+
+    Parameters
+    ----------
+    state : dict
+        The global state (every key).
+    downlinked : dict
+        What a client receives of it (:func:`neurofed.trainer.fl.server.downlink`).
+    """
+    return frozenset(k for k, v in state.items()
+                     if torch.is_floating_point(v) and (k.endswith(BN_STAT_SUFFIXES) or k not in downlinked))
 
 
 def check_async(strategy: Strategy, secure_aggregation: bool = False) -> None:
@@ -164,6 +192,8 @@ class BufferedServer:
     clip_mult : float
         The adaptive norm clip (:func:`async_clip_mult`): each buffered delta scaled to at most ``clip_mult`` x
         the buffer's median delta norm before the mean (0 = off); :attr:`clipped` counts the scaled ones.
+    value_keys : frozenset of str
+        Entries averaged as values (:func:`async_value_keys`: their delta is taken against the current model).
     """
 
     server: ServerState
@@ -171,6 +201,7 @@ class BufferedServer:
     max_staleness: int
     server_lr: float = 1.0
     clip_mult: float = 0.0
+    value_keys: frozenset[str] = frozenset()
     history: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     buffer: list[tuple[str, ClientUpdate, int, float]] = field(default_factory=list)
     rejected: dict[str, int] = field(default_factory=lambda: {STALE: 0, FUTURE: 0})
@@ -225,7 +256,8 @@ class BufferedServer:
         """One step on the buffered updates (in arrival order); the buffer empties, the version goes up by one."""
         if not self.buffer:
             raise ValueError("no buffered update to aggregate")
-        deltas = [_delta(u.state, self.history[base]) for _, u, base, _ in self.buffer]
+        cur = self.server.global_state
+        deltas = [_delta(u.state, self.history[base], cur, self.value_keys) for _, u, base, _ in self.buffer]
         if self.clip_mult > 0 and len(deltas) >= 2:  # as the synchronous rule (robust.py), on this buffer's deltas
             norms = [math.sqrt(sum(float((v**2).sum()) for v in d.values() if torch.is_floating_point(v)))
                      for d in deltas]
@@ -238,11 +270,11 @@ class BufferedServer:
         for d, (_, _, _, w) in zip(deltas, self.buffer):
             acc.add(d, w)
         mean = acc.result()  # weighted mean delta (floating) / max (integer entries)
-        cur = self.server.global_state
         new = {}
         for k, v in cur.items():
             if torch.is_floating_point(v):
-                new[k] = (v.to(torch.float64) + self.server_lr * mean[k].to(torch.float64)).to(v.dtype)
+                lr = min(self.server_lr, 1.0) if k in self.value_keys else self.server_lr  # values: a convex step
+                new[k] = (v.to(torch.float64) + lr * mean[k].to(torch.float64)).to(v.dtype)
             else:
                 new[k] = mean[k].clone()
         self.server = ServerState(new, self.server.round + 1, dict(self.server.extras))
@@ -253,9 +285,11 @@ class BufferedServer:
         return self.server
 
 
-def _delta(state: Mapping[str, Tensor], ref: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """``state - ref`` on floating entries (float64), the state itself on integer ones."""
-    if state.keys() != ref.keys():
-        raise ValueError(f"update keys differ from the global model's: {sorted(set(state) ^ set(ref))[:4]}")
-    return {k: (v.to(torch.float64) - ref[k].to(torch.float64)) if torch.is_floating_point(v) else v
-            for k, v in state.items()}
+def _delta(state: Mapping[str, Tensor], base: Mapping[str, Tensor], current: Mapping[str, Tensor],
+           value_keys: frozenset[str]) -> dict[str, Tensor]:
+    """``state - base`` on trained floating entries, ``state - current`` on value entries (float64), the state
+    itself on integer ones."""
+    if state.keys() != base.keys():
+        raise ValueError(f"update keys differ from the global model's: {sorted(set(state) ^ set(base))[:4]}")
+    return {k: (v.to(torch.float64) - (current if k in value_keys else base)[k].to(torch.float64))
+            if torch.is_floating_point(v) else v for k, v in state.items()}

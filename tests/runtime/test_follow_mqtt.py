@@ -1,0 +1,65 @@
+"""The runtime's subscriber (:func:`neurofed_runtime.follow.subscribe`, paho-mqtt) over a real Mosquitto: the retained
+release reaches a decoder that subscribes after it was published, a newer one arrives live, a forged one published
+by another client is refused, and a missing broker is one line."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import paho.mqtt.client as mqtt
+import pytest
+from neurofed_runtime import Decoder
+from neurofed_runtime.errors import NeuroFedError
+from neurofed_runtime.follow import ReleaseFollower, release_topic, subscribe
+
+from tests.broker.conftest import mosquitto  # noqa: F401 - the fixture
+from tests.edge.test_follow import _payload, keys, models, windows  # noqa: F401 - the fixtures, shared
+
+
+def _publish(port: int, topic: str, payload: bytes) -> None:
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"pub-{time.monotonic_ns()}")
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    c.publish(topic, payload, qos=1, retain=True).wait_for_publish(10)
+    c.disconnect()
+    c.loop_stop()
+
+
+def _wait(cond, timeout=20.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and not cond():
+        time.sleep(0.05)
+    return cond()
+
+
+def test_follow_releases_over_mosquitto(mosquitto, models, keys, windows, tmp_path):  # noqa: F811
+    a, b = models
+    ch, sf, ws = windows
+    fed = f"rtfollow{time.monotonic_ns() % 10**8}"
+    topic = release_topic(fed)
+    _publish(mosquitto.port, topic, _payload(a, keys, 1))  # retained before the decoder starts
+    f = ReleaseFollower(keys[0][1], tmp_path / "in")
+    stop = threading.Event()
+    th = subscribe(f, f"mqtt://127.0.0.1:{mosquitto.port}", fed, stop, client_id="rt-follow-test")
+    try:
+        assert _wait(lambda: f.accepted == [1]), f.refused
+        dec = Decoder.load(f.take().path, ch_names=ch, sfreq=sf).follow(f, 1)
+        first = [dec.decode(w).version for w in ws[:3]]
+        _publish(mosquitto.port, topic, _payload(b, keys, 5, 1, forged=True))  # a client with broker credentials
+        _publish(mosquitto.port, topic, _payload(b, keys, 2, 1))
+        assert _wait(lambda: f.accepted == [1, 2]), f.refused
+        rest = [dec.decode(w).version for w in ws[3:6]]
+        assert first == [1, 1, 1] and rest == [2, 2, 2]
+        assert len(f.refused) == 1 and "bad signature" in f.refused[0]
+    finally:
+        stop.set()
+        th.join(10)
+
+
+def test_no_broker_is_one_line(keys, tmp_path):  # noqa: F811
+    f = ReleaseFollower(keys[0][1], tmp_path)
+    with pytest.raises(NeuroFedError, match="cannot reach the MQTT broker"):
+        subscribe(f, "mqtt://127.0.0.1:1", "fed", threading.Event(), timeout=2)
+    with pytest.raises(NeuroFedError, match="not an mqtt"):
+        subscribe(f, "http://127.0.0.1:1883", "fed", threading.Event())
