@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from neurofed_runtime import release as rel
 
+from neurofed.background import Background
 from neurofed.broker.config import config_from_dict
 from neurofed.broker.coordinator import Coordinator
 from neurofed.broker.protocol import Topics
@@ -181,27 +182,6 @@ def _serialise(edges: list[EdgeClient], lock: threading.Lock) -> None:
         e._run_task, e._on_eval = run_task, on_eval  # type: ignore[method-assign]
 
 
-class _Bg(threading.Thread):
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.fn, self.value, self.error = fn, None, None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.value = self.fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised by result()
-            self.error = exc
-
-    def result(self, timeout: float) -> Any:
-        self.join(timeout)
-        if self.is_alive():
-            raise NeuroFedError(f"{self.name} did not finish within {timeout:g} s")
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
 def _config(plan: FleetPlan, fed: str, key: Path):
     return config_from_dict({
         "federation": {"name": fed, "mode": "async", "rounds": plan.rounds, "min_clients": 2, "seed": 7,
@@ -257,10 +237,10 @@ def run_fleet(plan: FleetPlan, broker: str, work: Path, data_dir: Path | None,
                            reload_data=True, evaluate=s in plan.validate) for s, h in hosts.items()}
     _serialise(list(edges.values()), lock)
     stops = {s: threading.Event() for s in hosts}
-    runs: dict[int, _Bg] = {}
+    runs: dict[int, Background] = {}
     joined_at: dict[int, int] = {}  # the version the federation had made when the host came online
     left_at: dict[int, int] = {}
-    ct = _Bg(coord.run)
+    ct = Background(coord.run)
     for h in hosts.values():
         h.start()
     forged, rolled, last = False, False, None
@@ -273,7 +253,7 @@ def run_fleet(plan: FleetPlan, broker: str, work: Path, data_dir: Path | None,
                     raise NeuroFedError(f"headset S{s:03d}: {h.error}")
                 if s not in runs and h.sessions and coord.server.round >= plan.join_at_version.get(s, 0):
                     joined_at[s] = coord.server.round
-                    runs[s] = _Bg(lambda s=s: edges[s].run(stop=stops[s], max_seconds=plan.timeout_s))
+                    runs[s] = Background(lambda s=s: edges[s].run(stop=stops[s], max_seconds=plan.timeout_s))
                     say(f"S{s:03d} online at version {coord.server.round} ({len(h.store)} trials stored)")
                 n = plan.leave_after_sessions.get(s)
                 if n and s in runs and s not in left_at and len(h.sessions) >= n and edges[s].data is not None \

@@ -9,12 +9,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
+from neurofed.background import Background
 from neurofed.broker.config import FederationConfig, config_from_dict
 from neurofed.broker.coordinator import Coordinator
 from neurofed.broker.embedded import free_port
@@ -51,26 +51,7 @@ def make_cfg(fed: str, out, **fed_kw: Any) -> FederationConfig:
     return config_from_dict({"federation": d, "local": {"batch_size": 16, "local_epochs": 1}, "output": {"dir": str(out)}})
 
 
-class Bg(threading.Thread):
-    """Run ``fn`` on a thread; ``.value`` / ``.error`` afterwards."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.fn, self.value, self.error = fn, None, None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self.value = self.fn()
-        except BaseException as exc:  # noqa: BLE001
-            self.error = exc
-
-    def result(self, timeout: float) -> Any:
-        self.join(timeout)
-        assert not self.is_alive(), "timed out"
-        if self.error is not None:
-            raise self.error
-        return self.value
+Bg = Background  # the name the broker tests import
 
 
 def retained(url: str, topics: list[str], wait: float = 1.0) -> dict[str, bytes]:
