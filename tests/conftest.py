@@ -50,6 +50,30 @@ def subjects4(data_dir, small_cfg, tmp_path_factory):
     return load_subjects([1, 2, 3, 4], small_cfg, data_dir)
 
 
+@pytest.fixture(scope="session")
+def release_models(tmp_path_factory, data_dir):
+    """Two standalone exports of different real checkpoints (tests/release_support.py)."""
+    from tests.release_support import two_standalone_models
+
+    return two_standalone_models(tmp_path_factory, data_dir)
+
+
+@pytest.fixture(scope="session")
+def release_keys(tmp_path_factory):
+    """The federation's and a forger's Ed25519 key pairs (tests/release_support.py)."""
+    from tests.release_support import key_pairs
+
+    return key_pairs(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def cue_windows(data_dir):
+    """Raw cue-locked windows of S003R04 (tests/release_support.py)."""
+    from tests.release_support import cue_windows as windows
+
+    return windows(data_dir)
+
+
 # ---------------------------------------------------------------------------------------------- test tiers
 # Every test is exactly one of unit / integration / e2e (tests/tiers.py says how a test gets its tier).
 

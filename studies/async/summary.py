@@ -105,17 +105,25 @@ def _paired(a, b) -> dict:
     return out
 
 
-def paired_with_table46(raw: dict[str, dict], sync_raw: dict[str, dict], group: str) -> dict:
-    """``async46all``: each async run's jobs paired with table46's synchronous jobs of the same seed and fold."""
+def paired_with_table46(raw: dict[str, dict], sync_raw: dict[str, dict], group: str,
+                        reference: dict[str, str] | None = None) -> dict:
+    """``async46all`` / ``async46v2``: each async run's jobs paired with table46's synchronous jobs of the same
+    algorithm, seed and fold, or (``reference``: async run -> run prefix in ``sync_raw``) with another synchronous
+    run's; synchronous runs of the group are references only."""
     out = {}
     names = sorted({p.split("/")[1] for p in raw if p.startswith(group + "/") and "/jobs/" in p})
     for name in names:
         cfg = raw[f"{group}/{name}/config.json"]
+        if cfg.get("mode") != "async" or (reference is not None and name not in reference):
+            continue
         alg = cfg["algorithm"]
+        ref = (reference or {}).get(name, f"table46/{alg}")
         jobs = {p.rsplit("/", 1)[1]: j for p, j in raw.items() if p.startswith(f"{group}/{name}/jobs/")}
         pairs = []
         for fname, j in sorted(jobs.items()):
-            s = sync_raw[f"table46/{alg}/jobs/{fname}"]
+            if f"{ref}/jobs/{fname}" not in sync_raw:
+                continue  # the reference has not run this (seed, fold)
+            s = sync_raw[f"{ref}/jobs/{fname}"]
             if sorted(s["per_subject"]) != sorted(j["per_subject"]):
                 raise ValueError(f"{name} {fname}: held-out subjects differ from table46's")
             pairs.append((j, s))
@@ -157,7 +165,7 @@ def paired_with_table46(raw: dict[str, dict], sync_raw: dict[str, dict], group: 
         reached_a = [p["async_updates_to_target"] for p in per_job if p["async_updates_to_target"] is not None]
         reached_s = [p["sync_updates_to_target"] for p in per_job if p["sync_updates_to_target"] is not None]
         out[name] = {
-            "algorithm": alg, "sync_reference": f"table46/{alg}", "seeds": seeds, "folds": folds,
+            "algorithm": alg, "sync_reference": ref, "seeds": seeds, "folds": folds,
             "jobs": len(pairs), "subjects": len(subs),
             "config": {k: cfg[k] for k in ("buffer_k", "max_staleness", "online_fraction", "session_mean",
                                             "async_server_lr", "rounds")},
@@ -188,6 +196,11 @@ def main() -> None:
             out[group] = single_job_grid(runs)
     if any(p.startswith("async46all/") for p in raw):
         out["async46all"] = paired_with_table46(raw, read(TABLE46), "async46all")
+    if any(p.startswith("async46v2/") for p in raw):  # the rule after the value-entries fix (2026-12-01)
+        out["async46v2"] = paired_with_table46(raw, read(TABLE46), "async46v2")
+        if any(p.startswith("async46v2/fedbs_nosam_sync/jobs/") for p in raw):  # like for like: no SAM either way
+            out["async46v2_vs_nosam_sync"] = paired_with_table46(
+                raw, raw, "async46v2", {"fedbs_nosam_async": "async46v2/fedbs_nosam_sync"})
     (HERE / "summary.json").write_text(json.dumps(out, indent=1) + "\n")
     for group in ("async46", "asyncval46"):
         for name, row in out.get(group, {}).get("runs", {}).items():
@@ -196,9 +209,10 @@ def main() -> None:
                   f"{100 * row['bca_last6']:.1f}; vs {row['reference']} {100 * d['bca']:+.1f} / "
                   f"{100 * d['bca_last3']:+.1f} / {100 * d['bca_last6']:+.1f})  updates {row['updates_used']}  to "
                   f"within 2 points of it: {row['updates_to_within_2_points']}")
-    for name, r in out.get("async46all", {}).items():
+    for name, r in [(f"{g}/{n}", r) for g in ("async46all", "async46v2", "async46v2_vs_nosam_sync")
+                    for n, r in out.get(g, {}).items()]:
         d, u = r["diff_subjects"], r["updates_to_target"]
-        print(f"async46all/{name}: {r['jobs']} jobs, {r['subjects']} subjects; async "
+        print(f"{name}: {r['jobs']} jobs, {r['subjects']} subjects; async "
               f"{100 * r['async_bca_subjects']['mean']:.1f} +- {100 * r['async_bca_subjects']['se']:.1f}, sync "
               f"{100 * r['sync_bca_subjects']['mean']:.1f} +- {100 * r['sync_bca_subjects']['se']:.1f}; diff "
               f"{100 * d['mean']:+.1f} +- {100 * d['se']:.1f} (95 % CI {100 * d['ci95'][0]:+.1f}..{100 * d['ci95'][1]:+.1f},"

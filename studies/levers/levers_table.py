@@ -1,11 +1,14 @@
-"""Summary of the study `levers`: each lever's FedBS run against table46's committed FedBS run, paired by subject.
+"""Summary of the study `levers`: each lever's run against table46's committed run of the same algorithm (FedBS,
+SAFE or CT), paired by subject.
 
 Usage::
 
     python studies/levers/levers_table.py        # reads studies/levers/raw.jsonl.gz and studies/table46/raw.jsonl.gz
 
-For every run of the grid `levers` it pairs each finished (seed, fold) job with table46's job of the same seed and
-fold (the same held-out subjects); a subject's BCA is averaged over the seeds both runs have. Paired tests over the
+For every run of the grid `levers` it pairs each finished (seed, fold) job with table46's job of the same algorithm,
+seed and fold (the same held-out subjects); a subject's BCA is averaged over the seeds both runs have. The federated
+classical runs (kept for the hybrid) have no table46 base and are left out here; the hybrid's rows come from
+`neurofed ensemble` (studies/levers/README.md, "Hybrid"). Paired tests over the
 46 subjects: t-test and Wilcoxon signed-rank (two-sided). Writes ``table.md`` and ``summary.json`` beside this file.
 """
 
@@ -22,7 +25,7 @@ from neurofed.trainer.experiments.raw import read
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-BASE = ("table46", "fedbs")
+BASES = {"fedbs": "fedbs", "safe": "safe", "ct": "ct"}  # a lever run's algorithm -> its table46 base run
 METRICS = ("bca", "fgsm@0.03", "pgd@0.03")
 JOB = re.compile(r"^(?P<group>[^/]+)/(?P<run>[^/]+)/jobs/seed(?P<seed>\d+)_fold(?P<fold>\d+)\.json$")
 
@@ -84,22 +87,41 @@ def compare(run_jobs: dict, base_jobs: dict) -> dict:
     return out
 
 
+def describe(cfg: dict) -> str:
+    """What a run adds to table46's protocol, as simulate options."""
+    pre, out = cfg.get("preprocess", {}), []
+    if cfg.get("local", {}).get("augment"):
+        out.append(f"--augment {cfg['local']['augment']}")
+    if len(pre.get("channels", [])) != 21:
+        out.append(f"--channels {'all' if len(pre.get('channels', [])) == 64 else len(pre['channels'])}")
+    if (pre.get("fmin"), pre.get("fmax")) != (8.0, 30.0):
+        out.append(f"--fmin {pre['fmin']:g} --fmax {pre['fmax']:g}")
+    if cfg.get("rounds") != 50:
+        out.append(f"--rounds {cfg['rounds']}")
+    return f"{cfg['algorithm']} " + " ".join(f"`{o}`" for o in out)
+
+
 def main() -> None:
-    base = jobs_of(REPO / "studies/table46/raw.jsonl.gz", BASE[0])[BASE[1]]
+    table46 = jobs_of(REPO / "studies/table46/raw.jsonl.gz", "table46")
     runs = jobs_of(HERE / "raw.jsonl.gz", "levers")
     configs = {p.split("/")[1]: js for p, js in read(HERE / "raw.jsonl.gz").items()
                if p.startswith("levers/") and p.endswith("/config.json")}
-    summary = {"base": "studies/table46/raw.jsonl.gz:table46/fedbs", "runs": {}}
-    lines = ["| lever (FedBS + ...) | seeds x folds | BCA % lever | BCA % base (table46 FedBS) | delta (points) | "
-             "better / worse subjects | p (t / Wilcoxon) | PGD 0.03 lever / base | s per job (lever / base) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    summary = {"base": "studies/table46/raw.jsonl.gz: table46/<the run's algorithm>", "runs": {}}
+    lines = ["| run | lever (table46's protocol + ...) | seeds x folds | BCA % lever | BCA % base (table46, same "
+             "algorithm) | delta (points) | better / worse subjects | p (t / Wilcoxon) | PGD 0.03 lever / base | "
+             "s per job (lever / base) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for run, jobs in sorted(runs.items()):
-        c = compare(jobs, base)
-        c["augment"] = configs.get(run, {}).get("local", {}).get("augment")
+        cfg = configs.get(run, {})
+        if cfg.get("algorithm") not in BASES:
+            continue  # the classical runs of the hybrid
+        c = compare(jobs, table46[BASES[cfg["algorithm"]]])
+        c["augment"] = cfg.get("local", {}).get("augment")
+        c["lever"], c["base_run"] = describe(cfg), f"table46/{BASES[cfg['algorithm']]}"
         summary["runs"][run] = c
         e, g = c["bca"], c["pgd@0.03"]
         p = f"{e['p_t']:.2g} / {e['p_wilcoxon']:.2g}" if "p_t" in e else "-"
-        lines.append(f"| {run} (`--augment {c['augment']}`) | {len(c['seeds'])} x {len(c['folds'])} | "
+        lines.append(f"| {run} | {c['lever']} | {len(c['seeds'])} x {len(c['folds'])} | "
                      f"{e['lever']:.1f} ± {e['lever_sd']:.1f} | {e['base']:.1f} ± {e['base_sd']:.1f} | "
                      f"{e['delta']:+.2f} | {e['better']} / {e['worse']} | {p} | {g['lever']:.1f} / {g['base']:.1f} | "
                      f"{c['seconds_mean']:.0f} / {c['base_seconds_mean']:.0f} |")

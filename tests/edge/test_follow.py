@@ -13,47 +13,9 @@ from neurofed_runtime import release as rel
 from neurofed.edge.follow import ReleaseFollower, carry_state
 from neurofed.edge.infer import InferenceEngine, Prediction, StandaloneStep
 from neurofed.export.decoder import StandaloneModel
-from neurofed.trainer.data.io import read_raw
-from tests.export.conftest import exported_eegnet, make_checkpoint
+from tests.release_support import payload
 
 torch.set_num_threads(1)
-LABELS = {"T1": "left_fist", "T2": "right_fist"}
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory, data_dir):
-    """Two standalone exports of different real checkpoints (seed 0 and seed 1), same channels and preprocessing."""
-    from neurofed.export.standalone import export_standalone
-
-    d = tmp_path_factory.mktemp("follow")
-    ck1 = exported_eegnet(tmp_path_factory, data_dir)[0]
-    ck2 = make_checkpoint(d / "m2.safetensors", "eegnet", "batch_specific", data_dir, seed=1)
-    a, b = d / "a.onnx", d / "b.onnx"
-    export_standalone(ck1, a, rate=160.0)
-    export_standalone(ck2, b, rate=160.0)
-    return a, b
-
-
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    d = tmp_path_factory.mktemp("fkeys")
-    return rel.keygen(d), rel.keygen(d, name="forger")
-
-
-@pytest.fixture(scope="module")
-def windows(data_dir):
-    """Raw cue-locked windows (64 ch x 640 samples at 160 Hz, microvolts) of S003R04."""
-    raw = read_raw(data_dir / "eegmmidb" / "S003" / "S003R04.edf")
-    data = raw.get_data() * 1e6
-    sf = float(raw.info["sfreq"])
-    on = [int(round(o * sf)) for o, dsc in zip(raw.annotations.onset, raw.annotations.description) if dsc in LABELS]
-    return list(raw.ch_names), sf, [data[:, i:i + 640] for i in on if i + 640 <= data.shape[1]]
-
-
-def _payload(path, keys, version, parent=None, forged=False):
-    data = path.read_bytes()
-    priv = keys[1][0] if forged else keys[0][0]
-    return rel.pack(data, rel.sign(data, rel.load_private(priv), version, parent))
 
 
 def _engine(path, ch, sf):
@@ -61,51 +23,51 @@ def _engine(path, ch, sf):
     return m, InferenceEngine(m, ch, sf, decoder=StandaloneStep(m, sf))
 
 
-def test_refusals_keep_the_running_model(models, keys, tmp_path, caplog):
-    a, b = models
+def test_refusals_keep_the_running_model(release_models, release_keys, tmp_path, caplog):
+    a, b = release_models
     cur = StandaloneModel(a)
-    f = ReleaseFollower(keys[0][1], tmp_path, StandaloneModel, version=1, current=cur)
-    good = _payload(b, keys, 2, 1)
+    f = ReleaseFollower(release_keys[0][1], tmp_path, StandaloneModel, version=1, current=cur)
+    good = payload(b, release_keys, 2, 1)
     with caplog.at_level(logging.WARNING, logger="neurofed.edge"):
-        assert f.offer(_payload(b, keys, 5, 1, forged=True)) is None          # valid format, wrong key
-        assert f.offer(_payload(b, keys, 1)) is None                          # equal version
+        assert f.offer(payload(b, release_keys, 5, 1, forged=True)) is None          # valid format, wrong key
+        assert f.offer(payload(b, release_keys, 1)) is None                          # equal version
         tampered = bytearray(good)
         tampered[-100] ^= 1
         assert f.offer(bytes(tampered)) is None                               # bytes changed after signing
         assert f.offer(b"NF\x03\x08junk") is None                             # not a release at all
         assert f.offer(good, "t") is not None
-        assert f.offer(_payload(a, keys, 2, 1)) is None                       # same version again: older-or-equal
+        assert f.offer(payload(a, release_keys, 2, 1)) is None                       # same version again: older-or-equal
     assert len(f.refused) == 5 and all("\n" not in r for r in f.refused)
     assert "bad signature" in f.refused[0] and "not newer" in f.refused[1] and "sha256" in f.refused[2]
     assert "bad magic" in f.refused[3] and "not newer" in f.refused[4]
     assert sum("release refused, decoder keeps its model" in r.message for r in caplog.records) == 5
 
 
-def test_incompatible_release_is_refused(models, keys, tmp_path):
+def test_incompatible_release_is_refused(release_models, release_keys, tmp_path):
     """A release whose graph decodes other channels cannot replace the running model (one line)."""
     from tests.runtime.conftest import with_card
 
-    a, b = models
+    a, b = release_models
     # a release whose card names other classes than the running model's
     other = with_card(b, tmp_path / "other.onnx", classes=["left", "right"])
-    f = ReleaseFollower(keys[0][1], tmp_path / "in", StandaloneModel, version=1, current=StandaloneModel(a))
-    assert f.offer(_payload(other, keys, 2, 1)) is None
+    f = ReleaseFollower(release_keys[0][1], tmp_path / "in", StandaloneModel, version=1, current=StandaloneModel(a))
+    assert f.offer(payload(other, release_keys, 2, 1)) is None
     assert "cannot replace the running model" in f.refused[0] and "classes" in f.refused[0]
 
 
-def test_swap_between_windows_carries_alignment(models, keys, windows, tmp_path):
+def test_swap_between_windows_carries_alignment(release_models, release_keys, cue_windows, tmp_path):
     """Windows 0..k-1 with release 1, then release 2: no window lost, later windows stamped 2, and release 2's
     outputs after the swap equal release 2 run from the session's start (EA statistics and BN context carried)."""
-    a, b = models
-    ch, sf, ws = windows
+    a, b = release_models
+    ch, sf, ws = cue_windows
     k = 7
     ma, eng = _engine(a, ch, sf)
     eng.model_version = 1
-    f = ReleaseFollower(keys[0][1], tmp_path, StandaloneModel, version=1, current=ma)
+    f = ReleaseFollower(release_keys[0][1], tmp_path, StandaloneModel, version=1, current=ma)
     out = []
     for i, w in enumerate(ws):
         if i == k:
-            assert f.offer(_payload(b, keys, 2, 1)) is not None
+            assert f.offer(payload(b, release_keys, 2, 1)) is not None
         f.apply(eng)
         out.append(eng.process(w, float(i)))
     assert len(out) == len(ws) and all(isinstance(r, Prediction) for r in out)
@@ -125,28 +87,28 @@ def test_swap_between_windows_carries_alignment(models, keys, windows, tmp_path)
     assert not np.allclose(first.probabilities, out[k].probabilities, atol=1e-5)
 
 
-def test_signed_rollback_swaps_back_and_forged_or_replayed_ones_are_refused(models, keys, windows, tmp_path):
+def test_signed_rollback_swaps_back_and_forged_or_replayed_ones_are_refused(release_models, release_keys, cue_windows, tmp_path):
     """Running release 2 (model B): a replay of genuine release 1 and a forged rollback (wrong key, version 3,
     ``rollback_of`` 1) are refused; the publisher's rollback (model A's bytes signed anew as version 3, parent 2,
     ``rollback_of`` 1) swaps the decoder back to model A between two windows, its outputs those of A continuing the
     session (alignment carried), and a later replay of release 2 is refused too."""
-    a, b = models
-    ch, sf, ws = windows
+    a, b = release_models
+    ch, sf, ws = cue_windows
     k = 5
     mb, eng = _engine(b, ch, sf)
     eng.model_version = 2
-    f = ReleaseFollower(keys[0][1], tmp_path, StandaloneModel, version=2, current=mb)
+    f = ReleaseFollower(release_keys[0][1], tmp_path, StandaloneModel, version=2, current=mb)
     data = a.read_bytes()
-    rollback = rel.pack(data, rel.sign(data, rel.load_private(keys[0][0]), 3, 2, rollback_of=1))
-    forged = rel.pack(data, rel.sign(data, rel.load_private(keys[1][0]), 3, 2, rollback_of=1))
+    rollback = rel.pack(data, rel.sign(data, rel.load_private(release_keys[0][0]), 3, 2, rollback_of=1))
+    forged = rel.pack(data, rel.sign(data, rel.load_private(release_keys[1][0]), 3, 2, rollback_of=1))
     out = []
     for i, w in enumerate(ws):
         if i == k:
-            assert f.offer(_payload(a, keys, 1)) is None          # genuine release 1 replayed: older
+            assert f.offer(payload(a, release_keys, 1)) is None          # genuine release 1 replayed: older
             assert f.offer(forged) is None                        # valid format, wrong key
             assert f.offer(rollback) is not None
         if i == k + 2:
-            assert f.offer(_payload(b, keys, 2, 1)) is None       # genuine release 2 replayed after the rollback
+            assert f.offer(payload(b, release_keys, 2, 1)) is None       # genuine release 2 replayed after the rollback
         f.apply(eng)
         out.append(eng.process(w, float(i)))
     assert [r.model_version for r in out] == [2] * k + [3] * (len(ws) - k)
@@ -159,8 +121,8 @@ def test_signed_rollback_swaps_back_and_forged_or_replayed_ones_are_refused(mode
         assert np.allclose(got.probabilities, want.probabilities, atol=1e-5)
 
 
-def test_carry_state_keeps_model_hash_of_the_new_model(models):
-    a, b = models
+def test_carry_state_keeps_model_hash_of_the_new_model(release_models):
+    a, b = release_models
     ma, mb = StandaloneModel(a), StandaloneModel(b)
     s = ma.initial_state() + 0.0
     s[3:] = 7.0
@@ -169,21 +131,21 @@ def test_carry_state_keeps_model_hash_of_the_new_model(models):
     assert not ctx
 
 
-def test_follow_refuses_an_unsigned_or_foreign_starting_model(models, keys, tmp_path):
+def test_follow_refuses_an_unsigned_or_foreign_starting_model(release_models, release_keys, tmp_path):
     """``infer --follow --model M``: the starting model must verify too (checked before any broker or stream)."""
     from rich.console import Console
 
     from neurofed.edge.infer_cli import _start_follow
     from neurofed.trainer.errors import NeuroFedError
 
-    a, _ = models
+    a, _ = release_models
     m = tmp_path / "start.onnx"
     m.write_bytes(a.read_bytes())
     args = ("mqtt://127.0.0.1:1", "fed", tmp_path / "in", 1.0, None, Console())
     with pytest.raises(NeuroFedError, match="signature file not found"):
-        _start_follow([m], keys[0][1], *args)
-    rel.sig_path(m).write_text(__import__("json").dumps(rel.sign(m.read_bytes(), rel.load_private(keys[1][0]), 1)))
+        _start_follow([m], release_keys[0][1], *args)
+    rel.sig_path(m).write_text(__import__("json").dumps(rel.sign(m.read_bytes(), rel.load_private(release_keys[1][0]), 1)))
     with pytest.raises(NeuroFedError, match="bad signature"):
-        _start_follow([m], keys[0][1], *args)
+        _start_follow([m], release_keys[0][1], *args)
     with pytest.raises(NeuroFedError, match="--follow needs --pub"):
         _start_follow([m], None, *args)

@@ -22,7 +22,6 @@ from neurofed.firmware_sim.recording import load_recording
 from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS
 from neurofed.trainer.errors import NeuroFedError
 from tests.broker.conftest import Mosquitto
-from tests.edge.test_follow import keys, models  # noqa: F401  (module fixtures: two standalone exports, two key pairs)
 from tests.lsl_support import configure_lsl, unique_name
 
 configure_lsl()
@@ -38,12 +37,12 @@ def broker(tmp_path):
     m.stop()
 
 
-def test_follow_swaps_release_2_mid_stream_and_refuses_a_forgery(models, keys, broker, data_dir, tmp_path):  # noqa: F811
+def test_follow_swaps_release_2_mid_stream_and_refuses_a_forgery(release_models, release_keys, broker, data_dir, tmp_path):
     from neurofed.cli import app as nf_app
     from neurofed.edge.cli import app
 
-    a, b = models
-    (priv, pub), (forger_priv, _) = keys
+    a, b = release_models
+    (priv, pub), (forger_priv, _) = release_keys
     fed, store = unique_name("rel"), tmp_path / "store"
     assert publish(a, priv, broker.url, fed, store)["version"] == 1  # retained before any decoder runs
     rec = load_recording(data_dir / "eegmmidb" / "S003" / "S003R04.edf", RUN_EVENT_LABELS[4])

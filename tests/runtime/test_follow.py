@@ -12,7 +12,7 @@ from neurofed_runtime import release as rel
 from neurofed_runtime.follow import ReleaseFollower, release_topic
 
 from neurofed.broker.protocol import Topics
-from tests.edge.test_follow import _payload, keys, models, windows  # noqa: F401 - the fixtures, shared
+from tests.release_support import payload
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -34,15 +34,15 @@ def test_the_topic_is_the_coordinators():
     assert release_topic("clinic-a") == Topics("clinic-a").release
 
 
-def test_a_decoder_swaps_between_windows_and_carries_the_session(models, keys, windows, tmp_path):  # noqa: F811
+def test_a_decoder_swaps_between_windows_and_carries_the_session(release_models, release_keys, cue_windows, tmp_path):
     """Windows 0..k-1 by release 1, k.. by release 2 (every window decoded once); after the swap the outputs equal
     release 2 decoding the session from its start (alignment and BN context carried), not release 2 from a fresh
     state."""
-    a, b = models
-    ch, sf, ws = windows
+    a, b = release_models
+    ch, sf, ws = cue_windows
     k = 6
-    f = ReleaseFollower(keys[0][1], tmp_path)
-    dec, out = _decode(a, ch, sf, ws, f, 1, {k: [_payload(b, keys, 2, 1)]})
+    f = ReleaseFollower(release_keys[0][1], tmp_path)
+    dec, out = _decode(a, ch, sf, ws, f, 1, {k: [payload(b, release_keys, 2, 1)]})
     assert len(out) == len(ws) and [r.version for r in out] == [1] * k + [2] * (len(ws) - k)
     assert dec.version == 2 and f.version == 2 and f.current is dec.model
     sw = f.swaps[0]
@@ -54,29 +54,29 @@ def test_a_decoder_swaps_between_windows_and_carries_the_session(models, keys, w
     assert not np.allclose(fresh[0].probs, out[k].probs, atol=1e-5)
 
 
-def test_refused_releases_keep_the_running_model(models, keys, windows, tmp_path):  # noqa: F811
+def test_refused_releases_keep_the_running_model(release_models, release_keys, cue_windows, tmp_path):
     """A forged release (valid format, wrong key), a replay of the running version and a tampered payload are each
     refused in one line; the decoder goes on with release 2 for every window."""
-    a, b = models
-    ch, sf, ws = windows
-    good = bytearray(_payload(a, keys, 3, 2))
+    a, b = release_models
+    ch, sf, ws = cue_windows
+    good = bytearray(payload(a, release_keys, 3, 2))
     good[-50] ^= 1
-    bad = [_payload(a, keys, 3, 2, forged=True), _payload(a, keys, 2, 1), bytes(good)]
-    f = ReleaseFollower(keys[0][1], tmp_path)
+    bad = [payload(a, release_keys, 3, 2, forged=True), payload(a, release_keys, 2, 1), bytes(good)]
+    f = ReleaseFollower(release_keys[0][1], tmp_path)
     dec, out = _decode(b, ch, sf, ws[:6], f, 2, {2: bad})
     assert [r.version for r in out] == [2] * 6 and dec.version == 2 and f.swaps == []
     assert len(f.refused) == 3 and all("\n" not in r for r in f.refused)
     assert "bad signature" in f.refused[0] and "not newer" in f.refused[1]
 
 
-def test_a_signed_rollback_swaps_back(models, keys, windows, tmp_path):  # noqa: F811
+def test_a_signed_rollback_swaps_back(release_models, release_keys, cue_windows, tmp_path):
     """The publisher's rollback (release 1's bytes signed anew as version 3, ``rollback_of`` 1) is followed; the
     swap record names it."""
-    a, b = models
-    ch, sf, ws = windows
+    a, b = release_models
+    ch, sf, ws = cue_windows
     data = a.read_bytes()
-    rollback = rel.pack(data, rel.sign(data, rel.load_private(keys[0][0]), 3, 2, rollback_of=1))
-    f = ReleaseFollower(keys[0][1], tmp_path)
+    rollback = rel.pack(data, rel.sign(data, rel.load_private(release_keys[0][0]), 3, 2, rollback_of=1))
+    f = ReleaseFollower(release_keys[0][1], tmp_path)
     _, out = _decode(b, ch, sf, ws[:6], f, 2, {3: [rollback]})
     assert [r.version for r in out] == [2, 2, 2, 3, 3, 3]
     assert [(s["previous"], s["version"], s["rollback_of"]) for s in f.swaps] == [(2, 3, 1)]

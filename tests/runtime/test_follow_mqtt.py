@@ -14,7 +14,7 @@ from neurofed_runtime.errors import NeuroFedError
 from neurofed_runtime.follow import ReleaseFollower, release_topic, subscribe
 
 from tests.broker.conftest import mosquitto  # noqa: F401 - the fixture
-from tests.edge.test_follow import _payload, keys, models, windows  # noqa: F401 - the fixtures, shared
+from tests.release_support import payload
 
 
 def _publish(port: int, topic: str, payload: bytes) -> None:
@@ -33,21 +33,21 @@ def _wait(cond, timeout=20.0) -> bool:
     return cond()
 
 
-def test_follow_releases_over_mosquitto(mosquitto, models, keys, windows, tmp_path):  # noqa: F811
-    a, b = models
-    ch, sf, ws = windows
+def test_follow_releases_over_mosquitto(mosquitto, release_models, release_keys, cue_windows, tmp_path):  # noqa: F811
+    a, b = release_models
+    ch, sf, ws = cue_windows
     fed = f"rtfollow{time.monotonic_ns() % 10**8}"
     topic = release_topic(fed)
-    _publish(mosquitto.port, topic, _payload(a, keys, 1))  # retained before the decoder starts
-    f = ReleaseFollower(keys[0][1], tmp_path / "in")
+    _publish(mosquitto.port, topic, payload(a, release_keys, 1))  # retained before the decoder starts
+    f = ReleaseFollower(release_keys[0][1], tmp_path / "in")
     stop = threading.Event()
     th = subscribe(f, f"mqtt://127.0.0.1:{mosquitto.port}", fed, stop, client_id="rt-follow-test")
     try:
         assert _wait(lambda: f.accepted == [1]), f.refused
         dec = Decoder.load(f.take().path, ch_names=ch, sfreq=sf).follow(f, 1)
         first = [dec.decode(w).version for w in ws[:3]]
-        _publish(mosquitto.port, topic, _payload(b, keys, 5, 1, forged=True))  # a client with broker credentials
-        _publish(mosquitto.port, topic, _payload(b, keys, 2, 1))
+        _publish(mosquitto.port, topic, payload(b, release_keys, 5, 1, forged=True))  # a client with broker credentials
+        _publish(mosquitto.port, topic, payload(b, release_keys, 2, 1))
         assert _wait(lambda: f.accepted == [1, 2]), f.refused
         rest = [dec.decode(w).version for w in ws[3:6]]
         assert first == [1, 1, 1] and rest == [2, 2, 2]
@@ -57,8 +57,8 @@ def test_follow_releases_over_mosquitto(mosquitto, models, keys, windows, tmp_pa
         th.join(10)
 
 
-def test_no_broker_is_one_line(keys, tmp_path):  # noqa: F811
-    f = ReleaseFollower(keys[0][1], tmp_path)
+def test_no_broker_is_one_line(release_keys, tmp_path):
+    f = ReleaseFollower(release_keys[0][1], tmp_path)
     with pytest.raises(NeuroFedError, match="cannot reach the MQTT broker"):
         subscribe(f, "mqtt://127.0.0.1:1", "fed", threading.Event(), timeout=2)
     with pytest.raises(NeuroFedError, match="not an mqtt"):
