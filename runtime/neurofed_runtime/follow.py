@@ -147,10 +147,10 @@ class ReleaseFollower:
     folder : path
         Where accepted releases are written (``release-vN.onnx`` + ``.sig``).
     load : callable, optional
-        ``load(path) -> StandaloneModel`` (default: this runtime's :class:`~neurofed_runtime.StandaloneModel`).
+        ``load(path) -> model`` (default: this runtime's :class:`~neurofed_runtime.model.StandaloneModel`).
     version : int or None
         The running release's version (None: no release yet, any valid one is accepted).
-    current : StandaloneModel, optional
+    current : neurofed_runtime.model.StandaloneModel, optional
         The running model (compatibility is checked against it; None before the first release).
     max_bytes : int
         Largest release payload accepted (checked before anything is parsed).
