@@ -153,3 +153,14 @@ def test_value_keys_are_bn_statistics_and_what_stays_on_the_clients():
         model = build_model("eegnet", n_channels=4, n_classes=2, n_times=160, sfreq=80.0, bn_mode=st.bn_mode)
         state = dict(model.state_dict())
         assert async_value_keys(state, downlink(state, st, model)) == keys
+
+
+def test_sam_under_async_carries_its_measured_caveat(caplog):
+    """FedBS with SAM runs asynchronously (not refused) with one warning line naming the study; without SAM, none."""
+    from neurofed.trainer.fl.fedbuff import async_caveat
+
+    with caplog.at_level("WARNING", logger="neurofed.trainer"):
+        check_async(get_strategy("fedbs"))
+    assert len(caplog.records) == 1 and "studies/async" in caplog.records[0].message
+    assert "\n" not in caplog.records[0].message
+    assert async_caveat(get_strategy("fedbs", sam_rho=0.0)) is None and async_caveat(get_strategy("fedavg")) is None
