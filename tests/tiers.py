@@ -70,6 +70,7 @@ FILE_TIERS: dict[str, str] = {
     # export/
     "tests/export/test_apps.py": "e2e",                       # Node and a real browser; 1 unit test marked
     "tests/export/test_apps_live.py": "e2e",                  # headset-sim + bridge + a real browser and Node
+    "tests/export/test_apps_follow.py": "integration",        # Node following signed releases over a real Mosquitto
     "tests/export/test_app_serve.py": "integration",          # a wheel's `neurofed app serve` outside the checkout
     "tests/export/test_bench.py": "unit",
     "tests/export/test_bundle_training.py": "unit",

@@ -372,3 +372,246 @@ export async function verifyRelease(model, sigText, key, meta = null, subtle = g
   }
   return h;
 }
+
+// ----------------------------------------------------------------------------- following releases
+// The JavaScript half of neurofed_runtime.follow (runtime/neurofed_runtime/follow.py): the coordinator publishes each
+// signed release retained on neurofed/<federation>/release as one envelope,
+//   b"NFR\x01" | uint32 big-endian length of the signature JSON | signature JSON | standalone ONNX bytes,
+// a ReleaseFollower checks it (size cap, Ed25519 signature, strictly newer version, the graph's NeuroFed metadata
+// against the signed model hash, the same channels, classes, rate, unit, window and preprocessing as the running
+// model) and keeps an accepted one pending; the decode loop swaps to it between two windows with carryState (the
+// session's alignment statistics and BN context carried). A refusal is one line and the decoder keeps its model.
+
+export const RELEASE_MAGIC = Uint8Array.of(0x4e, 0x46, 0x52, 0x01);
+export const MAX_RELEASE_BYTES = 32 << 20;
+const MAX_SIG_BYTES = 16 << 10;
+const MODEL_FREE = ["ea_count", "ea_cov_sum"];
+const CONTEXT = ["n_context", "context"];
+
+/** The retained release topic of a federation (the coordinator's). */
+export function releaseTopic(federation) {
+  return `neurofed/${federation}/release`;
+}
+
+/** `{model, sigText}` of a release envelope (nothing verified yet: pass them to verifyRelease). */
+export function unpackRelease(payload, maxBytes = MAX_RELEASE_BYTES) {
+  const b = payload instanceof Uint8Array ? payload : new Uint8Array(payload);
+  if (b.length > maxBytes) throw new NeurofedError(`release payload of ${b.length} bytes exceeds the limit of ${maxBytes}`);
+  const head = RELEASE_MAGIC.length + 4;
+  if (b.length < head || RELEASE_MAGIC.some((v, i) => b[i] !== v)) {
+    throw new NeurofedError("release payload is not a NeuroFed release envelope (bad magic)");
+  }
+  const n = new DataView(b.buffer, b.byteOffset, b.byteLength).getUint32(RELEASE_MAGIC.length, false);
+  if (n > MAX_SIG_BYTES || head + n > b.length) {
+    throw new NeurofedError(`release payload declares a ${n}-byte signature that does not fit`);
+  }
+  return { sigText: new TextDecoder().decode(b.subarray(head, head + n)), model: b.slice(head + n) };
+}
+
+function varint(b, pos) {
+  let x = 0;
+  for (let shift = 0; shift < 64; shift += 7) {
+    if (pos >= b.length) throw new NeurofedError("not an ONNX model (truncated protobuf)");
+    const byte = b[pos++];
+    x += (byte & 0x7f) * 2 ** shift;
+    if (byte < 0x80) return [x, pos];
+  }
+  throw new NeurofedError("not an ONNX model (a protobuf varint is too long)");
+}
+
+/** The string fields 1 (key) and 2 (value) of a protobuf StringStringEntryProto in b[pos, end). */
+function entry(b, pos, end, dec) {
+  const kv = {};
+  while (pos < end) {
+    let key, len;
+    [key, pos] = varint(b, pos);
+    if (key % 8 !== 2) throw new NeurofedError("not an ONNX model (a metadata entry is not a pair of strings)");
+    [len, pos] = varint(b, pos);
+    kv[key >> 3] = dec.decode(b.subarray(pos, pos + len));
+    pos += len;
+  }
+  return kv;
+}
+
+/** An ONNX model's metadata_props (ModelProto field 14) as `{key: value}`; the graph itself is skipped, not read. */
+export function onnxMetadata(bytes) {
+  const b = bytes instanceof Uint8Array ? bytes : new Uint8Array(bytes);
+  const dec = new TextDecoder();
+  const out = {};
+  let pos = 0;
+  while (pos < b.length) {
+    let key, len;
+    [key, pos] = varint(b, pos);
+    const field = Math.floor(key / 8), wire = key % 8;
+    if (wire === 0) [, pos] = varint(b, pos);
+    else if (wire === 1) pos += 8;
+    else if (wire === 5) pos += 4;
+    else if (wire === 2) {
+      [len, pos] = varint(b, pos);
+      if (pos + len > b.length) throw new NeurofedError("not an ONNX model (a protobuf field runs past its end)");
+      if (field === 14) {
+        const kv = entry(b, pos, pos + len, dec);
+        out[kv[1]] = kv[2];
+      }
+      pos += len;
+    } else throw new NeurofedError(`not an ONNX model (protobuf wire type ${wire})`);
+  }
+  return out;
+}
+
+/** The NeuroFed metadata (model card) inside an exported ONNX model: what model.json holds beside a bundle. */
+export function modelMeta(bytes) {
+  const props = onnxMetadata(bytes);
+  if (!props.neurofed) throw new NeurofedError("the model carries no NeuroFed metadata (export it with `neurofed export --standalone`)");
+  try {
+    return JSON.parse(props.neurofed);
+  } catch {
+    throw new NeurofedError("the model's NeuroFed metadata is not JSON");
+  }
+}
+
+function layoutOf(sa) {
+  return Object.fromEntries(sa.state_layout.map((e) => [e.name, [e.offset, e.shape]]));
+}
+
+const size = (shape) => shape.reduce((a, b) => a * b, 1);
+
+/** Why a model with metadata `meta` cannot replace the running decoder `dec` mid-session (null if it can). */
+export function incompatibility(dec, meta) {
+  const a = dec.meta, b = meta;
+  const checks = [
+    ["channels", a.ch_names, b.ch_names], ["classes", a.classes, b.classes],
+    ["device rate", a.standalone.rate, b.standalone?.rate], ["unit", a.standalone.unit, b.standalone?.unit],
+    ["window samples", a.standalone.window_samples, b.standalone?.window_samples],
+    ["preprocessing", a.preprocess ?? {}, b.preprocess ?? {}],
+  ];
+  for (const [what, x, y] of checks) {
+    if (canonicalJson(x) !== canonicalJson(y)) return `its ${what} (${canonicalJson(y)}) differ from the running model's (${canonicalJson(x)})`;
+  }
+  const la = layoutOf(a.standalone), lb = layoutOf(b.standalone);
+  for (const name of [...MODEL_FREE, ...CONTEXT]) {
+    if (la[name] && lb[name] && la[name][1].join() !== lb[name][1].join()) {
+      return `its state entry ${name} has shape [${lb[name][1]}], the running model's [${la[name][1]}]`;
+    }
+  }
+  return null;
+}
+
+/**
+ * The new decoder's state continuing the session (neurofed_runtime.follow.carry_state): the alignment statistics
+ * copied; the BN context copied when the new graph keeps nothing model-dependent per context window, else rebuilt by
+ * running the `recent` accepted windows through the new graph (their covariances first taken out of the statistics),
+ * so the new model continues as if it had decoded the session from its start. `{state, context}` (context: carried).
+ */
+export async function carryState(oldDec, newDec, state, recent = []) {
+  const la = layoutOf(oldDec.sa), lb = layoutOf(newDec.sa);
+  const out = newDec.initialState();
+  const get = (name) => state.subarray(la[name][0], la[name][0] + size(la[name][1]));
+  const put = (name, v) => out.set(v, lb[name][0]);
+  for (const n of MODEL_FREE) if (la[n] && lb[n]) put(n, get(n));
+  if (!CONTEXT.every((n) => la[n] && lb[n])) return { state: out, context: false };
+  if (!Object.keys(lb).some((n) => n.startsWith("context_"))) {
+    for (const n of CONTEXT) put(n, get(n));
+    return { state: out, context: true };
+  }
+  const nCtx = Math.trunc(get("n_context")[0]);
+  if (!recent.length || nCtx === 0 || recent.length < nCtx || !la.ea_count) return { state: out, context: false };
+  if (lb.ea_cov_sum) {
+    const [k, c, t] = la.context[1];
+    const ctx = get("context");
+    const cov = Float64Array.from(get("ea_cov_sum"));
+    for (let w = k - nCtx; w < k; w++) {
+      const x = ctx.subarray(w * c * t, (w + 1) * c * t);
+      for (let i = 0; i < c; i++) {
+        for (let j = 0; j < c; j++) {
+          let s = 0;
+          for (let n = 0; n < t; n++) s += x[i * t + n] * x[j * t + n];
+          cov[i * c + j] -= s / t;
+        }
+      }
+    }
+    put("ea_cov_sum", cov);
+  }
+  put("ea_count", Float64Array.of(get("ea_count")[0] - nCtx));
+  let s = out;
+  for (const w of recent.slice(-nCtx)) ({ state: s } = await newDec.run(w, s));
+  return { state: Float64Array.from(s), context: true };
+}
+
+/**
+ * Verify releases arriving on the release topic (offer) and hand accepted ones to the decode loop (take). Offers are
+ * checked one at a time, in arrival order. `refused` holds one line per refused release, `accepted` the versions
+ * verified and loaded, `swaps` what the loop recorded (swapped).
+ */
+export class ReleaseFollower {
+  constructor(ort, key, { version = null, current = null, executionProviders = ["cpu"], subtle = globalThis.crypto?.subtle,
+    onRefused = null, onAccepted = null } = {}) {
+    Object.assign(this, { ort, key, version, current, executionProviders, subtle, onRefused, onAccepted });
+    this.newest = version;
+    this.pending = null;
+    this.refused = [];
+    this.accepted = [];
+    this.swaps = [];
+    this.chain = Promise.resolve();
+  }
+
+  /** Check one payload (queued behind earlier ones); resolves to the accepted pending release or null. */
+  offer(payload, source = "release") {
+    const p = this.chain.then(() => this.check(payload, source));
+    this.chain = p.catch(() => null);
+    return p;
+  }
+
+  async check(payload, source) {
+    const t0 = performance.now();
+    try {
+      const { model, sigText } = unpackRelease(payload);
+      const meta = modelMeta(model);
+      const h = await verifyRelease(model, sigText, this.key, meta, this.subtle);
+      if (this.newest !== null && h.version <= this.newest) {
+        throw new NeurofedError(`version ${h.version} is not newer than the running version ${this.newest}; kept the current model`);
+      }
+      if (!meta.standalone) throw new NeurofedError(`release ${h.version} is not a standalone graph`);
+      const why = this.current ? incompatibility(this.current, meta) : null;
+      if (why) throw new NeurofedError(`release ${h.version} cannot replace the running model: ${why}`);
+      const dec = await StandaloneDecoder.create(this.ort, model, meta, this.executionProviders);
+      this.pending = { version: h.version, dec, rollbackOf: h.rollback_of ?? null, tReceived: t0, tReady: performance.now() };
+      this.newest = h.version;
+      this.accepted.push(h.version);
+      this.onAccepted?.(this.pending);
+      return this.pending;
+    } catch (err) {
+      const line = `${source}: ${String(err.message).split("\n")[0]}`;
+      this.refused.push(line);
+      this.onRefused?.(line);
+      return null;
+    }
+  }
+
+  /** The accepted release not yet applied (and clear the slot). */
+  take() {
+    const p = this.pending;
+    this.pending = null;
+    return p;
+  }
+
+  /**
+   * Swap the decode loop from `dec` (its session `state`, the `recent` accepted windows) to the pending release, if
+   * any: `{dec, state, swap}` to continue with, or null when nothing is pending. Call it between two windows.
+   */
+  async swapIfPending(dec, state, recent = []) {
+    const p = this.take();
+    if (!p) return null;
+    const { state: next, context } = await carryState(dec, p.dec, state, recent);
+    const ea = layoutOf(p.dec.sa).ea_count;
+    const swap = {
+      version: p.version, previous: this.version, rollback_of: p.rollbackOf, context_carried: context,
+      ea_windows_carried: ea ? Math.trunc(next[ea[0]]) : 0, verify_load_ms: p.tReady - p.tReceived,
+      received_to_swap_ms: performance.now() - p.tReceived,
+    };
+    this.version = p.version;
+    this.current = p.dec;
+    this.swaps.push(swap);
+    return { dec: p.dec, state: next, swap };
+  }
+}

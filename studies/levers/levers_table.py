@@ -87,6 +87,32 @@ def compare(run_jobs: dict, base_jobs: dict) -> dict:
     return out
 
 
+def hybrid_rows(raw: dict, runs: dict[str, dict]) -> dict:
+    """Each ``hybrid/NAME/results.json`` (a `neurofed ensemble` of lever runs) against each of its member runs alone,
+    paired by subject (each member run's per-subject BCA over the same seeds' jobs)."""
+    out = {}
+    for path, res in sorted(raw.items()):
+        parts = path.split("/")
+        if len(parts) != 3 or parts[0] != "hybrid" or parts[2] != "results.json":
+            continue
+        members = [Path(r).name for r in res["ensemble"]["runs"]]
+        hyb = {sub: r["bca"] for sub, r in res["per_subject"].items()}
+        subs = sorted(hyb)
+        row = {"members": members, "subjects": len(subs), "bca": 100 * float(np.mean([hyb[t] for t in subs])),
+               "vs": {}}
+        for m in members:
+            jobs = runs[m]
+            keys = sorted(jobs)
+            alone = per_subject(jobs, keys, "bca")
+            x, y = np.array([hyb[t] for t in subs]), np.array([alone[t] for t in subs])
+            d = x - y
+            row["vs"][m] = {"member": 100 * float(y.mean()), "delta": 100 * float(d.mean()),
+                            "better": int((d > 0).sum()), "worse": int((d < 0).sum()),
+                            "p_t": float(stats.ttest_rel(x, y).pvalue), "p_wilcoxon": float(stats.wilcoxon(x, y).pvalue)}
+        out[parts[1]] = row
+    return out
+
+
 def describe(cfg: dict) -> str:
     """What a run adds to table46's protocol, as simulate options."""
     pre, out = cfg.get("preprocess", {}), []
@@ -131,6 +157,18 @@ def main() -> None:
         for s, e in c["per_seed"].items():
             lines.append(f"| {run} | {s} | {','.join(map(str, e['folds']))} | {e['subjects']} | {e['lever']:.1f} | "
                          f"{e['base']:.1f} | {e['delta']:+.2f} | {e['p_t']:.2g} |")
+    hybrid = hybrid_rows(read(HERE / "raw.jsonl.gz"), runs)
+    if hybrid:
+        summary["hybrid"] = hybrid
+        lines += ["", "Hybrid (`neurofed ensemble`: the mean of the members' softmax outputs, one fold's members "
+                  "each; BCA %, 46 subjects, paired by subject):", "",
+                  "| hybrid | members | BCA % hybrid | vs member | member BCA % | delta (points) | better / worse | "
+                  "p (t / Wilcoxon) |", "|---|---|---|---|---|---|---|---|"]
+        for name, h in hybrid.items():
+            for m, e in h["vs"].items():
+                lines.append(f"| {name} | {' + '.join(h['members'])} | {h['bca']:.1f} | {m} | {e['member']:.1f} | "
+                             f"{e['delta']:+.2f} | {e['better']} / {e['worse']} | {e['p_t']:.2g} / "
+                             f"{e['p_wilcoxon']:.2g} |")
     (HERE / "table.md").write_text("\n".join(lines) + "\n")
     (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print("\n".join(lines))
