@@ -118,8 +118,9 @@ def describe(cfg: dict) -> str:
     pre, out = cfg.get("preprocess", {}), []
     if cfg.get("local", {}).get("augment"):
         out.append(f"--augment {cfg['local']['augment']}")
-    if len(pre.get("channels", [])) != 21:
-        out.append(f"--channels {'all' if len(pre.get('channels', [])) == 64 else len(pre['channels'])}")
+    ch = pre.get("channels")
+    if ch is None or len(ch) != 21:  # None: every channel of the recording (64)
+        out.append(f"--channels {'all' if ch is None or len(ch) == 64 else ','.join(ch)}")
     if (pre.get("fmin"), pre.get("fmax")) != (8.0, 30.0):
         out.append(f"--fmin {pre['fmin']:g} --fmax {pre['fmax']:g}")
     if cfg.get("rounds") != 50:
