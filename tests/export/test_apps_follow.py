@@ -68,7 +68,7 @@ def test_node_follows_releases_over_mosquitto(unsigned_bundle, release_models, r
         _publish(broker.port, topic, payload(b, release_keys, 2, 1, forged=True))  # retained: arrives on subscribe
         proc = subprocess.Popen(
             [node, str(NODE / "replay.mjs"), "--bundle", str(bundle), "--public-key", str(release_keys[0][1]),
-             "--follow", "--broker", f"mqtt://127.0.0.1:{broker.port}", "--federation", fed, "--interval-ms", "150",
+             "--follow", "--broker", f"mqtt://127.0.0.1:{broker.port}", "--federation", fed, "--interval-ms", "100",
              "--json", str(tmp_path / "out.json")], stdout=log.open("w"), stderr=subprocess.STDOUT)
         end = time.monotonic() + 90
         while "window 4/" not in log.read_text() and proc.poll() is None and time.monotonic() < end:
