@@ -49,3 +49,18 @@ def payload(path: Path, keys, version: int, parent: int | None = None, forged: b
     data = path.read_bytes()
     priv = keys[1][0] if forged else keys[0][0]
     return rel.pack(data, rel.sign(data, rel.load_private(priv), version, parent))
+
+
+def publish_retained(port: int, topic: str, data: bytes) -> None:
+    """Publish ``data`` retained (QoS 1) on a broker at 127.0.0.1:``port``, as a client with broker credentials
+    would (paho-mqtt)."""
+    import time
+
+    import paho.mqtt.client as mqtt
+
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"pub-{time.monotonic_ns()}")
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    c.publish(topic, data, qos=1, retain=True).wait_for_publish(10)
+    c.disconnect()
+    c.loop_stop()

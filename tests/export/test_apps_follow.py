@@ -13,14 +13,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import paho.mqtt.client as mqtt
 import pytest
 from neurofed_runtime import release as rel
 
 from neurofed.export.apps import make_bundle, read_recording
 from neurofed.export.decoder import StandaloneModel
 from tests.broker.conftest import Mosquitto
-from tests.release_support import payload
+from tests.release_support import payload, publish_retained
 
 NODE = Path(__file__).resolve().parents[2] / "apps" / "node"
 
@@ -33,13 +32,6 @@ def unsigned_bundle(eegnet_bs, tmp_path_factory, data_dir) -> Path:
     return out
 
 
-def _publish(port: int, topic: str, data: bytes) -> None:
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"pub-{time.monotonic_ns()}")
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    c.publish(topic, data, qos=1, retain=True).wait_for_publish(10)
-    c.disconnect()
-    c.loop_stop()
 
 
 def _python(model_path: Path, windows: np.ndarray) -> np.ndarray:
@@ -65,7 +57,7 @@ def test_node_follows_releases_over_mosquitto(unsigned_bundle, release_models, r
     topic = f"neurofed/{fed}/release"
     log = tmp_path / "node.log"
     try:
-        _publish(broker.port, topic, payload(b, release_keys, 2, 1, forged=True))  # retained: arrives on subscribe
+        publish_retained(broker.port, topic, payload(b, release_keys, 2, 1, forged=True))  # retained: arrives on subscribe
         proc = subprocess.Popen(
             [node, str(NODE / "replay.mjs"), "--bundle", str(bundle), "--public-key", str(release_keys[0][1]),
              "--follow", "--broker", f"mqtt://127.0.0.1:{broker.port}", "--federation", fed, "--interval-ms", "100",
@@ -74,7 +66,7 @@ def test_node_follows_releases_over_mosquitto(unsigned_bundle, release_models, r
         while "window 4/" not in log.read_text() and proc.poll() is None and time.monotonic() < end:
             time.sleep(0.05)
         assert "window 4/" in log.read_text(), log.read_text()
-        _publish(broker.port, topic, payload(b, release_keys, 2, 1))  # the genuine release 2, mid-replay
+        publish_retained(broker.port, topic, payload(b, release_keys, 2, 1))  # the genuine release 2, mid-replay
         assert proc.wait(120) == 0, log.read_text()
     finally:
         broker.stop()

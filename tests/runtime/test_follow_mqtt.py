@@ -7,23 +7,13 @@ from __future__ import annotations
 import threading
 import time
 
-import paho.mqtt.client as mqtt
 import pytest
 from neurofed_runtime import Decoder
 from neurofed_runtime.errors import NeuroFedError
 from neurofed_runtime.follow import ReleaseFollower, release_topic, subscribe
 
 from tests.broker.conftest import mosquitto  # noqa: F401 - the fixture
-from tests.release_support import payload
-
-
-def _publish(port: int, topic: str, payload: bytes) -> None:
-    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"pub-{time.monotonic_ns()}")
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    c.publish(topic, payload, qos=1, retain=True).wait_for_publish(10)
-    c.disconnect()
-    c.loop_stop()
+from tests.release_support import payload, publish_retained
 
 
 def _wait(cond, timeout=20.0) -> bool:
@@ -38,7 +28,7 @@ def test_follow_releases_over_mosquitto(mosquitto, release_models, release_keys,
     ch, sf, ws = cue_windows
     fed = f"rtfollow{time.monotonic_ns() % 10**8}"
     topic = release_topic(fed)
-    _publish(mosquitto.port, topic, payload(a, release_keys, 1))  # retained before the decoder starts
+    publish_retained(mosquitto.port, topic, payload(a, release_keys, 1))  # retained before the decoder starts
     f = ReleaseFollower(release_keys[0][1], tmp_path / "in")
     stop = threading.Event()
     th = subscribe(f, f"mqtt://127.0.0.1:{mosquitto.port}", fed, stop, client_id="rt-follow-test")
@@ -46,8 +36,8 @@ def test_follow_releases_over_mosquitto(mosquitto, release_models, release_keys,
         assert _wait(lambda: f.accepted == [1]), f.refused
         dec = Decoder.load(f.take().path, ch_names=ch, sfreq=sf).follow(f, 1)
         first = [dec.decode(w).version for w in ws[:3]]
-        _publish(mosquitto.port, topic, payload(b, release_keys, 5, 1, forged=True))  # a client with broker credentials
-        _publish(mosquitto.port, topic, payload(b, release_keys, 2, 1))
+        publish_retained(mosquitto.port, topic, payload(b, release_keys, 5, 1, forged=True))  # a client with broker credentials
+        publish_retained(mosquitto.port, topic, payload(b, release_keys, 2, 1))
         assert _wait(lambda: f.accepted == [1, 2]), f.refused
         rest = [dec.decode(w).version for w in ws[3:6]]
         assert first == [1, 1, 1] and rest == [2, 2, 2]
