@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import threading
 import urllib.parse
 from pathlib import Path
@@ -210,6 +211,21 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         logger.debug("http %s", fmt % args)
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    """The page's server: a request that fails is one log line, never a traceback on stderr (a browser or a health
+    check that hangs up mid-response, e.g. an aborted model download, is routine: a debug line)."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        who = ":".join(map(str, client_address[:2])) if isinstance(client_address, tuple) else str(client_address)
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)):
+            logger.debug("http client %s hung up mid-response (%s)", who, type(exc).__name__)
+        else:
+            logger.warning("http request from %s failed: %s: %s", who, type(exc).__name__, exc)
+
+
 def serve(web_dir: str | os.PathLike | None, bundle: str | os.PathLike | None, host: str = "127.0.0.1",
           port: int = 8765, ready: threading.Event | None = None) -> http.server.ThreadingHTTPServer:
     """A static server of the page (``web_dir``, default: the installed app) with ``bundle`` as ``data/``.
@@ -229,11 +245,10 @@ def serve(web_dir: str | os.PathLike | None, bundle: str | os.PathLike | None, h
                 raise NeuroFedError(f"{bundle}: missing {name}; write it with `neurofed app bundle`")
     handler = type("Handler", (_Handler,), {"data_dir": data, "ort_dir": ort_dist(web)})
     try:
-        httpd = http.server.ThreadingHTTPServer((host, port), functools.partial(handler, directory=str(web)))
+        httpd = _Server((host, port), functools.partial(handler, directory=str(web)))
     except OSError as exc:
         raise NeuroFedError(f"cannot serve the page on {host}:{port}: {exc.strerror or exc} "
                             "(port busy? choose another with --port)") from None
-    httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True, name="neurofed-web").start()
     if ready is not None:
         ready.set()

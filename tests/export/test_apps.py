@@ -220,3 +220,31 @@ def test_browser_replay_equals_python(bundle, python_probs, browser, signed, tmp
         assert "error: nothing/model.json: HTTP 404" in browser.find_element("id", "error").text
     finally:
         httpd.shutdown()
+
+
+@pytest.mark.integration
+def test_a_client_hanging_up_mid_download_is_no_traceback(bundle, capfd, caplog):
+    """A browser that aborts the model download (connection reset mid-response) costs a debug line, never a
+    traceback on stderr (`neurofed app serve` would print one per aborted request)."""
+    import logging
+    import struct
+
+    from neurofed.export.apps import packaged_web
+
+    port = _free_port()
+    httpd = serve(packaged_web(), bundle, port=port)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="neurofed.export"):
+            for _ in range(3):
+                s = socket.create_connection(("127.0.0.1", port), timeout=5)
+                s.sendall(b"GET /data/model.onnx HTTP/1.1\r\nHost: x\r\n\r\n")
+                s.recv(1024)  # the response has begun
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.close()  # RST: the server's next writes fail
+            end = time.monotonic() + 10
+            while time.monotonic() < end and not any("hung up" in r.message for r in caplog.records):
+                time.sleep(0.05)
+        assert any("hung up mid-response" in r.message for r in caplog.records)
+        assert "Traceback" not in capfd.readouterr().err
+    finally:
+        httpd.shutdown()
