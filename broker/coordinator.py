@@ -342,6 +342,12 @@ class Coordinator:
         elif n % 1000 == 0:  # flooding: summarise instead of logging each one
             logger.warning("rejected %d %s messages so far (latest from %s: %s)", n, code, sender[:64], detail[:200])
 
+    def _check_header(self, kind: str, cid: str | None, msg) -> None:
+        """The envelope (sender, federation) and, for messages of a run, the run id; :class:`Rejected` otherwise."""
+        check_envelope(kind, cid, msg, self.fed.name)
+        if kind in ("join", "update", "secagg") and msg.run_id != self.run_id:
+            raise Rejected("wrong_run", f"message for run {msg.run_id[:8] or '-'}, this is run {self.run_id[:8]}")
+
     def handle(self, item: Incoming) -> None:
         """Process one incoming item; invalid input is logged and dropped, never raised."""
         if item.event == "connected":
@@ -366,30 +372,22 @@ class Coordinator:
         msg = None
         try:
             ref = None
-            if kind == "update" and self.asyncs is not None:  # the base version's reference (stale: refused here)
-                msg = peek(item.payload, self.max_bytes)
-                check_envelope(kind, cid, msg, self.fed.name)
-                if msg.run_id != self.run_id:
-                    raise Rejected("wrong_run", f"message for run {msg.run_id[:8] or '-'}, this is run {self.run_id[:8]}")
-                if msg.sender not in self.registry:
-                    raise Rejected("not_joined", f"{msg.sender} has not joined this run")
-                ref = self.asyncs.reference(msg, self.seen)
-            elif kind == "update" and self.current is not None:
+            if kind == "update" and self.current is not None:
                 info = self.registry.clients.get(cid or "")
                 ref = self._update_refs.get(info.profile if info is not None else "", b"")
-            elif kind == "update":  # no round or version open (the run ended, or has not begun): its header says so
-                msg = peek(item.payload, self.max_bytes)  # a delta-coded body has no reference to decode against
-                check_envelope(kind, cid, msg, self.fed.name)
-                if msg.run_id != self.run_id:
-                    raise Rejected("wrong_run", f"message for run {msg.run_id[:8] or '-'}, this is run {self.run_id[:8]}")
-                raise Rejected("late", f"update from round/version {msg.round} while no round is open "
-                               f"(the server is at {self.server.round})")
+            elif kind == "update":  # async (the base version's reference), or no round open: read the header first
+                msg = peek(item.payload, self.max_bytes)  # a delta-coded body needs its reference to decode
+                self._check_header(kind, cid, msg)
+                if self.asyncs is None:  # the run ended, or has not begun
+                    raise Rejected("late", f"update from round/version {msg.round} while no round is open "
+                                   f"(the server is at {self.server.round})")
+                if msg.sender not in self.registry:
+                    raise Rejected("not_joined", f"{msg.sender} has not joined this run")
+                ref = self.asyncs.reference(msg, self.seen)  # stale: refused here
             msg, tensors = decode(item.payload, self.max_bytes, reference=ref, max_body=self.max_body)
             if kind == "error" and msg.sender == COORDINATOR_ID:
                 return  # our own reply to a client, echoed by an MQTT 3.1.1 broker (v5 subscribes no-local)
-            check_envelope(kind, cid, msg, self.fed.name)
-            if kind in ("join", "update", "secagg") and msg.run_id != self.run_id:
-                raise Rejected("wrong_run", f"message for run {msg.run_id[:8] or '-'}, this is run {self.run_id[:8]}")
+            self._check_header(kind, cid, msg)
             if kind == "join":
                 check_join(msg, self.spec, self.profile_specs)
                 new = msg.sender not in self.registry

@@ -21,34 +21,23 @@ import typer
 
 from neurofed import __version__
 from neurofed.demo import DEFAULT_HELDOUT, DEFAULT_SUBJECTS, HELDOUT_RULE, LOCAL, DemoConfig
-from neurofed.demo_run import run_demo
-from neurofed.docsite import build_docs
+from neurofed.trainer.bench import BENCH_DIR
 from neurofed.trainer.data.profiles import ProfileError, get_profile
 from neurofed.trainer.errors import NeuroFedError, run_cli
 from neurofed.trainer.options import parse_int_list, parse_name_list, parse_subjects
 
-# The benchmarks' optional parts (onnx tooling, Mosquitto clients, LSL): a missing one leaves its command out.
-try:
-    from neurofed.bench_standalone import BENCH_DIR
-    from neurofed.bench_standalone import bench_standalone as run_standalone_bench
-except ImportError as _exc:
-    run_standalone_bench, BENCH_DIR, _standalone_exc = None, Path("docs/bench"), _exc
-try:
-    from neurofed.bench_runtime import bench_runtime as run_runtime_bench
-except ImportError as _exc:
-    run_runtime_bench, _runtime_exc = None, _exc
-try:
-    from neurofed.bench_fleet import bench_fleet as run_fleet_bench
-    from neurofed.bench_secagg import bench_secagg as run_secagg_bench
-except ImportError as _exc:
-    run_secagg_bench = run_fleet_bench = None
-    _secagg_exc = _exc
-try:
-    from neurofed.bench_e2e import bench_e2e as run_e2e_bench
-    from neurofed.edge.bench_lsl import run_bench as run_lsl_bench
-except ImportError as _exc:
-    run_e2e_bench = run_lsl_bench = None
-    _lsl_exc = _exc
+# The lab's modules load inside their commands (every `neurofed` process imports this module: a coordinator or an
+# export should not pay for the demo, the docs site or the benchmarks). A benchmark whose optional part (onnx
+# tooling, Mosquitto clients, LSL) is missing says so in one line when it is run.
+
+
+def _lab(module: str, name: str, what: str):
+    """``module.name``, imported now; a missing optional dependency is one clear line (exit 2)."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise NeuroFedError(f"{what} is unavailable here: {exc} (pip install 'neurofed[dev]')") from None
+
 
 app = typer.Typer(
     name="neurofed", help="Federated, attack-robust motor-imagery BCI: train, federate, export, benchmark.",
@@ -111,7 +100,7 @@ def demo_cmd(
                      fraction=fraction, batch_size=batch_size, local_epochs=local_epochs, lr=lr, speed=speed,
                      live_speed=live_speed, runs=runs, eps=eps_list, broker=broker, data_dir=data_dir,
                      out=str(run_dir), seed=seed, time_budget_s=time_budget)
-    res = run_demo(cfg)
+    res = _lab("neurofed.demo_run", "run_demo", "the demo")(cfg)
     if not res["checks"]["all_ok"]:
         raise NeuroFedError(f"demo finished but checks failed: {res['checks']['failed']} (see {run_dir}/report.md)")
 
@@ -124,7 +113,7 @@ def docs_cmd(
 ) -> None:
     """Build the documentation site (Sphinx, warnings are errors, examples executed on $NEUROFED_DATA); print the
     path of its index.html. Needs a checkout and the docs extra of pyproject.toml (scripts/docs.sh installs it)."""
-    index = build_docs(None, out, fresh)
+    index = _lab("neurofed.docsite", "build_docs", "the docs build")(None, out, fresh)
     print(index)
     if open_ and not webbrowser.open(index.as_uri()):
         print(f"no web browser found here: open {index.as_uri()} yourself", file=sys.stderr)
@@ -163,7 +152,7 @@ def bench_e2e(
     loads = parse_int_list(load, "--load")
     if any(n < 0 or n > 20 for n in loads):
         raise NeuroFedError(f"--load {load!r}: each value must be 0..20")
-    run_e2e_bench(model, subject, data_dir, seconds, mode, step, chunk, loads, speed, profiles, out)
+    _lab("neurofed.bench_e2e", "bench_e2e", "the e2e benchmark")(model, subject, data_dir, seconds, mode, step, chunk, loads, speed, profiles, out)
 
 
 def bench_secagg(
@@ -175,7 +164,7 @@ def bench_secagg(
     swarm_procs: int = typer.Option(0, help="Processes playing the clients (0: one per CPU core).", min=0),
 ) -> None:
     """Secure aggregation's round overhead over MQTT (time, bytes) vs plain FedAvg rounds; results to ``out``."""
-    run_secagg_bench(parse_int_list(clients, "--clients"), rounds, broker, out, core, swarm_procs, clients)
+    _lab("neurofed.bench_secagg", "bench_secagg", "the secure aggregation benchmark")(parse_int_list(clients, "--clients"), rounds, broker, out, core, swarm_procs, clients)
 
 
 def bench_fleet(
@@ -189,7 +178,7 @@ def bench_fleet(
 ) -> None:
     """Rounds of N clients through a Mosquitto sized by broker-config: time per round, coordinator RSS and CPU
     per update, bytes, broker CPU; every join and update accounted for (no training)."""
-    run_fleet_bench(parse_int_list(clients, "--clients"), rounds, out, swarm_procs, profile, clients, model, compress)
+    _lab("neurofed.bench_fleet", "bench_fleet", "the fleet benchmark")(parse_int_list(clients, "--clients"), rounds, out, swarm_procs, profile, clients, model, compress)
 
 
 def bench_swap(
@@ -250,7 +239,7 @@ def bench_standalone(
     name: Annotated[str, typer.Option(help="result name: OUT_DIR/NAME.json")] = "standalone",
 ) -> None:
     """Standalone graph == Python pipeline on real held-out sessions (ORT, tract, onnx.reference); p50 per window."""
-    run_standalone_bench(checkpoint, parse_subjects(subjects, data_dir), data_dir, reps, warmup, out_dir, browser, name)
+    _lab("neurofed.bench_standalone", "bench_standalone", "the standalone benchmark")(checkpoint, parse_subjects(subjects, data_dir), data_dir, reps, warmup, out_dir, browser, name)
 
 
 def bench_runtime(
@@ -267,7 +256,7 @@ def bench_runtime(
 ) -> None:
     """neurofed-runtime alone in a fresh venv (no torch) vs the full package: installed size, import time,
     per-window latency, peak RSS decoding a live LSL stream."""
-    res = run_runtime_bench(checkpoint, model, subject, data_dir, live_seconds, venv_dir, out_dir, name)
+    res = _lab("neurofed.bench_runtime", "bench_runtime", "the runtime benchmark")(checkpoint, model, subject, data_dir, live_seconds, venv_dir, out_dir, name)
     typer.echo(json.dumps({k: res[k] for k in ("installed_size_mb", "import_ms_median_of_5", "latency_per_window",
                                                "live_lsl_rss_mb", "targets")}, indent=1))
 
@@ -278,7 +267,7 @@ def bench_lsl(
     out: Annotated[Path, typer.Option(help="Where to write the JSON results.")] = Path("docs/bench/lsl.json"),
 ) -> None:
     """LSL ingestion: sample-to-buffer latency, ingestion CPU, samples lost with N headsets."""
-    res = run_lsl_bench(seconds, headsets)
+    res = _lab("neurofed.edge.bench_lsl", "run_bench", "the LSL benchmark")(seconds, headsets)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))
     for r in res["single"]:
@@ -298,27 +287,14 @@ for _mod in COMMAND_MODULES:
         print(f"warning: commands of {_mod.split('.')[0]}/ unavailable ({_exc})", file=sys.stderr)
 app.command("demo")(demo_cmd)
 app.command("docs")(docs_cmd)
-if run_runtime_bench is not None:
-    bench.command("runtime")(bench_runtime)
-else:
-    print(f"warning: runtime benchmark unavailable ({_runtime_exc})", file=sys.stderr)
+bench.command("runtime")(bench_runtime)
 bench.command("swap")(bench_swap)
 bench.command("long-lived")(bench_long_lived)
-if run_standalone_bench is not None:
-    bench.command("standalone")(bench_standalone)
-else:
-    print(f"warning: standalone benchmark unavailable ({_standalone_exc})", file=sys.stderr)
-if run_secagg_bench is not None:
-    bench.command("secagg")(bench_secagg)
-    bench.command("fleet")(bench_fleet)
-else:
-    print(f"warning: secure aggregation benchmark unavailable ({_secagg_exc})", file=sys.stderr)
-if run_e2e_bench is not None and run_lsl_bench is not None:
-    bench.command("lsl")(bench_lsl)
-    bench.command("e2e")(bench_e2e)
-else:
-    print(f"warning: LSL benchmarks unavailable ({_lsl_exc})", file=sys.stderr)
-
+bench.command("standalone")(bench_standalone)
+bench.command("secagg")(bench_secagg)
+bench.command("fleet")(bench_fleet)
+bench.command("lsl")(bench_lsl)
+bench.command("e2e")(bench_e2e)
 
 def main() -> None:
     """Entry point: run the CLI, turning NeuroFed's own errors into one clear line."""

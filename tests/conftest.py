@@ -58,6 +58,35 @@ def release_models(tmp_path_factory, data_dir):
     return two_standalone_models(tmp_path_factory, data_dir)
 
 
+def _pip_wheel(src: Path, dest: Path, pattern: str) -> Path:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(src)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (wheel,) = dest.glob(pattern)
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def neurofed_wheel(tmp_path_factory) -> Path:
+    """The wheel of this checkout (``pip wheel --no-deps``), built once per session (tests/shared_once.py)."""
+    from tests.shared_once import build_once
+
+    root = Path(__file__).resolve().parents[1]
+    return build_once(tmp_path_factory, "wheel", lambda d: (_pip_wheel(root, d, "neurofed-*.whl"),))[0]
+
+
+@pytest.fixture(scope="session")
+def runtime_wheel(tmp_path_factory) -> Path:
+    """The wheel of runtime/ (the ``neurofed-runtime`` distribution), built once per session."""
+    from tests.shared_once import build_once
+
+    root = Path(__file__).resolve().parents[1] / "runtime"
+    return build_once(tmp_path_factory, "runtime-wheel", lambda d: (_pip_wheel(root, d, "neurofed_runtime-*.whl"),))[0]
+
+
 @pytest.fixture(scope="session")
 def release_keys(tmp_path_factory):
     """The federation's and a forger's Ed25519 key pairs (tests/release_support.py)."""

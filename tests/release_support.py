@@ -17,13 +17,17 @@ def two_standalone_models(tmp_path_factory, data_dir) -> tuple[Path, Path]:
     preprocessing."""
     from neurofed.export.standalone import export_standalone
     from tests.export.conftest import exported_eegnet, make_checkpoint
+    from tests.shared_once import build_once
 
-    d = tmp_path_factory.mktemp("follow")
-    ck1 = exported_eegnet(tmp_path_factory, data_dir)[0]
-    ck2 = make_checkpoint(d / "m2.safetensors", "eegnet", "batch_specific", data_dir, seed=1)
-    a, b = d / "a.onnx", d / "b.onnx"
-    export_standalone(ck1, a, rate=160.0)
-    export_standalone(ck2, b, rate=160.0)
+    def build(d: Path) -> tuple[Path, Path]:
+        ck1 = exported_eegnet(tmp_path_factory, data_dir)[0]
+        ck2 = make_checkpoint(d / "m2.safetensors", "eegnet", "batch_specific", data_dir, seed=1)
+        a, b = d / "a.onnx", d / "b.onnx"
+        export_standalone(ck1, a, rate=160.0)
+        export_standalone(ck2, b, rate=160.0)
+        return a, b
+
+    a, b = build_once(tmp_path_factory, "follow", build)  # once for all xdist workers
     return a, b
 
 

@@ -100,13 +100,10 @@ def test_user_modules_named_like_neurofed_folders_do_not_shadow_it(tmp_path):
 
 
 @pytest.mark.integration
-def test_a_wheel_installs_one_root_and_no_generic_names(tmp_path):
+def test_a_wheel_installs_one_root_and_no_generic_names(tmp_path, neurofed_wheel, runtime_wheel):
     """The wheel holds only ``neurofed/`` (with the package data); installed alone in a clean venv,
     ``import trainer`` (or edge, broker, export, firmware_sim) fails and ``neurofed.trainer`` imports."""
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"),
-                        str(ROOT)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    (wheel,) = (tmp_path / "dist").glob("neurofed-*.whl")
+    wheel = neurofed_wheel
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"neurofed", wheel.name.split("-py3")[0] + ".dist-info"}
     for must in ("neurofed/trainer/fl/strategies.py", "neurofed/edge/cli.py", "neurofed/broker/coordinator.py",
@@ -117,10 +114,7 @@ def test_a_wheel_installs_one_root_and_no_generic_names(tmp_path):
     venv.create(env_dir, with_pip=True, system_site_packages=False)
     py = env_dir / "bin" / "python"
     # the runtime distribution it depends on (its error types are NeuroFed's root ones), from runtime/
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "rt"),
-                        str(ROOT / "runtime")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    (rt_wheel,) = (tmp_path / "rt").glob("neurofed_runtime-*.whl")
+    rt_wheel = runtime_wheel
     r = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel), str(rt_wheel)],
                        capture_output=True, text=True, timeout=300, env=_env_without_checkout())
     assert r.returncode == 0, r.stdout + r.stderr
@@ -140,13 +134,10 @@ def test_a_wheel_installs_one_root_and_no_generic_names(tmp_path):
 
 
 @pytest.mark.integration
-def test_the_runtime_wheel_installs_one_root_neurofed_runtime(tmp_path):
+def test_the_runtime_wheel_installs_one_root_neurofed_runtime(runtime_wheel):
     """runtime/ builds its own wheel (``neurofed-runtime``) holding only ``neurofed_runtime/``, and declares only
     numpy and onnxruntime (pylsl and mne as extras): the main wheel keeps its one root ``neurofed``."""
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"),
-                        str(ROOT / "runtime")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    (wheel,) = (tmp_path / "dist").glob("neurofed_runtime-*.whl")
+    wheel = runtime_wheel
     zf = zipfile.ZipFile(wheel)
     roots = {n.split("/")[0] for n in zf.namelist()}
     assert roots == {"neurofed_runtime", wheel.name.split("-py3")[0] + ".dist-info"}

@@ -12,7 +12,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import typer
@@ -29,26 +29,9 @@ from rich.progress import (
 from rich.table import Table
 
 from neurofed.trainer import bench as trainer_bench
-from neurofed.trainer import report as trainer_report
-from neurofed.trainer.checkpoint import combine_checkpoints
 from neurofed.trainer.data import resolve_data_dir
 from neurofed.trainer.data.eegmmidb import check_files, download
 from neurofed.trainer.errors import DataError, NeuroFedError, run_cli
-from neurofed.trainer.experiments import raw as study_raw
-from neurofed.trainer.experiments.classical import METHOD_EA, METHODS, ClassicalConfig, run_classical
-from neurofed.trainer.experiments.ensemble import ensemble_runs
-from neurofed.trainer.experiments.grid import (
-    Check,
-    GridRun,
-    Task,
-    parse_spec,
-    reproduce_grid,
-    run_grid,
-    running_jobs,
-    select_seeds,
-)
-from neurofed.trainer.experiments.simulate import run_simulation
-from neurofed.trainer.experiments.sweep import run_jobs, sweep_plot, sweep_runs, sweep_table, write_json
 from neurofed.trainer.fl.strategies import ALGORITHMS, PARAMS, docs_tables
 from neurofed.trainer.options import (
     algorithm_help,
@@ -63,6 +46,12 @@ from neurofed.trainer.options import (
     print_results,
     with_strategy_options,
 )
+
+if TYPE_CHECKING:
+    from neurofed.trainer.experiments.grid import Check, GridRun, Task
+
+# The lab's modules (report: scipy.stats; experiments: sklearn, pyriemann, Ray) load inside the commands that use
+# them: every `neurofed` process imports this module, and a coordinator or an export should not pay for them.
 
 
 def simulate(
@@ -181,6 +170,8 @@ def simulate(
                 f"BCA {100 * sum(bcas) / len(bcas):.1f}%" if bcas else "trained (no held-out subject)")
             prog.console.log(msg + f" ({job['seconds']:.0f} s)")
 
+        from neurofed.trainer.experiments.simulate import run_simulation  # lazy (after locals() above)
+
         results = run_simulation(cfg, out, workers, on_done, threads, on_round)
     if results["per_subject"]:
         print_results(results)
@@ -220,6 +211,7 @@ def combine(
 
     It exports (`neurofed export`, `--standalone`), evaluates and decodes live like any checkpoint.
     """
+    from neurofed.trainer.checkpoint import combine_checkpoints  # lazy
 
     meta = combine_checkpoints(checkpoints, output)
     console.print(f"wrote {output}: {len(checkpoints)} members ({meta.strategy}), {meta.n_channels} ch x "
@@ -281,6 +273,7 @@ def report(
         "studies/headline.toml) and the README's headline table from it; no run directories")] = False,
 ) -> None:
     """Render a markdown table (mean ± std, paired t-test p-values) and PNG plots from runs."""
+    from neurofed.trainer import report as trainer_report  # lazy: scipy.stats
     if headline:
         if run_dirs:
             raise typer.BadParameter("--headline takes no run directories (its rows: studies/headline.toml)")
@@ -333,6 +326,12 @@ def classical(
     = Path("runs/classical"),
 ) -> None:
     """Classical reference (EA + CSP + LDA, or Riemannian tangent space) on NeuroFed's folds and epochs."""
+    from neurofed.trainer.experiments.classical import (  # lazy
+        METHOD_EA,
+        METHODS,
+        ClassicalConfig,
+        run_classical,
+    )
     if method not in METHODS:
         raise typer.BadParameter(f"--method {method!r}: use one of {', '.join(METHODS)}")
     seed_list = parse_int_list(seeds, "--seeds")
@@ -366,6 +365,9 @@ def ensemble(
     """Held-out BCA of the average of saved models (per fold: every run x seed), against its members alone."""
     from scipy import stats  # lazy: scipy.stats (keeps --help fast)
 
+    from neurofed.trainer.experiments.ensemble import ensemble_runs  # lazy
+    from neurofed.trainer.experiments.sweep import write_json  # lazy
+
     console = Console(soft_wrap=True)
     chosen = parse_int_list(seeds, "--seeds") if seeds else None
     with Progress(TextColumn("[bold]ensemble"), BarColumn(), TextColumn("{task.completed}/{task.total} folds"),
@@ -398,6 +400,7 @@ def sweep(
     """Attack the saved models of runs at several budgets (no training); table and plot of BCA against eps.
 
     The first run is the reference of the paired t-tests. Results are kept per job (resumable)."""
+    from neurofed.trainer.experiments.sweep import run_jobs, sweep_plot, sweep_runs, sweep_table  # lazy
     console = Console()
     attacks = [(a, float(e)) for a, e in parse_attacks(attack)]
     if not attacks:
@@ -435,6 +438,7 @@ def _progress() -> Progress:
 def _job_rounds(prog: Progress, runs: list[GridRun], every: float = 1.0) -> Iterator[None]:
     """While the block runs, one progress line per running job (its round, loss and time left), read from the
     files the jobs write (:func:`neurofed.trainer.experiments.grid.running_jobs`)."""
+    from neurofed.trainer.experiments.grid import running_jobs  # lazy
     stop = threading.Event()
     shown: dict[str, TaskID] = {}
 
@@ -492,6 +496,8 @@ def grid(
     A study's spec (studies/NAME/spec.toml) reads and extends the study's committed raw.jsonl.gz: its jobs are
     unpacked into runs/studies/results first, so finished jobs are skipped (and --reproduce checks re-runs against
     them); jobs finished by this run are added back into the raw file."""
+    from neurofed.trainer.experiments import raw as study_raw  # lazy
+    from neurofed.trainer.experiments.grid import parse_spec, run_grid, select_seeds  # lazy: Ray
     raw_file = None
     if results is None:
         beside = spec.parent / study_raw.RAW_NAME
@@ -542,6 +548,7 @@ def grid(
 def _reproduce_cli(spec: Path, runs: list[GridRun], scratch: Path | None, backend: str,
                    address: str | None, workers: int, match: list[str] | None = None,
                    seeds: list[int] | None = None) -> None:
+    from neurofed.trainer.experiments.grid import reproduce_grid  # lazy: Ray
     scratch = scratch or Path(tempfile.mkdtemp(prefix="neurofed-reproduce-"))
     console.print(f"re-running in {scratch} (kept)")
     with _progress() as prog:

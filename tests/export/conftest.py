@@ -61,15 +61,18 @@ _EXPORTED: dict[str, tuple[Path, Path]] = {}
 
 
 def exported_eegnet(tmp_path_factory, data_dir) -> tuple[Path, Path]:
-    """(checkpoint, verified ONNX export) of a batch-specific EEGNet, built once per session."""
+    """(checkpoint, verified ONNX export) of a batch-specific EEGNet, built once per session (tests/shared_once.py)."""
     from neurofed.export.onnx_export import export_checkpoint
+    from tests.shared_once import build_once
+
+    def build(d: Path) -> tuple[Path, Path]:
+        ckpt = make_checkpoint(d / "m.safetensors", "eegnet", "batch_specific", data_dir)
+        export_checkpoint(ckpt, d / "m.onnx", data_dir)
+        return ckpt, d / "m.onnx"
 
     if "eegnet_bs" not in _EXPORTED:
         os.environ.setdefault("NEUROFED_CACHE", str(tmp_path_factory.mktemp("cache")))
-        d = tmp_path_factory.mktemp("eegnet_bs")
-        ckpt = make_checkpoint(d / "m.safetensors", "eegnet", "batch_specific", data_dir)
-        export_checkpoint(ckpt, d / "m.onnx", data_dir)
-        _EXPORTED["eegnet_bs"] = (ckpt, d / "m.onnx")
+        _EXPORTED["eegnet_bs"] = build_once(tmp_path_factory, "eegnet_bs", build)  # once for all xdist workers
     return _EXPORTED["eegnet_bs"]
 
 

@@ -38,16 +38,13 @@ def _get(url: str) -> tuple[int, Any, bytes]:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> tuple[Path, dict]:
+def installed(tmp_path_factory, request) -> tuple[Path, dict]:
     """The wheel of this checkout, installed (no deps) into a folder of its own; an environment that imports
     NeuroFed from there, from a working directory outside the checkout."""
     assert all((ROOT / "apps/web/node_modules/onnxruntime-web/dist" / f).is_file() for f in ORT_FILES), \
         "run `npm ci` in apps/web before building a wheel (.ci/run does)"
     tmp = tmp_path_factory.mktemp("wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"), str(ROOT)],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    (wheel,) = (tmp / "dist").glob("neurofed-*.whl")
+    wheel = request.getfixturevalue("neurofed_wheel")  # after the check above: the wheel must hold the ORT files
     names = set(zipfile.ZipFile(wheel).namelist())
     for must in ("neurofed/apps/__init__.py", "neurofed/apps/web/index.html", "neurofed/apps/web/live.html",
                  "neurofed/apps/web/live.mjs", "neurofed/apps/web/app.mjs", "neurofed/apps/web/neurofed.mjs",

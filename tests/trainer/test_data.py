@@ -206,13 +206,20 @@ def test_download_offline_fails_fast_and_clearly():
 @pytest.mark.integration
 @pytest.mark.skipif(network_reachable(timeout=2.0), reason="online: the offline error cannot be observed")
 def test_moabb_offline_fails_fast_and_clearly():
+    """Offline, a MOABB load is one clear error instead of MOABB's minutes of download retries.
+
+    The design budget is ~1 s of host checks plus the 4 s child; the bound here only says it does not hang
+    (a loaded CI machine took 5.4 s), it is not a speed target.
+    """
     pytest.importorskip("moabb")
+    from neurofed.trainer.data import moabb_source
     from neurofed.trainer.data.moabb_source import load_moabb_subject
 
+    assert moabb_source.OFFLINE_BUDGET_S <= 4.0
     t0 = time.perf_counter()
     with pytest.raises(DownloadUnavailable, match="offline"):
         load_moabb_subject("BNCI2014_001", 1)
-    assert time.perf_counter() - t0 < 5.0
+    assert time.perf_counter() - t0 < 30.0
 
 
 def test_data_info_names_a_truncated_file(tmp_path, data_dir):
