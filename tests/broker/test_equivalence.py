@@ -128,10 +128,17 @@ def run_in_process(memory_broker, subjects4, fed_name, tmp_path, case: str) -> N
     assert_equals_simulation(load_file(str(out / "global_model.safetensors")), subjects4, cfg, case)
 
 
+#: Real processes over Mosquitto: secure aggregation (its own message kinds, through the CLIs) by default. The case
+#: with the most on the wire, ``safe+fedbm``, runs as real processes through the RabbitMQ cluster
+#: (tests/broker/test_cluster.py), and FedBS + FedBM real processes over Mosquitto equal the simulation after a
+#: coordinator kill -9 and a broker restart (tests/broker/test_reliability.py), so the suite leaves it out here;
+#: ``NEUROFED_EQUIVALENCE_CASES=safe+fedbm,fedavg+secagg`` runs both (docs/brokers.md's Mosquitto column).
+REAL_CASES = [c for c in os.environ.get("NEUROFED_EQUIVALENCE_CASES", "fedavg+secagg").split(",") if c]
+
+
 @pytest.mark.integration
 @pytest.mark.slow
-# the case with the most on the wire (extras, generator, FAT), and secure aggregation (its own message kinds)
-@pytest.mark.parametrize("case", ["safe+fedbm", "fedavg+secagg"])
+@pytest.mark.parametrize("case", REAL_CASES)
 def test_real_processes_over_mosquitto_match_in_process(subjects4, mosquitto, fed_name, tmp_path, case):
     """`neurofed coordinator` and 4 `edge-client join` processes over a real Mosquitto."""
     cfg = federation_toml(tmp_path, fed_name, case)

@@ -126,7 +126,9 @@ def test_grid_cli_reads_and_extends_a_study_raw_file(env, monkeypatch):
         calls.append(a[1:4])
         return fake_job(*a)
 
-    monkeypatch.setattr(trainer_cli, "run_grid", lambda *a, **k: run_grid(*a, **{**k, "job_fn": counting}))
+    import neurofed.trainer.experiments.grid as grid_mod  # the command imports run_grid from here when it runs
+
+    monkeypatch.setattr(grid_mod, "run_grid", lambda *a, **k: run_grid(*a, **{**k, "job_fn": counting}))
     trainer_cli.grid(study / "spec.toml", group="g", results=None, only=None, backend="pool", address=None,
                      workers=1, reproduce=False, seeds=None, scratch=None, match=None)
     assert len(calls) == 4 and all(c[0] in (0, 1) for c in calls)  # only run b's 2 folds x 2 seeds ran
