@@ -105,9 +105,13 @@ def test_killed_edge_client_does_not_block_the_round_and_no_eeg_on_the_wire(subj
 
 
 @STRATEGIES
-def test_coordinator_kill9_then_resume_gives_the_same_weights(subjects4, mosquitto, fed_name, tmp_path, strategy,
-                                                               overrides):
-    cfg = write_toml(tmp_path / "f.toml", fed_name, rounds=3, fraction=0.67, min_clients=3, deadline=60,
+def test_coordinator_kill9_and_broker_restart_give_the_same_weights(subjects4, mosquitto, fed_name, tmp_path, strategy,
+                                                                    overrides):
+    """One federation of real processes through both disruptions: the coordinator killed (-9) while round 1 is in
+    flight and restarted with --resume, then the broker killed (SIGKILL: no persistence, retained messages and
+    sessions gone) and restarted while round 2 is in flight. Everyone reconnects, nothing is aggregated twice, and
+    the final model equals the in-process simulation's (1e-6). (Two tests ran one disruption each before.)"""
+    cfg = write_toml(tmp_path / "f.toml", fed_name, rounds=3, fraction=0.67, min_clients=3, deadline=90,
                      strategy=strategy, extra=overrides_toml(overrides))
     w = Watcher(mosquitto.url, fed_name)
     env, out = _env(), tmp_path / "out"
@@ -119,37 +123,18 @@ def test_coordinator_kill9_then_resume_gives_the_same_weights(subjects4, mosquit
         coord.wait(10)
         assert (out / "server_state.safetensors").exists()
         coord = start_coordinator(mosquitto.url, cfg, out, tmp_path / "c2.log", env, resume=True)
-        assert wait_all([coord], 150) == [0], (tmp_path / "c2.log").read_text()[-2000:]
-        assert wait_all(edges, 30) == [0, 0, 0]
-    finally:
-        kill_all([coord, *edges])
-        w.t.close()
-    assert "resumed" in (tmp_path / "c2.log").read_text()
-    got = load_file(str(out / "global_model.safetensors"))
-    assert _diff(got, reference_state(subjects4[:3], 3, 0.67, 7, strategy, overrides)) <= 1e-6
-
-
-@STRATEGIES
-def test_broker_restart_mid_training_reconnects_without_double_aggregation(subjects4, mosquitto, fed_name, tmp_path,
-                                                                           strategy, overrides):
-    cfg = write_toml(tmp_path / "f.toml", fed_name, rounds=3, fraction=1.0, min_clients=3, deadline=90,
-                     strategy=strategy, extra=overrides_toml(overrides))
-    w = Watcher(mosquitto.url, fed_name)
-    env, out = _env(), tmp_path / "out"
-    coord = start_coordinator(mosquitto.url, cfg, out, tmp_path / "c.log", env)
-    edges = [start_edge(mosquitto.url, fed_name, s, tmp_path / "st", tmp_path / f"e{s}.log", env) for s in (1, 2, 3)]
-    try:
-        w.wait_for(lambda tp, m: m.kind == "task" and m.round == 1, 120)
-        mosquitto.stop()  # SIGKILL: no persistence, retained messages and sessions are gone
+        w.wait_for(lambda tp, m: m.kind == "task" and m.round == 2, 150)  # round 2 in flight, after the resume
+        mosquitto.stop()
         end = time.monotonic() + 30  # down until the coordinator has noticed (its transport logs it)
-        while "lost the broker" not in (tmp_path / "c.log").read_text() and time.monotonic() < end:
+        while "lost the broker" not in (tmp_path / "c2.log").read_text() and time.monotonic() < end:
             time.sleep(0.05)
         mosquitto.start()
-        assert wait_all([coord], 180) == [0], (tmp_path / "c.log").read_text()[-2000:]
+        assert wait_all([coord], 180) == [0], (tmp_path / "c2.log").read_text()[-2000:]
         assert wait_all(edges, 30) == [0, 0, 0]
     finally:
         kill_all([coord, *edges])
         w.t.close()
-    assert "reconnected to the broker" in (tmp_path / "c.log").read_text()
+    log = (tmp_path / "c2.log").read_text()
+    assert "resumed" in log and "reconnected to the broker" in log, log[-2000:]
     got = load_file(str(out / "global_model.safetensors"))
-    assert _diff(got, reference_state(subjects4[:3], 3, 1.0, 7, strategy, overrides)) <= 1e-6
+    assert _diff(got, reference_state(subjects4[:3], 3, 0.67, 7, strategy, overrides)) <= 1e-6
