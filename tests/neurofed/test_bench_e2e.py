@@ -31,10 +31,12 @@ def test_bench_e2e_measures_live_latency(tmp_path: Path, data_dir: Path) -> None
     # a window every 0.1 s for ~6 s (the first ones need a full 4 s window of signal)
     assert run["matched"] >= 10 and run["matched"] <= run["predictions"]
     lat = run["latency_ms"]
-    assert 0 < lat["p50_ms"] <= lat["p99_ms"] <= lat["max_ms"] < 1000
+    # a measured, ordered latency; its targets are the benchmark's (docs/bench/e2e.json), not this test's: the bound
+    # only catches a unit error (a loaded CI run's maximum reached 3.4 s)
+    assert 0 < lat["p50_ms"] <= lat["p99_ms"] <= lat["max_ms"] < 10_000
     assert res["targets"] == {"p50_ms": 10.0, "p99_ms": 30.0}
     dec = run["decoder_stats"]  # the decoder's own log: emission - arrival, never negative
-    assert run["speed"] == 4.0 and dec["predictions"] >= run["matched"] and 0 < dec["latency_ms_p50"] < 1000
+    assert run["speed"] == 4.0 and dec["predictions"] >= run["matched"] and 0 < dec["latency_ms_p50"] < 10_000
     assert dec["stream_time_minus_arrival_s_p50"] > 1.0  # the replayed stream's stamps ran ahead
     assert len(run["load_average_before"]) == len(run["load_average_after"]) == 3 and run["cpu_count"] >= 1
     assert "latency p50" in proc.stdout

@@ -59,7 +59,7 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
     for r in live["per_subject"].values():
         assert r["predictions"] >= 13 and r["matched"] >= 13 and r["cues"] == 15
         assert 0.0 <= r["bca"] <= 1.0 and r["n"] == r["matched"] and 0 <= r["correct"] <= r["n"]
-    assert 0 < live["latency_ms"]["p50"] < 1000
+    assert 0 < live["latency_ms"]["p50"] < 10_000  # measured and in ms (its target is the e2e benchmark's)
     assert 0.0 <= res["offline"]["bca_offline"] <= 1.0
     # the report's numbers: held-out list and rule, chance, Wilson interval, round-0 baseline, training set marked
     s = res["summary"]
