@@ -694,7 +694,8 @@ class Coordinator:
         assert self.gate is not None
         evaluators = sum(1 for c in self.registry.candidates()
                          if self.registry.clients[c].capabilities.get("evaluate"))  # once per candidate
-        body = self.gate.ask(new_id(), self.server.round, self.server.global_state, evaluators)
+        body = self.gate.ask(new_id(), self.server.round,
+                             self.strategy.released_state(self.server.global_state, self.server.extras), evaluators)
         ev = self.gate.open
         assert ev is not None
         msg = EvalMsg(federation=self.fed.name, sender=COORDINATOR_ID, eval_id=ev.eval_id, version=ev.version,
@@ -854,12 +855,13 @@ class Coordinator:
             extra["model_kwargs"] = kwargs
         if self.profile_specs:  # the whole server state: shared module + `@<profile>/` modules (export splits it)
             extra["device_profiles"] = list(self.spec.profiles)
-        path = save_final_model(self.out / "global_model.safetensors", self.server.global_state, self.spec,
+        final = self.strategy.released_state(self.server.global_state, self.server.extras)  # e.g. the weight average
+        path = save_final_model(self.out / "global_model.safetensors", final, self.spec,
                                 self.cfg.model.test_batch_size, extra)
         logger.info("final global model saved to %s", path)
         for p, spec in self.profile_specs.items():  # one deployable checkpoint per device profile
             pp = save_final_model(self.out / f"global_model.{p}.safetensors",
-                                  self.strategy.client_view(self.server.global_state, p), spec,
+                                  self.strategy.client_view(final, p), spec,
                                   self.cfg.model.test_batch_size,
                                   {"federation": self.fed.name, "rounds": self.server.round, "seed": self.fed.seed,
                                    "transport": "mqtt", "profile": p, "device": spec.profiles[0],

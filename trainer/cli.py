@@ -74,6 +74,12 @@ def simulate(
         help="data augmentation in local training only, seeded: 'mi' (shift:0.05,scale:0.1,dropout:0.1,mixup:0.2) "
              "or NAME:VALUE,... with NAME in shift, scale, noise, dropout, mixup (neurofed.trainer.fl.augment) "
              "[default: off]")] = None,
+    distill_from: Annotated[str | None, typer.Option(
+        help="ensemble distillation: comma list of run directories trained with --save-models on the same subjects, "
+             "folds and preprocessing; each client trains on soft targets mixing its labels with the mean softmax of "
+             "every saved model of its fold (neurofed.trainer.fl.distill) [default: off]")] = None,
+    distill_weight: Annotated[float, typer.Option(
+        help="distillation: weight w of the teachers' probabilities in the soft targets (1 - w on the labels)")] = 0.5,
     seeds: Annotated[str, typer.Option(help="comma list of seeds")] = "0",
     channels: Annotated[str | None, typer.Option(help="all, sensorimotor21, or a comma list [default: preset's]")] = None,
     resample: Annotated[float | None, typer.Option(help="Hz; 0 keeps 160 Hz [default: preset's]")] = None,

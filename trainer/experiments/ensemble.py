@@ -35,7 +35,7 @@ def softmax(z: np.ndarray) -> np.ndarray:
     return _softmax(z, axis=1)
 
 
-def _fold_members(runs: Sequence[Path], seeds: Sequence[int] | None) -> dict[int, list[tuple[Path, dict]]]:
+def fold_members(runs: Sequence[Path], seeds: Sequence[int] | None) -> dict[int, list[tuple[Path, dict]]]:
     """fold -> [(job path, job)] over every run and chosen seed; checks the members of a fold agree."""
     folds: dict[int, list[tuple[Path, dict]]] = {}
     for run in runs:
@@ -88,7 +88,7 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
         if c.preprocess != cfgs[0].preprocess or c.test_batch != cfgs[0].test_batch or c.subjects != cfgs[0].subjects:
             raise NeuroFedError(f"{r}: its subjects, preprocessing or test batch differ from {run_dirs[0]}'s; "
                                 "an ensemble needs members evaluated on the same trials")
-    folds = _fold_members(run_dirs, seeds)
+    folds = fold_members(run_dirs, seeds)
     batch = int(test_batch or cfgs[0].test_batch)
     if batch < 1:
         raise NeuroFedError(f"test batch must be >= 1, got {batch}")
@@ -126,4 +126,4 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
     }
 
 
-__all__ = ["ensemble_runs", "softmax"]
+__all__ = ["ensemble_runs", "fold_members", "softmax"]

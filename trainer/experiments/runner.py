@@ -102,7 +102,9 @@ def run_federated(
 ) -> tuple[nn.Module, dict]:
     """Federated training in process (one client per subject).
 
-    Returns the final global model (aggregated BN included) and ``{"curve": [...], "participation": {...}}``.
+    Returns the final released model (aggregated BN included; the global model, or the server's weight average
+    when the strategy releases one: ``info["trained_states"]`` then holds the last global state per group and each
+    learning-curve point also ``bca_global``) and ``{"curve": [...], "participation": {...}}``.
     ``server``/``client_states`` resume an interrupted run; ``byzantine`` makes a seeded fraction of the
     clients attack (robustness experiments, :mod:`neurofed.trainer.fl.byzantine`).
 
@@ -141,9 +143,10 @@ def run_federated(
     attackers = set(byzantine.attackers(ids)) if byzantine is not None else set()
     curve = []
 
-    def load_final() -> None:
+    def load_final(released: bool = True) -> None:
+        state = strategy.released_state(server.global_state, server.extras) if released else server.global_state
         for g, m in models.items():
-            m.load_state_dict(strategy.client_view(server.global_state, g))
+            m.load_state_dict(strategy.client_view(state, g))
 
     eval_groups = groups if prefixes else None
     batched = None
@@ -184,15 +187,23 @@ def run_federated(
         if spec.test and spec.every and (server.round % spec.every == 0 or server.round == rounds):
             load_final()
             point["bca"] = _mean_bca(models if prefixes else models[""], spec, eval_groups)
+            if strategy.releases_average:  # the trained global model beside the released average
+                load_final(released=False)
+                point["bca_global"] = _mean_bca(models if prefixes else models[""], spec, eval_groups)
         curve.append(point)
         if progress:
             progress(server.round, rounds, point)
+    trained = None
+    if strategy.releases_average:  # the last trained global model (not released), for a paired comparison
+        load_final(released=False)
+        trained = {g: global_state_of(m) for g, m in models.items()}
     load_final()
     first = models[min(models)]
     per_round = len(select_clients(ids, fraction, 0, seed))
     cost = {k: float(v) for k, v in server.extras.items() if (".cost_" in k or ".stat_" in k) and v.numel() == 1}
     return first, {"curve": curve, "participation": participation, "server": server, "client_states": states,
                    "models": models, "attackers": sorted(attackers), "server_cost": cost,
+                   "trained_states": trained,
                    **strategy.report(len(ids), per_round, rounds)}
 
 

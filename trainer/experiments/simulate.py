@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ import torch
 
 from neurofed.trainer.atomic import atomic_write_bytes
 from neurofed.trainer.attacks import attack_budgets
-from neurofed.trainer.checkpoint import ModelMeta, save_checkpoint
+from neurofed.trainer.checkpoint import ModelMeta, load_checkpoint, save_checkpoint
 from neurofed.trainer.data import PreprocessConfig, load_subjects
 from neurofed.trainer.data.config import SENSORIMOTOR_21
 from neurofed.trainer.data.eegmmidb import resolve_data_dir, subjects_root
@@ -39,6 +40,7 @@ from neurofed.trainer.experiments.runner import (
     run_federated,
 )
 from neurofed.trainer.fl.byzantine import Byzantine
+from neurofed.trainer.fl.distill import soft_targets, teacher_probabilities
 from neurofed.trainer.fl.local import LocalConfig
 from neurofed.trainer.fl.server import CLIPPED_KEY
 from neurofed.trainer.fl.strategies import get_strategy
@@ -91,6 +93,10 @@ class SimConfig:
     #: to float tolerance; falls back to it for what it does not know) or ``sequential`` (one client after the other,
     #: what an edge client runs; the regression hashes). Execution only: a run may be resumed with the other engine
     engine: str = "vectorised"
+    #: ensemble distillation (:mod:`neurofed.trainer.fl.distill`): run directories whose saved models of each fold
+    #: teach that fold's clients (soft targets with the teachers' weight ``distill_weight``); empty = off
+    distill_from: list[str] = field(default_factory=list)
+    distill_weight: float = 0.5
     #: ``sync`` (rounds of a selected cohort) or ``async`` (buffered asynchronous aggregation,
     #: :mod:`neurofed.trainer.experiments.asyncsim`; ``rounds`` then counts aggregations, the sequential client path)
     mode: str = "sync"
@@ -181,6 +187,7 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
     spec = EvalSpec(test=test, test_batch=cfg.test_batch, every=cfg.eval_every,
                     attacks=[(a, float(e)) for a, e in cfg.attacks])
     t0 = time.time()
+    teachers_used: list[str] = []
 
     def log_round(r: int, total: int, point: dict) -> None:
         if on_round is not None:
@@ -200,7 +207,8 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
         info["client_classes"] = class_counts(clients)
     elif strategy.centralised:
         local = LocalConfig(**{**cfg.local, "batch_size": cfg.ct_batch_size})
-        model, info = run_centralised(train, cfg.model, strategy, local, cfg.rounds, seed, spec, log_round)
+        fit = distilled(cfg, fold_idx, train, test, teachers_used) if cfg.distill_from else train
+        model, info = run_centralised(fit, cfg.model, strategy, local, cfg.rounds, seed, spec, log_round)
     else:
         local = LocalConfig(**cfg.local)
         byz = Byzantine.parse(cfg.byzantine, seed) if cfg.byzantine else None
@@ -208,6 +216,8 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
             raise NeuroFedError("--partition with --profiles is not supported yet (clients are split within subjects)")
         clients = partition_clients(train, cfg.partition, seed)
         counts = class_counts(clients)
+        if cfg.distill_from:
+            clients = dict(zip(clients, distilled(cfg, fold_idx, list(clients.values()), test, teachers_used)))
         model, info = run_federated(clients, cfg.model, strategy, local,
                                     cfg.rounds, cfg.fraction, seed, spec, log_round, byzantine=byz, groups=groups,
                                     engine=cfg.engine)
@@ -220,6 +230,14 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
             per_subject.update(evaluate_subjects(m, sub, seed) if sub.test else {})
     else:
         per_subject = evaluate_subjects(model, spec, seed) if test else {}
+    if info.get("trained_states") and test:  # a released weight average: the last trained model beside it (paired)
+        plain = replace(spec, attacks=())
+        for g, st in info["trained_states"].items():
+            m = copy.deepcopy(info["models"][g] if g in info.get("models", {}) else model)
+            m.load_state_dict(st)
+            sub = replace(plain, test=[sd for sd in test if not g or groups[sd.subject] == g])
+            for s_, row in evaluate_subjects(m, sub, seed).items():
+                per_subject[s_]["bca_global"] = row["bca"]
     result = {
         "fold": fold_idx, "seed": seed, "test_subjects": [sd.subject for sd in test],
         "per_subject": per_subject,
@@ -227,6 +245,7 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
         # the final evaluation (benign and every --attack) on the held-out subjects; "seconds" is the training
         "eval_seconds": time.time() - t0 - seconds,
         **{k: info[k] for k in ("attackers", "privacy", "async") if info.get(k)},
+        **({"distill": {"teachers": teachers_used, "weight": cfg.distill_weight}} if teachers_used else {}),
         "client_classes": info.get("client_classes", {}), "server_cost": info.get("server_cost", {}),
         "data_hashes": {k: v for sd in train + test for k, v in sd.file_hashes.items()},
     }
@@ -247,6 +266,43 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
         result["checkpoint"] = result["checkpoints"][0]
     atomic_write_bytes(out_path, json.dumps(result).encode())
     return result
+
+
+def distilled(cfg: SimConfig, fold_idx: int, subjects: list, test: list, used: list[str]) -> list:
+    """``subjects`` with soft targets from the saved models of fold ``fold_idx`` in ``cfg.distill_from``
+    (:mod:`neurofed.trainer.fl.distill`); the checkpoints used are appended to ``used``.
+
+    Raises
+    ------
+    NeuroFedError
+        A teacher run without this fold's saved models, a teacher that held out other subjects (it would have
+        trained on this fold's held-out subjects), or one built for other channels, rates or classes.
+    """
+    from neurofed.trainer.experiments.ensemble import fold_members  # lazy: ensemble/sweep import this module
+    from neurofed.trainer.experiments.sweep import job_checkpoint  # lazy: as above
+
+    members = fold_members([Path(r) for r in cfg.distill_from], None).get(fold_idx, [])
+    if not members:
+        raise NeuroFedError(f"fold {fold_idx}: no saved model of this fold in {', '.join(cfg.distill_from)} to distil")
+    held = [sd.subject for sd in test]
+    ref = subjects[0]
+    teachers = []
+    for jp, job in members:
+        if list(job["test_subjects"]) != held:
+            raise NeuroFedError(f"teacher {jp} held out {job['test_subjects']}, this fold holds out {held}: a teacher "
+                                "must never have trained on this fold's held-out subjects (same subjects, folds, "
+                                "fold seed)")
+        ckpt = job_checkpoint(jp, job)
+        model, meta = load_checkpoint(ckpt)
+        if (list(meta.ch_names) != list(ref.ch_names) or int(meta.n_times) != ref.X.shape[2]
+                or tuple(meta.classes) != tuple(ref.classes)):
+            raise NeuroFedError(f"teacher {ckpt} decodes {len(meta.ch_names)} channels x {meta.n_times} samples "
+                                f"({', '.join(meta.classes)}), this run {len(ref.ch_names)} x {ref.X.shape[2]}: "
+                                "distil from runs with the same preprocessing")
+        teachers.append(model)
+        used.append(str(ckpt))
+    return [replace(sd, y=soft_targets(sd.y, teacher_probabilities(teachers, sd.X, cfg.test_batch),
+                                       cfg.distill_weight)) for sd in subjects]
 
 
 def aggregate_seeds(per_seed: dict) -> tuple[dict[str, dict[str, float]], dict[str, dict]]:

@@ -97,6 +97,8 @@ class _SimOptionsBase(BaseModel):
     momentum: float | None = None
     weight_decay: float | None = None
     augment: str | None = None
+    distill_from: str | None = None
+    distill_weight: float = 0.5
     seeds: str = "0"
     channels: str | None = None
     resample: float | None = None
@@ -178,6 +180,16 @@ class _SimOptionsBase(BaseModel):
         if local.augment and o.algorithm in CLASSICAL_MODELS:
             raise SpecError(f"--algorithm {o.algorithm} is fitted from summed statistics, not trained on batches: "
                             "nothing to augment", "--augment")
+        distill_from = [r.strip() for r in (o.distill_from or "").split(",") if r.strip()]
+        if distill_from:
+            if o.algorithm in CLASSICAL_MODELS:
+                raise SpecError(f"--algorithm {o.algorithm} is fitted from summed statistics: nothing to distil into",
+                                "--distill-from")
+            if not 0.0 < o.distill_weight <= 1.0:
+                raise SpecError(f"use a weight in (0, 1], got {o.distill_weight:g}", "--distill-weight")
+            if o.byzantine or o.mode != "sync" or o.profiles:
+                raise SpecError("distillation runs in synchronous federations of one device profile without "
+                                "simulated attackers", "--distill-from")
         subject_ids = parse_subjects(o.subjects, o.data_dir)
         assignment: dict[str, str] = {}
         only_profile = o.only_profile
@@ -215,6 +227,7 @@ class _SimOptionsBase(BaseModel):
             profile_channels=o.profile_channels, only_profile=only_profile, noise_seed=o.noise_seed,
             folds=sorted(set(int_list(folds, "--folds"))) if folds else [],
             partition=o.partition, save_models=bool(o.save_models), engine=o.engine,
+            distill_from=distill_from, distill_weight=float(o.distill_weight) if distill_from else 0.5,
             mode=o.mode, buffer_k=o.buffer_k, max_staleness=o.max_staleness, online_fraction=o.online_fraction,
             session_mean=o.session_mean, train_time=o.train_time, async_server_lr=o.async_server_lr,
             async_reveal=o.async_reveal, async_window=o.async_window,
@@ -231,6 +244,10 @@ class _SimOptionsBase(BaseModel):
             st.model_kwargs(cfg.model)  # e.g. --local-bn-mode needs fleeg_eegnet
             if not st.centralised:
                 st.check_participation(cfg.fraction)  # GA needs every client in every round
+            clash = [k for k in ("moon_mu", "ga_step", "fedbm_temperature") if st.settings.get(k)]
+            if distill_from and clash:  # their losses read class indices, not the soft targets
+                raise SpecError(f"distillation does not combine with {', '.join(clash)} (its loss needs class "
+                                "indices)", "--distill-from")
             if o.byzantine:
                 Byzantine.parse(o.byzantine)
         except SpecError:

@@ -300,6 +300,12 @@ class Component:
         """Facts about a finished run this component vouches for (e.g. DP's epsilon), for results.json."""
         return {}
 
+    def released_state(self, global_state: Mapping[str, Tensor],
+                       server_extras: Mapping[str, Tensor]) -> dict[str, Tensor] | None:
+        """The model the server releases (evaluates, saves, exports) instead of the global state it trains on
+        (server-side weight averaging); None: the global state itself. At most one component may."""
+        return None
+
 
 class ScalarComponent(Component):
     """A component switched on by its one parameter being > 0 (``PARAMS[0]``); by default its local hook is
@@ -465,8 +471,10 @@ class Strategy:
 
     # ------------------------------------------------------------------ server
     def server_rounds(self, server_extras: Mapping[str, Tensor], n_clients_total: int) -> list[ServerRound]:
+        """Each component's part of the round's aggregation, in registry order, except that a component that
+        averages the released model (:meth:`released_state`) goes last: it averages the round's final state."""
         out = []
-        for c in self.components:
+        for c in sorted(self.components, key=lambda c: type(c).released_state is not Component.released_state):
             r = c.server_round(server_extras, n_clients_total)
             if r is not None:
                 out.append(r)
@@ -501,6 +509,21 @@ class Strategy:
             names = ", ".join(type(c).__name__ for c in self.components if c.needs_every_client)
             raise ValueError(f"strategy {self.name} ({names}) needs every client in every round: "
                              f"use fraction 1, got {fraction:g}")
+
+    def released_state(self, global_state: Mapping[str, Tensor],
+                       server_extras: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The server's released model (what is evaluated, saved, exported and published as final): a component's
+        average (:mod:`neurofed.trainer.fl.algorithms.swa`), else the global state the clients train from."""
+        for c in self.components:
+            out = c.released_state(global_state, server_extras)
+            if out is not None:
+                return out
+        return dict(global_state)
+
+    @property
+    def releases_average(self) -> bool:
+        """Whether the released model differs from the trained global state (a component replaces it)."""
+        return any(type(c).released_state is not Component.released_state for c in self.components)
 
     def report(self, n_clients_total: int, per_round: int, rounds: int) -> dict[str, Any]:
         """Every component's facts about a run of ``rounds`` rounds with ``per_round`` of ``n_clients_total``."""

@@ -282,9 +282,11 @@ class BatchedModel:
 
 
 def mean_ce(logits: Tensor, y: Tensor) -> Tensor:
-    """Per-client mean cross-entropy: logits (K, B, classes), y (K, B) -> (K,)."""
-    k, b = y.shape
-    return F.cross_entropy(logits.reshape(k * b, -1), y.reshape(-1), reduction="none").reshape(k, b).mean(1)
+    """Per-client mean cross-entropy: logits (K, B, classes), y (K, B) class indices or (K, B, classes)
+    class-probability targets (distillation, :mod:`neurofed.trainer.fl.distill`) -> (K,)."""
+    k, b = y.shape[:2]
+    flat = y.reshape(k * b, -1) if y.dim() == 3 else y.reshape(-1)
+    return F.cross_entropy(logits.reshape(k * b, -1), flat, reduction="none").reshape(k, b).mean(1)
 
 
 def _view(v: Tensor, like: Tensor) -> Tensor:
@@ -389,7 +391,7 @@ def _train(bm: BatchedModel, model: nn.Module, jobs: Sequence[ClientJob], states
         gens.append(torch.Generator().manual_seed(job.seed))
         arngs.append(aug.rng(job.seed))
     Xs = [torch.as_tensor(j.X) for j in jobs]
-    ys = [torch.as_tensor(j.y).long() for j in jobs]
+    ys = [torch.as_tensor(j.y) if j.y.ndim == 2 else torch.as_tensor(j.y).long() for j in jobs]  # 2-D: soft targets
     totals = [0.0] * K
     S = max((len(sk) for sk in steps), default=0)
     for s in range(S):

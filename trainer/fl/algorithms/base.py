@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from neurofed.trainer.fl.algorithms.swa import WeightAverage
 from neurofed.trainer.fl.api import BN_MODES, BN_SYNC, Algorithm, Param
 
 #: the BN rule's settings (every strategy has them; see :class:`neurofed.trainer.fl.api.Strategy`)
@@ -18,7 +19,8 @@ BN_PARAMS = (
 
 CT = Algorithm("ct", "centralised training on the pooled trials (the upper reference, not federated)",
                centralised=True)
-FEDAVG = Algorithm("fedavg", "weighted averaging of full state dicts (trial-count weights)",
+# FedAvg brings the server-side weight average (``swa_decay``, off by default) that any algorithm may switch on
+FEDAVG = Algorithm("fedavg", "weighted averaging of full state dicts (trial-count weights)", (WeightAverage,),
                    reference="McMahan et al., AISTATS 2017")
 FEDBN = Algorithm("fedbn", "FedAvg, BN entries stay on the clients", settings={"local_bn": True},
                   reference="Li et al., ICLR 2021")
