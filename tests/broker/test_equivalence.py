@@ -52,7 +52,9 @@ CASES = {"fedbs": ("fedbs", 0.5, {}), "ga": ("ga", 1.0, {}), "fedfa": ("fedfa", 
          "safe+fedbm": ("safe", 0.5, {"fedbm_temperature": 17.5, **GEN}),
          # SecAgg+: the coordinator sees only the masked sum (fixed point, 2^-27 per coordinate and client); it
          # refuses the adaptive clip (it needs single updates), so the clip is off here and in the simulation
-         "fedavg+secagg": ("fedavg", 1.0, {"clip_mult": 0.0})}
+         "fedavg+secagg": ("fedavg", 1.0, {"clip_mult": 0.0}),
+         # the server's weight average (swa_decay): the coordinator saves the released average, as the simulation
+         "fedbs+swa": ("fedbs", 0.5, {"swa_decay": 0.5})}
 SECURE = {"fedavg+secagg"}
 
 
