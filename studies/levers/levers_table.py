@@ -136,6 +136,12 @@ def hybrid_rows(raw: dict, runs: dict[str, dict]) -> dict:
 def describe(cfg: dict) -> str:
     """What a run adds to table46's protocol, as simulate options."""
     pre, out = cfg.get("preprocess", {}), []
+    if cfg.get("model", "eegnet") != "eegnet":
+        out.append(f"--model {cfg['model']}")
+    if cfg.get("strategy_overrides", {}).get("swa_decay"):
+        out.append(f"--swa-decay {cfg['strategy_overrides']['swa_decay']:g}")
+    if cfg.get("distill_from"):
+        out.append(f"--distill-from {','.join(Path(r).name for r in cfg['distill_from'])}")
     if cfg.get("local", {}).get("augment"):
         out.append(f"--augment {cfg['local']['augment']}")
     ch = pre.get("channels")

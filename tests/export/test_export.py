@@ -29,7 +29,7 @@ torch.set_num_threads(1)
 
 
 @pytest.mark.parametrize("bn_mode", ["batch_specific", "standard"])
-@pytest.mark.parametrize("model", ["eegnet", "shallow", "deep"])
+@pytest.mark.parametrize("model", ["eegnet", "shallow", "deep", "itnet"])
 def test_export_variant(model, bn_mode, tmp_path, data_dir, cache_env):
     ckpt = make_checkpoint(tmp_path / "m.safetensors", model, bn_mode, data_dir)
     out = tmp_path / "m.onnx"

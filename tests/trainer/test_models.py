@@ -16,6 +16,7 @@ PINNED = {
     ("eegnet", 21, 320, 80.0): 1570,
     ("shallow", 64, 640, 160.0): 106482,
     ("shallow", 21, 320, 80.0): 35922,
+    ("itnet", 21, 320, 80.0): 8836,
     ("deep", 64, 640, 160.0): 304727,
 }
 
@@ -28,7 +29,7 @@ def test_parameter_counts_pinned(key):
     assert m(torch.randn(3, c, t)).shape == (3, 2)
 
 
-@pytest.mark.parametrize("name", ["eegnet", "shallow", "deep"])
+@pytest.mark.parametrize("name", ["eegnet", "shallow", "deep", "itnet"])
 def test_bn_modes(name):
     std = build_model(name, 22, 2, 640, 160.0, "standard")
     bs = build_model(name, 22, 2, 640, 160.0, "batch_specific")

@@ -19,9 +19,11 @@ from neurofed.trainer.models.deep import DeepConvNet
 from neurofed.trainer.models.eegnet import EEGNet
 from neurofed.trainer.models.fleeg import LOCAL_PREFIX, FleegEEGNet
 from neurofed.trainer.models.fleeg_proj import FleegFixedMapEEGNet, FleegProjEEGNet
+from neurofed.trainer.models.itnet import EEGITNet
 from neurofed.trainer.models.shallow import ShallowConvNet
 
 MODELS: dict[str, type[nn.Module]] = {"eegnet": EEGNet, "shallow": ShallowConvNet, "deep": DeepConvNet,
+                                      "itnet": EEGITNet,
                                       "fleeg_eegnet": FleegEEGNet, "fleeg_proj_eegnet": FleegProjEEGNet,
                                       "fleeg_fixmap_eegnet": FleegFixedMapEEGNet,
                                       # fitted from summed statistics (fed-csp-lda, fed-tangent), not by SGD
@@ -68,6 +70,7 @@ __all__ = [
     "MODEL_NAMES",
     "PER_DEVICE_MODELS",
     "DeepConvNet",
+    "EEGITNet",
     "EEGNet",
     "FleegEEGNet",
     "FleegFixedMapEEGNet",
