@@ -59,8 +59,8 @@ def _fed(subjects, engine: str, name: str = "safe"):
     return m.state_dict()
 
 
-@pytest.mark.parametrize("name", ["fedbs", "safe"])
-def test_engines_agree_on_soft_targets_and_one_hot_is_plain_training(subjects4, name):
+def test_engines_agree_on_soft_targets_and_one_hot_is_plain_training(subjects4, name="safe"):
+    """SAFE: the soft targets in FGSM's attack loss and in the training loss, in both engines."""
     rng = np.random.default_rng(0)
     soft = [replace(sd, y=soft_targets(sd.y, rng.dirichlet([1, 1], len(sd.y)), 0.5)) for sd in subjects4]
     seq, vec = _fed(soft, "sequential", name), _fed(soft, "vectorised", name)
