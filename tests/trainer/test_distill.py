@@ -73,31 +73,48 @@ def test_engines_agree_on_soft_targets_and_one_hot_is_plain_training(subjects4, 
     assert any(not torch.allclose(seq[k].double(), hard[k].double()) for k in seq if seq[k].is_floating_point())
 
 
-def test_teachers_of_the_fold_only(subjects4, tmp_path):
-    """A teacher run whose fold held out other subjects is refused (it trained on this fold's test subjects)."""
+def _teacher(run, sd, pre: dict, held: list[str], seed: int = 0):
+    """A saved 'job' of fold 0 whose model decodes ``sd``'s shape; returns the model."""
     from neurofed.trainer.checkpoint import ModelMeta, save_checkpoint
     from neurofed.trainer.fl.init import init_model
 
-    train, test = subjects4[:3], subjects4[3:]
-    sd = train[0]
-    model = init_model("eegnet", sd, "batch_specific", 0)
-    run = tmp_path / "teacher"
-    (run / "jobs").mkdir(parents=True)
+    model = init_model("eegnet", sd, "batch_specific", seed)
+    (run / "jobs").mkdir(parents=True, exist_ok=True)
     meta = ModelMeta("eegnet", sd.X.shape[1], 2, sd.X.shape[2], sd.sfreq, "batch_specific", list(sd.ch_names),
-                     list(sd.classes), {}, "safe", 8, {}, {})
-    save_checkpoint(run / "jobs" / "seed0_fold00.safetensors", model.state_dict(), meta)
-    job = {"fold": 0, "seed": 0, "test_subjects": [s.subject for s in test], "per_subject": {},
-           "checkpoint": str(run / "jobs" / "seed0_fold00.safetensors")}
-    (run / "jobs" / "seed0_fold00.json").write_text(json.dumps(job))
-    cfg = SimConfig(distill_from=[str(run)], distill_weight=0.5)
+                     list(sd.classes), pre, "safe", 8, {}, {})
+    ckpt = run / "jobs" / f"seed{seed}_fold00.safetensors"
+    save_checkpoint(ckpt, model.state_dict(), meta)
+    job = {"fold": 0, "seed": seed, "test_subjects": held, "per_subject": {}, "checkpoint": str(ckpt)}
+    (run / "jobs" / f"seed{seed}_fold00.json").write_text(json.dumps(job))
+    return model
+
+
+def test_teachers_of_the_fold_only(subjects4, small_cfg, data_dir, tmp_path):
+    """The teachers' mean probabilities, each teacher reading the trials through its own preprocessing (a 64-channel
+    teacher of a 21-channel student); a teacher run whose fold held out other subjects is refused (it trained on this
+    fold's test subjects)."""
+    from neurofed.trainer.data import PreprocessConfig, load_subjects
+
+    train, test = subjects4[:3], subjects4[3:]
+    held = [s.subject for s in test]
+    sd = train[0]
+    t21 = _teacher(tmp_path / "t21", sd, small_cfg.to_dict(), held)
+    wide = PreprocessConfig.from_preset("all", resample=80.0)
+    sd64 = load_subjects([1], wide, data_dir)[0]
+    t64 = _teacher(tmp_path / "t64", sd64, wide.to_dict(), held, seed=1)
+    cfg = SimConfig(distill_from=[str(tmp_path / "t21"), str(tmp_path / "t64")], distill_weight=0.5,
+                    preprocess=small_cfg.to_dict(), data_dir=str(data_dir))
     used: list[str] = []
     out = distilled(cfg, 0, train, test, used)
-    probs = teacher_probabilities([model], sd.X, 8)
-    assert np.allclose(out[0].y, soft_targets(sd.y, probs, 0.5)) and used == [job["checkpoint"]]
+    probs = (teacher_probabilities([t21], sd.X, 8) + teacher_probabilities([t64], sd64.X, 8)) / 2
+    assert sd64.X.shape[1] == 64 and np.array_equal(sd64.y, sd.y)
+    assert np.allclose(out[0].y, soft_targets(sd.y, probs, 0.5), atol=1e-6) and len(used) == 2
     with pytest.raises(NeuroFedError, match="never have trained on this fold's held-out"):
         distilled(cfg, 0, subjects4[1:], subjects4[:1], [])
     with pytest.raises(NeuroFedError, match="no saved model of this fold"):
         distilled(cfg, 1, train, test, [])
+    with pytest.raises(NeuroFedError, match="whole-subject clients"):
+        distilled(replace(cfg, partition="dirichlet:0.5"), 0, train, test, [])
 
 
 def test_options_refuse_what_cannot_distil():

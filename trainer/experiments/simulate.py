@@ -272,11 +272,16 @@ def distilled(cfg: SimConfig, fold_idx: int, subjects: list, test: list, used: l
     """``subjects`` with soft targets from the saved models of fold ``fold_idx`` in ``cfg.distill_from``
     (:mod:`neurofed.trainer.fl.distill`); the checkpoints used are appended to ``used``.
 
+    A teacher may read the trials through another preprocessing than the student's (its checkpoint says which: e.g.
+    all 64 channels for a 21-channel student, the classic use of distillation: a model too costly to deploy teaches
+    one that fits): each subject is then loaded again with the teacher's preprocessing, and its trials must be the
+    same ones (the same labels in the same order).
+
     Raises
     ------
     NeuroFedError
         A teacher run without this fold's saved models, a teacher that held out other subjects (it would have
-        trained on this fold's held-out subjects), or one built for other channels, rates or classes.
+        trained on this fold's held-out subjects), other classes, or its preprocessing giving other trials.
     """
     from neurofed.trainer.experiments.ensemble import fold_members  # lazy: ensemble/sweep import this module
     from neurofed.trainer.experiments.sweep import job_checkpoint  # lazy: as above
@@ -286,7 +291,8 @@ def distilled(cfg: SimConfig, fold_idx: int, subjects: list, test: list, used: l
         raise NeuroFedError(f"fold {fold_idx}: no saved model of this fold in {', '.join(cfg.distill_from)} to distil")
     held = [sd.subject for sd in test]
     ref = subjects[0]
-    teachers = []
+    own = PreprocessConfig.from_dict(cfg.preprocess).to_dict()
+    views: dict[str, tuple[dict, list]] = {}  # teacher preprocessing (as JSON) -> (config, teachers)
     for jp, job in members:
         if list(job["test_subjects"]) != held:
             raise NeuroFedError(f"teacher {jp} held out {job['test_subjects']}, this fold holds out {held}: a teacher "
@@ -294,15 +300,35 @@ def distilled(cfg: SimConfig, fold_idx: int, subjects: list, test: list, used: l
                                 "fold seed)")
         ckpt = job_checkpoint(jp, job)
         model, meta = load_checkpoint(ckpt)
-        if (list(meta.ch_names) != list(ref.ch_names) or int(meta.n_times) != ref.X.shape[2]
-                or tuple(meta.classes) != tuple(ref.classes)):
-            raise NeuroFedError(f"teacher {ckpt} decodes {len(meta.ch_names)} channels x {meta.n_times} samples "
-                                f"({', '.join(meta.classes)}), this run {len(ref.ch_names)} x {ref.X.shape[2]}: "
-                                "distil from runs with the same preprocessing")
-        teachers.append(model)
+        if tuple(meta.classes) != tuple(ref.classes):
+            raise NeuroFedError(f"teacher {ckpt} decodes {', '.join(meta.classes)}, this run "
+                                f"{', '.join(ref.classes)}")
+        pre = meta.preprocess or own
+        views.setdefault(json.dumps(pre, sort_keys=True), (pre, []))[1].append(model)
         used.append(str(ckpt))
-    return [replace(sd, y=soft_targets(sd.y, teacher_probabilities(teachers, sd.X, cfg.test_batch),
-                                       cfg.distill_weight)) for sd in subjects]
+    probs = {sd.subject: [] for sd in subjects}
+    for pre, teachers in views.values():
+        if pre == own:
+            seen = {sd.subject: sd for sd in subjects}
+        else:
+            if cfg.partition != "subject":
+                raise NeuroFedError("a teacher with another preprocessing needs whole-subject clients "
+                                    f"(--partition subject), not {cfg.partition}")
+            again = load_subjects([int(sd.subject[1:]) for sd in subjects], PreprocessConfig.from_dict(pre),
+                                  cfg.data_dir)
+            seen = {sd.subject: sd for sd in again}
+        for sd in subjects:
+            tv = seen[sd.subject]
+            if len(tv.y) != len(sd.y) or not np.array_equal(tv.y, sd.y):
+                raise NeuroFedError(f"{sd.subject}: the teacher's preprocessing gives {len(tv.y)} trials, this run "
+                                    f"{len(sd.y)} (or other labels): distil from teachers of the same trials")
+            probs[sd.subject].append((len(teachers), teacher_probabilities(teachers, tv.X, cfg.test_batch)))
+    out = []
+    for sd in subjects:
+        n = sum(k for k, _ in probs[sd.subject])
+        mean = sum(k * p for k, p in probs[sd.subject]) / n  # every teacher counts once
+        out.append(replace(sd, y=soft_targets(sd.y, mean, cfg.distill_weight)))
+    return out
 
 
 def aggregate_seeds(per_seed: dict) -> tuple[dict[str, dict[str, float]], dict[str, dict]]:
