@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from neurofed.trainer.errors import NeuroFedError
-from neurofed.trainer.experiments.sweep import held_out_subjects, job_checkpoint, run_config
+from neurofed.trainer.experiments.jobs import fold_members, job_checkpoint
+from neurofed.trainer.experiments.sweep import held_out_subjects, run_config
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -33,29 +34,6 @@ def softmax(z: np.ndarray) -> np.ndarray:
     from scipy.special import softmax as _softmax
 
     return _softmax(z, axis=1)
-
-
-def fold_members(runs: Sequence[Path], seeds: Sequence[int] | None) -> dict[int, list[tuple[Path, dict]]]:
-    """fold -> [(job path, job)] over every run and chosen seed; checks the members of a fold agree."""
-    folds: dict[int, list[tuple[Path, dict]]] = {}
-    for run in runs:
-        jobs = sorted((run / "jobs").glob("seed*_fold*.json"))
-        if not jobs:
-            raise NeuroFedError(f"{run}: no finished jobs (jobs/seed*_fold*.json) to ensemble")
-        for jp in jobs:
-            job = json.loads(jp.read_text())
-            if seeds is not None and int(job["seed"]) not in seeds:
-                continue
-            folds.setdefault(int(job["fold"]), []).append((jp, job))
-    if not folds:
-        raise NeuroFedError(f"no finished job of seeds {list(seeds or [])} in {', '.join(map(str, runs))}")
-    for fold, members in folds.items():
-        first = members[0][1]["test_subjects"]
-        for jp, job in members[1:]:
-            if job["test_subjects"] != first:
-                raise NeuroFedError(f"fold {fold}: {jp} holds out {job['test_subjects']}, but {members[0][0]} holds "
-                                    f"out {first}; the runs were split differently (fold seed or subjects)")
-    return folds
 
 
 def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None = None,

@@ -30,6 +30,7 @@ from neurofed.trainer.data.profiles import (
 )
 from neurofed.trainer.errors import DataError, NeuroFedError
 from neurofed.trainer.experiments.asyncsim import AsyncConfig, run_async
+from neurofed.trainer.experiments.jobs import fold_members, job_checkpoint
 from neurofed.trainer.experiments.partition import class_counts, partition_clients
 from neurofed.trainer.experiments.protocol import make_folds
 from neurofed.trainer.experiments.runner import (
@@ -283,9 +284,6 @@ def distilled(cfg: SimConfig, fold_idx: int, subjects: list, test: list, used: l
         A teacher run without this fold's saved models, a teacher that held out other subjects (it would have
         trained on this fold's held-out subjects), other classes, or its preprocessing giving other trials.
     """
-    from neurofed.trainer.experiments.ensemble import fold_members  # lazy: ensemble/sweep import this module
-    from neurofed.trainer.experiments.sweep import job_checkpoint  # lazy: as above
-
     members = fold_members([Path(r) for r in cfg.distill_from], None).get(fold_idx, [])
     if not members:
         raise NeuroFedError(f"fold {fold_idx}: no saved model of this fold in {', '.join(cfg.distill_from)} to distil")

@@ -24,6 +24,7 @@ import numpy as np
 from neurofed.trainer.atomic import atomic_write_bytes
 from neurofed.trainer.data import PreprocessConfig
 from neurofed.trainer.errors import NeuroFedError
+from neurofed.trainer.experiments.jobs import job_checkpoint
 
 logger = logging.getLogger("neurofed.trainer")
 
@@ -51,22 +52,6 @@ def run_config(run_dir: Path):
     if not cfg_path.exists():
         raise NeuroFedError(f"{run_dir}: no config.json; not a `neurofed simulate` / `neurofed grid` run directory")
     return SimConfig(**json.loads(cfg_path.read_text()))
-
-
-def job_checkpoint(job_path: Path, job: dict) -> Path:
-    """The model a finished job saved (``--save-models``); a clear error when it saved none or several."""
-    ckpts = job.get("checkpoints") or ([job["checkpoint"]] if "checkpoint" in job else [])
-    if not ckpts:
-        raise NeuroFedError(f"{job_path}: the job saved no model (the run was trained without --save-models); "
-                            "train it again with --save-models into a new --out")
-    if len(ckpts) > 1:
-        raise NeuroFedError(f"{job_path}: one model per device profile; hierarchical runs are not supported here")
-    ckpt = Path(ckpts[0])
-    if not ckpt.exists():  # the run directory was moved: the model lies beside the job's JSON
-        ckpt = job_path.with_suffix(".safetensors")
-    if not ckpt.exists():
-        raise NeuroFedError(f"{job_path}: its model {ckpts[0]} is missing (nor beside the job's JSON)")
-    return ckpt
 
 
 def held_out_subjects(cfg, job: dict) -> list:
