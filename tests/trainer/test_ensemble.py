@@ -91,7 +91,7 @@ def test_refuses_runs_split_differently_or_without_models(runs, data_dir, tmp_pa
     monkeypatch.setenv("NEUROFED_CACHE", str(tmp_path / "cache"))
     other = tmp_path / "other"
     run_simulation(_cfg(data_dir, subjects=[1, 2, 3, 5], folds=[0]), other)
-    with pytest.raises(NeuroFedError, match="subjects, preprocessing or test batch differ"):
+    with pytest.raises(NeuroFedError, match="subjects or test batch differ"):
         ens.ensemble_runs([runs / "fedavg", other])
     plain = tmp_path / "plain"
     run_simulation(_cfg(data_dir, save_models=False, folds=[0]), plain)
@@ -193,3 +193,25 @@ def test_combine_refuses_what_cannot_be_one_model(runs, data_dir, tmp_path):
         combine_checkpoints([ens2, a], tmp_path / "x.safetensors")
     assert not (tmp_path / "x.safetensors").exists()
     assert torch.equal(load_file(str(ens2))["members.1.classifier.weight"], load_file(str(b))["classifier.weight"])
+
+
+def test_members_of_other_preprocessings_decode_their_own_view(runs, data_dir, tmp_path, monkeypatch):
+    """A 64-channel member beside 21-channel ones: each decodes the held-out trials through its own run's
+    preprocessing; the mean softmax is checked by hand."""
+    from neurofed.trainer.checkpoint import load_checkpoint
+    from neurofed.trainer.evaluate import bca, logits
+    from neurofed.trainer.experiments.sweep import held_out_subjects, run_config
+
+    monkeypatch.setenv("NEUROFED_CACHE", str(tmp_path / "cache"))
+    wide = tmp_path / "wide"
+    run_simulation(_cfg(data_dir, preprocess=PreprocessConfig(channels=None, resample=80.0).to_dict(), folds=[0]), wide)
+    res = ens.ensemble_runs([runs / "fedavg", wide], seeds=[0])
+    job = json.loads((wide / "jobs" / "seed0_fold00.json").read_text())
+    narrow = held_out_subjects(run_config(runs / "fedavg"), job)
+    broad = held_out_subjects(run_config(wide), job)
+    m21 = load_checkpoint(runs / "fedavg" / "jobs" / "seed0_fold00.safetensors")[0]
+    m64 = load_checkpoint(wide / "jobs" / "seed0_fold00.safetensors")[0]
+    for a, b in zip(narrow, broad):
+        assert a.X.shape[1] == 21 and b.X.shape[1] == 64
+        p = (ens.softmax(logits(m21, a.X, 8)) + ens.softmax(logits(m64, b.X, 8))) / 2
+        assert res["per_subject"][a.subject]["bca"] == bca(a.y, p.argmax(1))

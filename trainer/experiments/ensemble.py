@@ -53,8 +53,11 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
     Raises
     ------
     NeuroFedError
-        A run without saved models, runs whose folds hold out different subjects or were preprocessed or
-        batched differently, no job of the chosen seeds.
+        A run without saved models, runs whose folds hold out different subjects or were batched differently,
+        preprocessings that give different trials, no job of the chosen seeds.
+
+    Members may read the trials through different preprocessings (e.g. 21 and 64 channels): each decodes the held-out
+    subjects loaded with its own run's, and the trials must be the same ones.
     """
     from neurofed.trainer.checkpoint import load_checkpoint  # lazy: torch (loaded only when used)
     from neurofed.trainer.evaluate import bca, logits  # lazy: torch (loaded only when used)
@@ -62,10 +65,11 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
 
     run_dirs = [Path(r) for r in runs]
     cfgs = [run_config(r) for r in run_dirs]
+    cfg_of = {r: c for r, c in zip(run_dirs, cfgs)}
     for r, c in zip(run_dirs[1:], cfgs[1:]):
-        if c.preprocess != cfgs[0].preprocess or c.test_batch != cfgs[0].test_batch or c.subjects != cfgs[0].subjects:
-            raise NeuroFedError(f"{r}: its subjects, preprocessing or test batch differ from {run_dirs[0]}'s; "
-                                "an ensemble needs members evaluated on the same trials")
+        if c.test_batch != cfgs[0].test_batch or c.subjects != cfgs[0].subjects:
+            raise NeuroFedError(f"{r}: its subjects or test batch differ from {run_dirs[0]}'s; an ensemble needs "
+                                "members evaluated on the same subjects and batches")
     folds = fold_members(run_dirs, seeds)
     batch = int(test_batch or cfgs[0].test_batch)
     if batch < 1:
@@ -74,12 +78,26 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
     members_used = []
     for n, fold in enumerate(sorted(folds), 1):
         members = folds[fold]
-        test = held_out_subjects(cfgs[0], members[0][1])
+        # each member decodes the held-out trials through its own run's preprocessing (e.g. 21 and 64 channels); the
+        # trials must be the same ones in every view
+        views: dict[str, list] = {}
+        for jp, job in members:
+            c = cfg_of[jp.parents[1]]
+            key = json.dumps(c.preprocess, sort_keys=True)
+            if key not in views:
+                views[key] = held_out_subjects(c, job)
+        test = next(iter(views.values()))
+        for view in views.values():
+            for a, b in zip(test, view):
+                if a.subject != b.subject or not np.array_equal(a.y, b.y):
+                    raise NeuroFedError(f"fold {fold}: {b.subject}'s trials differ between the members' "
+                                        "preprocessings; an ensemble needs members evaluated on the same trials")
         probs = {sd.subject: [] for sd in test}
         for jp, job in members:
             model, _ = load_checkpoint(job_checkpoint(jp, job))
             members_used.append(str(jp))
-            for sd in test:
+            view = views[json.dumps(cfg_of[jp.parents[1]].preprocess, sort_keys=True)]
+            for sd in view:
                 probs[sd.subject].append(softmax(logits(model, sd.X, batch)))
         for sd in test:
             p = np.stack(probs[sd.subject])  # (members, trials, classes)
