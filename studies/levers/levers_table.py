@@ -138,8 +138,8 @@ def describe(cfg: dict) -> str:
     pre, out = cfg.get("preprocess", {}), []
     if cfg.get("model", "eegnet") != "eegnet":
         out.append(f"--model {cfg['model']}")
-    if cfg.get("strategy_overrides", {}).get("swa_decay"):
-        out.append(f"--swa-decay {cfg['strategy_overrides']['swa_decay']:g}")
+    for k, v in sorted(cfg.get("strategy_overrides", {}).items()):  # e.g. --swa-decay, --server-momentum
+        out.append(f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}")
     if cfg.get("distill_from"):
         out.append(f"--distill-from {','.join(Path(r).name for r in cfg['distill_from'])}")
     if cfg.get("local", {}).get("augment"):
