@@ -272,7 +272,8 @@ def plot(summary: dict, runs: dict, table46: dict) -> None:
     for name, jobs, key, style in (("SAFE, 50 rounds (table46)", table46["safe"], "bca", "C0--"),
                                    ("SAFE, 100 rounds", runs.get("safe_r100_swa", {}), "bca_global", "C0-"),
                                    ("SAFE, 100 rounds, weight average released", runs.get("safe_r100_swa", {}), "bca",
-                                    "C1-")):
+                                    "C1-"),
+                                   ("SAFE, 200 rounds", runs.get("safe_r200_swa", {}), "bca_global", "C2-")):
         seeds = sorted({s for s, _ in jobs})
         r, y = curve(jobs, seeds, key)
         if r:
