@@ -108,6 +108,8 @@ def test_other_models_equal(subjects4, data_dir, model):
         subjects4 = load_subjects([1, 2], PreprocessConfig.from_preset("sensorimotor21"), data_dir)
     clients = {sd.subject: sd for sd in subjects4[:3]}
     st = get_strategy("fedbs")
+    if model != "deep":  # really on the vectorised engine, not its sequential fallback
+        assert unsupported(build_model(model, 21, 2, subjects4[0].X.shape[2], 80.0), st) is None
     out = {}
     for engine in ("sequential", "vectorised"):
         m, _ = run_federated(clients, model, st, CFG, 1, 1.0, 0, engine=engine)

@@ -59,6 +59,8 @@ _PLAIN_LAYERS: tuple[type[nn.Module], ...] = (
     nn.Conv1d, nn.Conv2d, nn.Linear, nn.ELU, nn.ReLU, nn.AvgPool2d, nn.ZeroPad2d, nn.Sequential,
     nn.Flatten, nn.Identity, nn.BatchNorm1d, nn.BatchNorm2d, nn.Dropout, nn.ModuleList,
 )
+#: (a model's own block may declare ``PURE_FORWARD = True``: its forward only calls its children and combines their
+#: outputs, e.g. EEG-ITNet's branches and residual TCN blocks)
 #: model classes whose own forward is plain (layers called in order, no state) and that are tested equal.
 #: DeepConvNet is not: with SAM over 12 steps the engines drifted 8e-3 apart (1 step, or without SAM: 6e-7); its
 #: max-pooling is the suspect (a tie broken differently routes a gradient elsewhere), not investigated further
@@ -88,7 +90,7 @@ def unsupported(model: nn.Module, strategy: Strategy) -> str | None:
     if type(model).__name__ not in _MODELS:
         return f"model {type(model).__name__} is not known to it"
     for name, m in model.named_modules():
-        if name and type(m) not in _PLAIN_LAYERS:
+        if name and type(m) not in _PLAIN_LAYERS and not getattr(type(m), "PURE_FORWARD", False):
             return f"model layer {name} ({type(m).__name__}) is not known to it"
         if m._forward_hooks or m._forward_pre_hooks:
             return f"model layer {name or 'root'} carries forward hooks"

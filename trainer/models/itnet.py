@@ -26,6 +26,9 @@ def _same_pad(kernel: int) -> nn.ZeroPad2d:
 class _Branch(nn.Module):
     """Temporal conv (F filters, 'same') -> BN -> depthwise spatial conv -> BN -> ELU."""
 
+    #: its forward only calls its children (the vectorised engine may train it; neurofed.trainer.fl.vectorised)
+    PURE_FORWARD = True
+
     def __init__(self, n_channels: int, filters: int, kernel: int, bn_mode: BNMode) -> None:
         super().__init__()
         self.temporal = nn.Sequential(_same_pad(kernel), nn.Conv2d(1, filters, (1, kernel), bias=False))
@@ -40,6 +43,8 @@ class _Branch(nn.Module):
 
 class _TCNBlock(nn.Module):
     """Two dilated causal convolutions (kernel k), each -> BN -> ELU -> dropout, plus the input (residual)."""
+
+    PURE_FORWARD = True  # as _Branch's
 
     def __init__(self, filters: int, kernel: int, dilation: int, bn_mode: BNMode, dropout: float) -> None:
         super().__init__()
