@@ -36,6 +36,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 BASES = {"fedbs": "fedbs", "safe": "safe", "ct": "ct"}  # a lever run's algorithm -> its table46 base run
 METRICS = ("bca", "fgsm@0.03", "pgd@0.03")
+#: a distilled run -> the same recipe trained without a teacher (its fair base beside table46's)
+DISTILL_BASE = {"distill_safe_r100_swa": "safe_r100_swa", "distill_itnet_safe_r100_swa": "safe_r100_swa"}
 REFERENCE = "riemann"  # the best classical reference of table46 (68.8 %): table46 raw, classical/s46/riemann
 JOB = re.compile(r"^(?P<group>[^/]+)/(?P<run>[^/]+)/jobs/seed(?P<seed>\d+)_fold(?P<fold>\d+)\.json$")
 
@@ -191,6 +193,9 @@ def main() -> None:
         if teachers and all(t in runs for t in teachers):
             c["teachers"] = teachers
             c["vs_teacher"] = against_jobs(jobs, c["keys"], runs[teachers[0]])
+        if run in DISTILL_BASE and DISTILL_BASE[run] in runs:
+            c["no_teacher_run"] = DISTILL_BASE[run]
+            c["vs_no_teacher"] = against_jobs(jobs, c["keys"], runs[DISTILL_BASE[run]])
         summary["runs"][run] = c
         e, g, r = c["bca"], c["pgd@0.03"], c["vs_reference"]
         lines.append(f"| {run} | {c['lever']} | {len(c['seeds'])} x {len(c['folds'])} | "
@@ -203,7 +208,8 @@ def main() -> None:
         for s, e in c["per_seed"].items():
             lines.append(f"| {run} | {s} | {','.join(map(str, e['folds']))} | {e['subjects']} | {e['lever']:.1f} | "
                          f"{e['base']:.1f} | {e['delta']:+.2f} | {e['p_t']:.2g} |")
-    inner = {r: c for r, c in summary["runs"].items() if "vs_trained_global" in c or "vs_teacher" in c}
+    inner = {r: c for r, c in summary["runs"].items() if "vs_trained_global" in c or "vs_teacher" in c
+             or "vs_no_teacher" in c}
     if inner:
         lines += ["", "The weight average against the last trained global model of the same jobs, and a distilled "
                   "run against its teacher run (same seeds and folds; BCA %, paired by subject):", "",
@@ -211,7 +217,9 @@ def main() -> None:
                   "better / worse | p (t / Wilcoxon) |", "|---|---|---|---|---|---|---|---|"]
         for run, c in sorted(inner.items()):
             for key, what in (("vs_trained_global", "released average vs last global model"),
-                              ("vs_teacher", f"student vs teacher run {', '.join(c.get('teachers', []))}")):
+                              ("vs_teacher", f"student vs teacher run {', '.join(c.get('teachers', []))}"),
+                              ("vs_no_teacher", f"student vs the same recipe without a teacher "
+                                                f"({c.get('no_teacher_run', '')})")):
                 if key in c:
                     e = c[key]
                     ci = f" ({e['ci'][0]:+.1f} to {e['ci'][1]:+.1f})" if "ci" in e else ""
