@@ -259,7 +259,8 @@ def curve(jobs: dict, seeds: list[int], key: str = "bca") -> tuple[list[int], li
 
 def plot(summary: dict, runs: dict, table46: dict) -> None:
     """levers.png: each lever's paired gain over its table46 base with its 95 % CI (left; seeds x folds in the
-    label), and the learning curves of SAFE at 50 and 100 rounds with and without the weight average (right)."""
+    label), and the learning curves of SAFE at 50, 100 and 200 rounds (with and without the weight average), of
+    EEG-ITNet and of the EEGNet distilled from it (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -281,7 +282,10 @@ def plot(summary: dict, runs: dict, table46: dict) -> None:
                                    ("SAFE, 100 rounds", runs.get("safe_r100_swa", {}), "bca_global", "C0-"),
                                    ("SAFE, 100 rounds, weight average released", runs.get("safe_r100_swa", {}), "bca",
                                     "C1-"),
-                                   ("SAFE, 200 rounds", runs.get("safe_r200_swa", {}), "bca_global", "C2-")):
+                                   ("SAFE, 200 rounds", runs.get("safe_r200_swa", {}), "bca_global", "C2-"),
+                                   ("SAFE, EEG-ITNet, 50 rounds", runs.get("safe_itnet", {}), "bca", "C4--"),
+                                   ("SAFE, 100 rounds, distilled from EEG-ITNet",
+                                    runs.get("distill_itnet_safe_r100_swa", {}), "bca", "C4-")):
         seeds = sorted({s for s, _ in jobs})
         r, y = curve(jobs, seeds, key)
         if r:
