@@ -106,7 +106,9 @@ def compare(run_jobs: dict, base_jobs: dict) -> dict:
 def against_jobs(run_jobs: dict, keys: list, other: dict, metric: str = "bca", other_metric: str = "bca") -> dict:
     """The run's subjects over ``keys`` against ``other``'s jobs of the same keys (``other_metric``)."""
     ks = [tuple(k) for k in keys if tuple(k) in other]
-    return pair_stats(per_subject(run_jobs, ks, metric), per_subject(other, ks, other_metric))
+    out = pair_stats(per_subject(run_jobs, ks, metric), per_subject(other, ks, other_metric))
+    out["seeds"], out["folds"] = sorted({s for s, _ in ks}), sorted({f for _, f in ks})
+    return out
 
 
 def hybrid_rows(raw: dict, runs: dict[str, dict]) -> dict:
@@ -223,7 +225,7 @@ def main() -> None:
                 if key in c:
                     e = c[key]
                     ci = f" ({e['ci'][0]:+.1f} to {e['ci'][1]:+.1f})" if "ci" in e else ""
-                    lines.append(f"| {run} | {what} | {len(c['seeds'])} x {len(c['folds'])} | {e['lever']:.1f} | "
+                    lines.append(f"| {run} | {what} | {len(e['seeds'])} x {len(e['folds'])} | {e['lever']:.1f} | "
                                  f"{e['base']:.1f} | {e['delta']:+.2f}{ci} | {e['better']} / {e['worse']} | "
                                  f"{fmt_p(e)} |")
     hybrid = hybrid_rows(read(HERE / "raw.jsonl.gz"), runs)
