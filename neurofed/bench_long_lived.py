@@ -51,6 +51,7 @@ from neurofed.firmware_sim.player import HeadsetPlayer, PlayerConfig
 from neurofed.firmware_sim.recording import concatenate, load_recording
 from neurofed.release_report import read_predictions, release_report, summary_lines
 from neurofed.trainer.data.eegmmidb import RUN_EVENT_LABELS, subject_files
+from neurofed.trainer.data.preprocess import n_times_for
 from neurofed.trainer.errors import NeuroFedError
 
 __all__ = ["FleetPlan", "HeadsetHost", "bench_long_lived", "run_fleet"]
@@ -150,23 +151,36 @@ class HeadsetHost(threading.Thread):
                                PlayerConfig(name=name, speed=self.speed, wait_consumers=30.0, linger=1.0, markers=True))
         player.start()
         before = len(self.store)
-        cap = LiveCapture(name=name, cfg=CaptureConfig(classes=CLASSES), resolve_timeout=30.0)
+        cfg = CaptureConfig(classes=CLASSES)
+        sfreq = player.rec.sfreq
+        window = round(cfg.preprocess.tmin * sfreq) + n_times_for(sfreq, cfg.preprocess)
+
+        pushed: int | None = None  # samples pushed when the session ended (the headset went off or the run ended)
+
+        def complete() -> int:  # cues whose whole window was pushed by then (a session cut short ends mid-window)
+            n = player.n_pushed if pushed is None else pushed
+            return sum(1 for _, _, i in player.markers_sent if i + window <= n)
+
+        cap = LiveCapture(name=name, cfg=cfg, resolve_timeout=30.0)
         try:
-            done_at = None
-            while not self.stop_evt.is_set():
+            deadline = None
+            while True:
                 now = time.monotonic()
                 for trial in cap.step(now):
                     self.store.append(trial)
-                if player.done.is_set():
-                    done_at = done_at or now
-                    if now - done_at > 1.0:  # every cue's window is in: the session is over
-                        break
+                if deadline is None and (player.done.is_set() or self.stop_evt.is_set()):
+                    # the session ends here: the windows already pushed are still drained (their last samples may be
+                    # in flight on a loaded machine: a fixed second lost one under CI load), for up to 10 s
+                    pushed, deadline = player.n_pushed, now + 10.0
+                if deadline is not None and (len(self.store) - before >= complete() or now > deadline):
+                    break
                 time.sleep(0.005)
         finally:
             cap.close()
             player.stop()
             player.join(10)
-        self.sessions.append({"run": run, "cues": len(player.markers_sent), "stored": len(self.store) - before})
+        self.sessions.append({"run": run, "cues_sent": len(player.markers_sent), "cues": complete(),
+                              "stored": len(self.store) - before, "interrupted": self.stop_evt.is_set()})
 
 
 def _serialise(edges: list[EdgeClient], lock: threading.Lock) -> None:

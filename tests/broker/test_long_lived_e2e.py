@@ -68,7 +68,8 @@ def test_a_fleet_of_headsets_releases_to_following_decoders(tmp_path):
     assert not any(row[1] == "S003" for row in r["submissions"])  # the validating client never trained
     assert len(trials["S002"]) <= r["trained"][2]  # every S002 update was trained before it left
     for s, sessions in r["sessions"].items():
-        assert all(x["stored"] == x["cues"] for x in sessions), (s, sessions)  # the capture kept every cue
+        # the capture kept every cue whose whole window was pushed (the last session may be cut short)
+        assert all(x["stored"] == x["cues"] for x in sessions), (s, sessions)
 
     # the decoders: every release reached both, in order; no cue window lost or decoded twice; forgery refused
     rep = r["report"]
