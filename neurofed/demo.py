@@ -38,8 +38,8 @@ class DemoConfig:
         Subjects streamed live to the exported model after training (never trained on). The default
         follows :data:`HELDOUT_RULE`, fixed before any result was seen.
     algorithm : str
-        ``safe`` (default, with 100 rounds: the best deployable recipe on the 46-subject protocol, 72.0 % against
-        FedBS's 69.5 %, studies/levers) or ``fedbs``.
+        ``safe`` (default, with 100 rounds: the best deployable recipe on the 46-subject protocol, 71.8 % against
+        FedBS's 69.5 % at 50 rounds, studies/levers) or ``fedbs``.
     rounds, fraction, batch_size, local_epochs : federation schedule. A quarter of 32 clients (8) per
         round rather than the papers' half: the same compute per round as half of 16 clients, with twice
         the subjects to generalise from (studies/demo_sizing/).
