@@ -155,12 +155,7 @@ class HeadsetHost(threading.Thread):
         sfreq = player.rec.sfreq
         window = round(cfg.preprocess.tmin * sfreq) + n_times_for(sfreq, cfg.preprocess)
 
-        pushed: int | None = None  # samples pushed when the session ended (the headset went off or the run ended)
-
-        def complete() -> int:  # cues whose whole window was pushed by then (a session cut short ends mid-window)
-            n = player.n_pushed if pushed is None else pushed
-            return sum(1 for _, _, i in player.markers_sent if i + window <= n)
-
+        expected = 0  # cues whose whole window was pushed when the session ended (one cut short ends mid-window)
         cap = LiveCapture(name=name, cfg=cfg, resolve_timeout=30.0)
         try:
             deadline = None
@@ -171,15 +166,17 @@ class HeadsetHost(threading.Thread):
                 if deadline is None and (player.done.is_set() or self.stop_evt.is_set()):
                     # the session ends here: the windows already pushed are still drained (their last samples may be
                     # in flight on a loaded machine: a fixed second lost one under CI load), for up to 10 s
-                    pushed, deadline = player.n_pushed, now + 10.0
-                if deadline is not None and (len(self.store) - before >= complete() or now > deadline):
+                    n = player.n_pushed
+                    expected = sum(1 for _, _, i in player.markers_sent if i + window <= n)
+                    deadline = now + 10.0
+                if deadline is not None and (len(self.store) - before >= expected or now > deadline):
                     break
                 time.sleep(0.005)
         finally:
             cap.close()
             player.stop()
             player.join(10)
-        self.sessions.append({"run": run, "cues_sent": len(player.markers_sent), "cues": complete(),
+        self.sessions.append({"run": run, "cues_sent": len(player.markers_sent), "cues": expected,
                               "stored": len(self.store) - before, "interrupted": self.stop_evt.is_set()})
 
 

@@ -65,7 +65,8 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
 
     run_dirs = [Path(r) for r in runs]
     cfgs = [run_config(r) for r in run_dirs]
-    cfg_of = {r: c for r, c in zip(run_dirs, cfgs)}
+    view_of = {r: json.dumps(c.preprocess, sort_keys=True) for r, c in zip(run_dirs, cfgs)}  # run -> its trials' view
+    cfg_of_view = {view_of[r]: c for r, c in zip(run_dirs, cfgs)}
     for r, c in zip(run_dirs[1:], cfgs[1:]):
         if c.test_batch != cfgs[0].test_batch or c.subjects != cfgs[0].subjects:
             raise NeuroFedError(f"{r}: its subjects or test batch differ from {run_dirs[0]}'s; an ensemble needs "
@@ -82,10 +83,9 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
         # trials must be the same ones in every view
         views: dict[str, list] = {}
         for jp, job in members:
-            c = cfg_of[jp.parents[1]]
-            key = json.dumps(c.preprocess, sort_keys=True)
+            key = view_of[jp.parents[1]]
             if key not in views:
-                views[key] = held_out_subjects(c, job)
+                views[key] = held_out_subjects(cfg_of_view[key], job)
         test = next(iter(views.values()))
         for view in views.values():
             for a, b in zip(test, view):
@@ -96,8 +96,7 @@ def ensemble_runs(runs: Sequence[str | os.PathLike], seeds: Sequence[int] | None
         for jp, job in members:
             model, _ = load_checkpoint(job_checkpoint(jp, job))
             members_used.append(str(jp))
-            view = views[json.dumps(cfg_of[jp.parents[1]].preprocess, sort_keys=True)]
-            for sd in view:
+            for sd in views[view_of[jp.parents[1]]]:
                 probs[sd.subject].append(softmax(logits(model, sd.X, batch)))
         for sd in test:
             p = np.stack(probs[sd.subject])  # (members, trials, classes)

@@ -55,12 +55,12 @@ logger = logging.getLogger("neurofed.trainer")
 ENGINES = ("sequential", "vectorised")
 
 #: layer types whose forward is a pure function of (parameters, buffers, input): safe under functional_call + vmap
+#: (a model's own block may also declare ``PURE_FORWARD = True``: its forward only calls its children and combines
+#: their outputs, e.g. EEG-ITNet's branches and residual TCN blocks)
 _PLAIN_LAYERS: tuple[type[nn.Module], ...] = (
     nn.Conv1d, nn.Conv2d, nn.Linear, nn.ELU, nn.ReLU, nn.AvgPool2d, nn.ZeroPad2d, nn.Sequential,
     nn.Flatten, nn.Identity, nn.BatchNorm1d, nn.BatchNorm2d, nn.Dropout, nn.ModuleList,
 )
-#: (a model's own block may declare ``PURE_FORWARD = True``: its forward only calls its children and combines their
-#: outputs, e.g. EEG-ITNet's branches and residual TCN blocks)
 #: model classes whose own forward is plain (layers called in order, no state) and that are tested equal.
 #: DeepConvNet is not: with SAM over 12 steps the engines drifted 8e-3 apart (1 step, or without SAM: 6e-7); its
 #: max-pooling is the suspect (a tie broken differently routes a gradient elsewhere), not investigated further
