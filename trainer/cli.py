@@ -58,7 +58,7 @@ def simulate(
     algorithm: Annotated[str, typer.Option(help=algorithm_help())] = "fedbs",
     preset: Annotated[str, typer.Option(help=preset_help())] = "published",
     model: Annotated[str, typer.Option(
-        help="eegnet, shallow, deep, itnet (EEG-ITNet), fleeg_eegnet, fleeg_proj_eegnet, fleeg_fixmap_eegnet")] = "eegnet",
+        help="eegnet, eegnet_crop (cropped decoding), shallow, deep, itnet (EEG-ITNet), fleeg_eegnet, fleeg_proj_eegnet, fleeg_fixmap_eegnet")] = "eegnet",
     subjects: Annotated[str, typer.Option(help="'all' or e.g. '1-10,12'")] = "all",
     protocol: Annotated[str, typer.Option(help="loso, kfold:K (subject groups), or none")] = "loso",
     test_subjects: Annotated[str | None, typer.Option(help="'none': no held-out subject; train on all and save the global checkpoint")] = None,

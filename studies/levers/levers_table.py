@@ -16,7 +16,8 @@ Three more comparisons (2026-12-07):
 
 * a run that releases the server's weight average (``swa_decay``) also scored its last trained global model in every
   job (per-subject ``bca_global``): the average against it, paired inside the same jobs;
-* a distilled run (``distill_from``) against its teacher run (the same seeds and folds), not only against table46;
+* a distilled run (``distill_from``) against its teacher run (the same seeds and folds), not only against table46,
+  and a run of :data:`RECIPE_BASE` against the same recipe without its lever (e.g. without a teacher);
 * every run against the best classical reference, table46's Riemannian tangent space (``classical/s46/riemann``,
   its seeds 0-2), the comparison issue 57's target names (>= 3 points, p < 0.05).
 """
@@ -36,8 +37,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 BASES = {"fedbs": "fedbs", "safe": "safe", "ct": "ct"}  # a lever run's algorithm -> its table46 base run
 METRICS = ("bca", "fgsm@0.03", "pgd@0.03")
-#: a distilled run -> the same recipe trained without a teacher (its fair base beside table46's)
-DISTILL_BASE = {"distill_safe_r100_swa": "safe_r100_swa", "distill_itnet_safe_r100_swa": "safe_r100_swa"}
+#: a run -> the same recipe without its lever (its fair base beside table46's): a distilled run's is the recipe trained
+#: without a teacher; the window and cropped-decoding runs' is safe_r100_swa
+RECIPE_BASE = {"distill_safe_r100_swa": "safe_r100_swa", "distill_itnet_safe_r100_swa": "safe_r100_swa",
+               "safe_r100_swa_t05_45": "safe_r100_swa", "safe_r100_swa_crop": "safe_r100_swa"}
 REFERENCE = "riemann"  # the best classical reference of table46 (68.8 %): table46 raw, classical/s46/riemann
 JOB = re.compile(r"^(?P<group>[^/]+)/(?P<run>[^/]+)/jobs/seed(?P<seed>\d+)_fold(?P<fold>\d+)\.json$")
 
@@ -153,6 +156,8 @@ def describe(cfg: dict) -> str:
         out.append(f"--channels {'all' if ch is None or len(ch) == 64 else ','.join(ch)}")
     if (pre.get("fmin"), pre.get("fmax")) != (8.0, 30.0):
         out.append(f"--fmin {pre['fmin']:g} --fmax {pre['fmax']:g}")
+    if (pre.get("tmin", 0.0), pre.get("tmax", 4.0)) != (0.0, 4.0):
+        out.append(f"--tmin {pre['tmin']:g} --tmax {pre['tmax']:g}")
     if cfg.get("rounds") != 50:
         out.append(f"--rounds {cfg['rounds']}")
     return f"{cfg['algorithm']} " + " ".join(f"`{o}`" for o in out)
@@ -195,9 +200,9 @@ def main() -> None:
         if teachers and all(t in runs for t in teachers):
             c["teachers"] = teachers
             c["vs_teacher"] = against_jobs(jobs, c["keys"], runs[teachers[0]])
-        if run in DISTILL_BASE and DISTILL_BASE[run] in runs:
-            c["no_teacher_run"] = DISTILL_BASE[run]
-            c["vs_no_teacher"] = against_jobs(jobs, c["keys"], runs[DISTILL_BASE[run]])
+        if run in RECIPE_BASE and RECIPE_BASE[run] in runs:
+            c["recipe_base_run"] = RECIPE_BASE[run]
+            c["vs_recipe_base"] = against_jobs(jobs, c["keys"], runs[RECIPE_BASE[run]])
         summary["runs"][run] = c
         e, g, r = c["bca"], c["pgd@0.03"], c["vs_reference"]
         lines.append(f"| {run} | {c['lever']} | {len(c['seeds'])} x {len(c['folds'])} | "
@@ -211,17 +216,18 @@ def main() -> None:
             lines.append(f"| {run} | {s} | {','.join(map(str, e['folds']))} | {e['subjects']} | {e['lever']:.1f} | "
                          f"{e['base']:.1f} | {e['delta']:+.2f} | {e['p_t']:.2g} |")
     inner = {r: c for r, c in summary["runs"].items() if "vs_trained_global" in c or "vs_teacher" in c
-             or "vs_no_teacher" in c}
+             or "vs_recipe_base" in c}
     if inner:
-        lines += ["", "The weight average against the last trained global model of the same jobs, and a distilled "
-                  "run against its teacher run (same seeds and folds; BCA %, paired by subject):", "",
+        lines += ["", "The weight average against the last trained global model of the same jobs, a distilled "
+                  "run against its teacher run, and a run against the same recipe without its lever (same seeds and "
+                  "folds; BCA %, paired by subject):", "",
                   "| run | comparison | seeds x folds | BCA % run | BCA % other | delta (points, 95 % CI) | "
                   "better / worse | p (t / Wilcoxon) |", "|---|---|---|---|---|---|---|---|"]
         for run, c in sorted(inner.items()):
             for key, what in (("vs_trained_global", "released average vs last global model"),
                               ("vs_teacher", f"student vs teacher run {', '.join(c.get('teachers', []))}"),
-                              ("vs_no_teacher", f"student vs the same recipe without a teacher "
-                                                f"({c.get('no_teacher_run', '')})")):
+                              ("vs_recipe_base", f"vs the same recipe without the lever "
+                                                 f"({c.get('recipe_base_run', '')})")):
                 if key in c:
                     e = c[key]
                     ci = f" ({e['ci'][0]:+.1f} to {e['ci'][1]:+.1f})" if "ci" in e else ""

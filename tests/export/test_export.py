@@ -30,7 +30,7 @@ torch.set_num_threads(1)
 
 @pytest.mark.parametrize(("model", "bn_mode"), [(m, b) for m in ("eegnet", "shallow", "deep")
                                                  for b in ("batch_specific", "standard")]
-                         + [("itnet", "batch_specific")])
+                         + [("itnet", "batch_specific"), ("eegnet_crop", "batch_specific")])
 def test_export_variant(model, bn_mode, tmp_path, data_dir, cache_env):
     ckpt = make_checkpoint(tmp_path / "m.safetensors", model, bn_mode, data_dir)
     out = tmp_path / "m.onnx"

@@ -17,6 +17,8 @@ PINNED = {
     ("shallow", 64, 640, 160.0): 106482,
     ("shallow", 21, 320, 80.0): 35922,
     ("itnet", 21, 320, 80.0): 8836,
+    # EEGNet's trunk (1248) + a (1 x 6) convolution head over 6 of the 10 feature positions: 16*6*2+2 = 194
+    ("eegnet_crop", 21, 320, 80.0): 1442,
     ("deep", 64, 640, 160.0): 304727,
 }
 
@@ -29,7 +31,7 @@ def test_parameter_counts_pinned(key):
     assert m(torch.randn(3, c, t)).shape == (3, 2)
 
 
-@pytest.mark.parametrize("name", ["eegnet", "shallow", "deep", "itnet"])
+@pytest.mark.parametrize("name", ["eegnet", "eegnet_crop", "shallow", "deep", "itnet"])
 def test_bn_modes(name):
     std = build_model(name, 22, 2, 640, 160.0, "standard")
     bs = build_model(name, 22, 2, 640, 160.0, "batch_specific")
@@ -72,3 +74,27 @@ def test_too_short_input_is_a_clear_error():
         build_model("shallow", 21, 2, 64, 16.0)
     with pytest.raises(ValueError, match="unknown model"):
         build_model("resnet", 21, 2, 320, 80.0)
+
+
+def test_cropped_eegnet_decodes_the_mean_of_its_crops():
+    """eegnet_crop: each crop is the classifier on `crop` consecutive trunk positions; the output is the crops' mean
+    log-probability, and cross-entropy on it is the crops' mean cross-entropy plus a non-negative consistency term."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    m = build_model("eegnet_crop", 21, 2, 320, 80.0, "standard").eval()
+    assert (m.crop, m.n_crops) == (6, 5)
+    x, y = torch.randn(4, 21, 320), torch.tensor([0, 1, 1, 0])
+    with torch.no_grad():
+        feats = m.trunk(x)  # (4, 16, 1, 10)
+        w, b = m.classifier.weight.flatten(1), m.classifier.bias
+        crops = [torch.log_softmax(feats[..., j:j + 6].flatten(1) @ w.T + b, 1) for j in range(5)]
+        out = m(x)
+    torch.testing.assert_close(out, torch.stack(crops).mean(0))
+    crop_ce = torch.stack([F.nll_loss(c, y) for c in crops]).mean()
+    assert F.cross_entropy(out, y) >= crop_ce - 1e-5
+    # one crop over the whole trial: plain EEGNet's decision (log-softmax of its logits)
+    one = build_model("eegnet_crop", 21, 2, 320, 80.0, "standard", crop_fraction=1.0)
+    assert (one.crop, one.n_crops) == (10, 1)
+    with pytest.raises(ModelConfigError, match="crop_fraction"):
+        build_model("eegnet_crop", 21, 2, 320, 80.0, crop_fraction=0.0)

@@ -100,7 +100,7 @@ def test_dropout_noise_from_a_client_generator_is_the_global_streams():
     assert torch.equal(a, x * na) and torch.equal(b, x[:3] * nb)
 
 
-@pytest.mark.parametrize("model", ["shallow", "deep", "itnet"])
+@pytest.mark.parametrize("model", ["shallow", "deep", "itnet", "eegnet_crop"])
 def test_other_models_equal(subjects4, data_dir, model):
     if model == "deep":  # DeepConvNet needs >= 441 samples: 21 channels at 160 Hz
         from neurofed.trainer.data import PreprocessConfig, load_subjects

@@ -64,7 +64,7 @@ _PLAIN_LAYERS: tuple[type[nn.Module], ...] = (
 #: model classes whose own forward is plain (layers called in order, no state) and that are tested equal.
 #: DeepConvNet is not: with SAM over 12 steps the engines drifted 8e-3 apart (1 step, or without SAM: 6e-7); its
 #: max-pooling is the suspect (a tie broken differently routes a gradient elsewhere), not investigated further
-_MODELS = ("EEGNet", "ShallowConvNet", "EEGITNet")
+_MODELS = ("EEGNet", "CroppedEEGNet", "ShallowConvNet", "EEGITNet")
 #: hook types this engine reproduces
 _HOOKS: tuple[type[LocalHook], ...] = (_SamHook, _FatHook, _AwpHook, _ProxHook, _ScaffoldHook, _MoonHook)
 

@@ -16,13 +16,13 @@ from neurofed.trainer.models.bn import (
 )
 from neurofed.trainer.models.classical import CSPLDA, TangentLDA
 from neurofed.trainer.models.deep import DeepConvNet
-from neurofed.trainer.models.eegnet import EEGNet
+from neurofed.trainer.models.eegnet import CroppedEEGNet, EEGNet
 from neurofed.trainer.models.fleeg import LOCAL_PREFIX, FleegEEGNet
 from neurofed.trainer.models.fleeg_proj import FleegFixedMapEEGNet, FleegProjEEGNet
 from neurofed.trainer.models.itnet import EEGITNet
 from neurofed.trainer.models.shallow import ShallowConvNet
 
-MODELS: dict[str, type[nn.Module]] = {"eegnet": EEGNet, "shallow": ShallowConvNet, "deep": DeepConvNet,
+MODELS: dict[str, type[nn.Module]] = {"eegnet": EEGNet, "eegnet_crop": CroppedEEGNet, "shallow": ShallowConvNet, "deep": DeepConvNet,
                                       "itnet": EEGITNet,
                                       "fleeg_eegnet": FleegEEGNet, "fleeg_proj_eegnet": FleegProjEEGNet,
                                       "fleeg_fixmap_eegnet": FleegFixedMapEEGNet,
@@ -64,6 +64,7 @@ def count_parameters(model: nn.Module) -> int:
 __all__ = [
     "BN_MODES",
     "CSPLDA",
+    "CroppedEEGNet",
     "TangentLDA",
     "LOCAL_PREFIX",
     "MODELS",

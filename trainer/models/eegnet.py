@@ -1,9 +1,10 @@
-"""EEGNet (Lawhern et al., 2018) with a selectable BatchNorm mode."""
+"""EEGNet (Lawhern et al., 2018) with a selectable BatchNorm mode, and its cropped variant."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from neurofed.trainer.errors import ModelConfigError
@@ -82,3 +83,66 @@ class EEGNet(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``x``: (batch, channels, times) -> logits (batch, classes)."""
         return self.classifier(self.features(x))
+
+
+class CroppedEEGNet(EEGNet):
+    """EEGNet with cropped training and decoding (Schirrmeister et al., Hum. Brain Mapp. 2017): the classifier sees a
+    crop of the trial's feature sequence, slid over the whole trial; the trial's output is the mean of the crops'
+    log-probabilities.
+
+    The trunk is EEGNet's (temporal conv -> depthwise spatial conv -> separable conv, pooled 4 x 8 = 32 samples a
+    position). The linear classifier becomes a convolution over ``crop`` consecutive positions (``crop =
+    round(crop_fraction * positions)``; at 4 s and 80 Hz: 6 of 10 positions, a 2.4 s crop plus the trunk's receptive
+    field), applied at every offset (5 crops, 0.4 s apart). The output is ``mean_j log_softmax(z_j)`` over the crops
+    ``j``: softmax of it is the crops' normalised geometric mean (a product of experts), so the model still returns
+    logits and every training loss, attack and adaptation works on it unchanged. Cross-entropy on it equals the mean
+    of the crops' own cross-entropies (dense cropped training, each crop a training example) plus ``-log Z >= 0``,
+    ``Z = sum_c exp(mean_j log p_j(c))`` (1 when the crops agree): a consistency term. The cost a window is EEGNet's
+    (one trunk pass; the head is a few hundred multiply-adds more), so the deployed graph stays one standalone model.
+
+    Parameters
+    ----------
+    crop_fraction : float
+        Crop length as a fraction of the trial's feature positions (0.6); 1.0 is one crop (EEGNet with a log-softmax
+        output).
+    Other parameters as :class:`EEGNet`.
+    """
+
+    def __init__(
+        self,
+        n_channels: int,
+        n_classes: int,
+        n_times: int,
+        sfreq: float,
+        bn_mode: BNMode = "batch_specific",
+        *,
+        crop_fraction: float = 0.6,
+        F1: int = 8,
+        D: int = 2,
+        F2: int = 16,
+        dropout: float = 0.5,
+    ) -> None:
+        super().__init__(n_channels, n_classes, n_times, sfreq, bn_mode, F1=F1, D=D, F2=F2, dropout=dropout)
+        if not 0.0 < crop_fraction <= 1.0:
+            raise ModelConfigError(f"crop_fraction must be in (0, 1], got {crop_fraction}")
+        positions = (n_times // 4) // 8
+        self.crop = max(1, int(round(crop_fraction * positions)))
+        self.n_crops = positions - self.crop + 1
+        del self.classifier
+        self.classifier = nn.Conv2d(F2, n_classes, (1, self.crop))
+
+    def trunk(self, x: Tensor) -> Tensor:
+        """(batch, channels, times) -> feature sequence (batch, F2, 1, positions)."""
+        x = x.unsqueeze(1)
+        x = self.bnorm_temporal(self.temporal(x))
+        x = self.pool_1(self.bnorm_1(self.conv_spatial(x)))
+        return self.pool_2(self.bnorm_2(self.conv_separable(x)))
+
+    def features(self, x: Tensor) -> Tensor:
+        """Flattened feature sequence (MOON's representation)."""
+        return self.trunk(x).flatten(1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x``: (batch, channels, times) -> logits (batch, classes): the crops' mean log-probabilities."""
+        z = self.classifier(self.trunk(x))  # (batch, classes, 1, n_crops)
+        return torch.log_softmax(z, dim=1).mean(dim=(2, 3))
