@@ -58,7 +58,7 @@ from neurofed.trainer.data.io import epochs_from_raw, read_raw
 from neurofed.trainer.data.preprocess import n_times_for, pick_channels, preprocess_epochs
 from neurofed.trainer.errors import DataError, NeuroFedError
 from neurofed.trainer.models.classical import graph_form
-from neurofed.trainer.models.eegnet import EEGNet
+from neurofed.trainer.models.eegnet import CroppedEEGNet, EEGNet
 from neurofed.trainer.models.fleeg import FleegEEGNet
 from neurofed.trainer.models.matfun import (  # noqa: F401  (the graph's matrix functions; public here too)
     NS_ALPHAS,
@@ -209,6 +209,7 @@ class EEGNetContext(nn.Module):
             net.bnorm_1, _fast_elu(net.pool_1), net.conv_separable, net.bnorm_2, _fast_elu(net.pool_2)
         )
         self.classifier = net.classifier
+        self.head = type(net).head  # EEGNet's linear classifier, or CroppedEEGNet's crops (a static function)
 
     def temporal_moments(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-filter row sums (F1, C) and Gram matrices (F1, C, C) of ``t_f(y)``, float64."""
@@ -255,8 +256,7 @@ class EEGNetContext(nn.Module):
         # a 2-D depthwise Conv (N, F1*D, 1, T): onnxruntime runs it with its blocked (NCHWc) kernel
         z = F.conv2d(F.pad(v.unsqueeze(2), (self.left, self.right)), self.wt_rep.unsqueeze(2), groups=self.fd)
         z = z + (shift_o * self.ws_sum).to(torch.float32).view(1, -1, 1, 1)
-        x = self.tail(z)
-        return self.classifier(x.flatten(1))
+        return self.head(self.classifier, self.tail(z))
 
 
 def _eegnet_parts(net: nn.Module) -> tuple[nn.Module, ...] | None:
@@ -385,10 +385,11 @@ class StandaloneDecoder(nn.Module):
         self.sat_raw = raw_threshold(self.g.saturation_uv, self.scale)
         self.register_buffer("hash", torch.tensor(hash_words(model_hash), dtype=torch.float64))
         # EEGNet with batch-specific BN: the context's temporal-convolution work lives in the state
-        # (exactly EEGNet: a subclass could change the forward pass the cache rewrites)
+        # (exactly EEGNet or its cropped head: another subclass could change the forward pass the cache rewrites)
         self.cache = (
             EEGNetContext(self.net, self.n_ch, self.n_t)
-            if context_cache and self.k and type(model) is EEGNet and not self.net.bnorm_temporal.standard
+            if context_cache and self.k and type(model) in (EEGNet, CroppedEEGNet)
+            and not self.net.bnorm_temporal.standard
             else None
         )
         parts = _eegnet_parts(self.net) if fuse and not self.batch_specific else None

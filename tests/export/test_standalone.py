@@ -283,16 +283,20 @@ def test_graph_guard_and_edge_guard_are_one_definition(standalone, sessions):
         assert names[ch] in str(exc.value)
 
 
-@pytest.mark.parametrize("ea", [True, False])
-def test_eegnet_context_cache_equals_the_whole_batch(eegnet_bs, sessions, ea):
+@pytest.mark.parametrize(("model_name", "ea"), [("eegnet", True), ("eegnet", False), ("eegnet_crop", True)])
+def test_eegnet_context_cache_equals_the_whole_batch(eegnet_bs, sessions, model_name, ea, tmp_path, data_dir):
     """The cached decoder (per-window temporal moments in the state, A and BN folded into the spatial
     weights) == the whole batch through EEGNet, window by window from an empty context, with and without
-    EA, and a rejected window in between leaves both states unchanged."""
+    EA, and a rejected window in between leaves both states unchanged; the same for cropped EEGNet (the
+    cache feeds its crops' head)."""
     from dataclasses import replace
 
     from neurofed.trainer.checkpoint import load_checkpoint
+    from tests.export.conftest import make_checkpoint
 
-    model, cm = load_checkpoint(eegnet_bs[0])
+    ckpt = eegnet_bs[0] if model_name == "eegnet" else make_checkpoint(tmp_path / "c.safetensors", model_name,
+                                                                       "batch_specific", data_dir)
+    model, cm = load_checkpoint(ckpt)
     cm = replace(cm, preprocess={**cm.preprocess, "ea": ea})
     fast = StandaloneDecoder(model, cm, "ab" * 32, 160.0)
     slow = StandaloneDecoder(model, cm, "ab" * 32, 160.0, context_cache=False)

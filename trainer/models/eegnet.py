@@ -72,17 +72,26 @@ class EEGNet(nn.Module):
         self.pool_2 = nn.Sequential(nn.ELU(), nn.AvgPool2d((1, 8)), nn.Dropout(dropout))
         self.classifier = nn.Linear(F2 * ((n_times // 4) // 8), n_classes)
 
-    def features(self, x: Tensor) -> Tensor:
-        """Flattened features before the classifier (MOON uses them as its representation)."""
+    @staticmethod
+    def head(classifier: nn.Module, z: Tensor) -> Tensor:
+        """The classifier on the pooled feature sequence ``z`` (batch, F2, 1, positions) -> logits (batch, classes)
+        (a static function of the classifier layer: the standalone graph's cached trunk calls it too)."""
+        return classifier(z.flatten(1))
+
+    def trunk(self, x: Tensor) -> Tensor:
+        """(batch, channels, times) -> pooled feature sequence (batch, F2, 1, positions)."""
         x = x.unsqueeze(1)
         x = self.bnorm_temporal(self.temporal(x))
         x = self.pool_1(self.bnorm_1(self.conv_spatial(x)))
-        x = self.pool_2(self.bnorm_2(self.conv_separable(x)))
-        return x.flatten(1)
+        return self.pool_2(self.bnorm_2(self.conv_separable(x)))
+
+    def features(self, x: Tensor) -> Tensor:
+        """Flattened features before the classifier (MOON uses them as its representation)."""
+        return self.trunk(x).flatten(1)
 
     def forward(self, x: Tensor) -> Tensor:
         """``x``: (batch, channels, times) -> logits (batch, classes)."""
-        return self.classifier(self.features(x))
+        return self.head(self.classifier, self.trunk(x))
 
 
 class CroppedEEGNet(EEGNet):
@@ -131,18 +140,8 @@ class CroppedEEGNet(EEGNet):
         del self.classifier
         self.classifier = nn.Conv2d(F2, n_classes, (1, self.crop))
 
-    def trunk(self, x: Tensor) -> Tensor:
-        """(batch, channels, times) -> feature sequence (batch, F2, 1, positions)."""
-        x = x.unsqueeze(1)
-        x = self.bnorm_temporal(self.temporal(x))
-        x = self.pool_1(self.bnorm_1(self.conv_spatial(x)))
-        return self.pool_2(self.bnorm_2(self.conv_separable(x)))
-
-    def features(self, x: Tensor) -> Tensor:
-        """Flattened feature sequence (MOON's representation)."""
-        return self.trunk(x).flatten(1)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``x``: (batch, channels, times) -> logits (batch, classes): the crops' mean log-probabilities."""
-        z = self.classifier(self.trunk(x))  # (batch, classes, 1, n_crops)
-        return torch.log_softmax(z, dim=1).mean(dim=(2, 3))
+    @staticmethod
+    def head(classifier: nn.Module, z: Tensor) -> Tensor:
+        """The crops' mean log-probabilities: the classifier at every crop offset of ``z`` (batch, F2, 1, positions)
+        -> (batch, classes, 1, n_crops) -> log-softmax over classes -> mean over crops."""
+        return torch.log_softmax(classifier(z), dim=1).mean(dim=(2, 3))
