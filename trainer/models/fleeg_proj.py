@@ -99,9 +99,9 @@ class FleegProjEEGNet(EEGNet):
         self.local = ChannelMap(torch.from_numpy(interpolation_matrix(ch_names, common)))
         self.local.weight.requires_grad_(self.TRAIN_MAP)
 
-    def features(self, x: Tensor) -> Tensor:
-        """Flattened EEGNet features of the mapped signal."""
-        return super().features(self.local(x))
+    def trunk(self, x: Tensor) -> Tensor:
+        """EEGNet's pooled feature sequence of the mapped signal (``features`` and ``forward`` go through it)."""
+        return super().trunk(self.local(x))
 
 
 class FleegFixedMapEEGNet(FleegProjEEGNet):
