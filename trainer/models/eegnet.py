@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -117,28 +117,14 @@ class CroppedEEGNet(EEGNet):
     Other parameters as :class:`EEGNet`.
     """
 
-    def __init__(
-        self,
-        n_channels: int,
-        n_classes: int,
-        n_times: int,
-        sfreq: float,
-        bn_mode: BNMode = "batch_specific",
-        *,
-        crop_fraction: float = 0.6,
-        F1: int = 8,
-        D: int = 2,
-        F2: int = 16,
-        dropout: float = 0.5,
-    ) -> None:
-        super().__init__(n_channels, n_classes, n_times, sfreq, bn_mode, F1=F1, D=D, F2=F2, dropout=dropout)
+    def __init__(self, *args: Any, crop_fraction: float = 0.6, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         if not 0.0 < crop_fraction <= 1.0:
             raise ModelConfigError(f"crop_fraction must be in (0, 1], got {crop_fraction}")
-        positions = (n_times // 4) // 8
+        positions = (self.n_times // 4) // 8
         self.crop = max(1, int(round(crop_fraction * positions)))
         self.n_crops = positions - self.crop + 1
-        del self.classifier
-        self.classifier = nn.Conv2d(F2, n_classes, (1, self.crop))
+        self.classifier = nn.Conv2d(self.classifier.in_features // positions, self.n_classes, (1, self.crop))
 
     @staticmethod
     def head(classifier: nn.Module, z: Tensor) -> Tensor:
