@@ -169,8 +169,13 @@ def live_data(model: str | os.PathLike, out_dir: str | os.PathLike, ws_url: str)
     if sig.is_file():
         shutil.copyfile(sig, out / "model.onnx.sig")
     (out / "model.json").write_text(sm.meta.model_dump_json(indent=1))
-    (out / "live.json").write_text(json.dumps({"ws": ws_url}))
+    write_live_address(out, ws_url)
     return out, sm.meta
+
+
+def write_live_address(out_dir: str | os.PathLike, ws_url: str) -> None:
+    """``live.json``: the bridge's WebSocket address, which the live page and the Node app read first."""
+    (Path(out_dir) / "live.json").write_text(json.dumps({"ws": ws_url}))
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):

@@ -52,7 +52,8 @@ def app_serve_cmd(
     markers: Annotated[str | None, typer.Option(help="LIVE: cue marker stream (default STREAM-markers)")] = None,
     mode: Annotated[str, typer.Option(help="LIVE: cue (a window per cue) or sliding")] = "cue",
     step: Annotated[float | None, typer.Option(help="LIVE: sliding step in s (default: the model's)")] = None,
-    ws_port: Annotated[int | None, typer.Option(help="LIVE: WebSocket port of the bridge (default PORT + 1)")] = None,
+    ws_port: Annotated[int | None, typer.Option(
+        help="LIVE: WebSocket port of the bridge (default PORT + 1; 0: any free port, told to the page)")] = None,
     timeout: Annotated[float, typer.Option(help="LIVE: seconds to find the streams")] = 5.0,
     duration: Annotated[float | None, typer.Option(help="stop after this many seconds")] = None,
     stats_out: Annotated[Path | None, typer.Option(help="LIVE: write the bridge's counts (JSON) here at the end")] = None,
@@ -68,7 +69,8 @@ def app_serve_cmd(
     import tempfile
     import threading
 
-    from neurofed.export.apps import live_data, serve  # lazy: onnx, onnxruntime, torch (keeps --help fast)
+    # lazy: onnx, onnxruntime, torch (keeps --help fast)
+    from neurofed.export.apps import live_data, serve, write_live_address
 
     stop = threading.Event()
     if stream is None:
@@ -108,6 +110,9 @@ def app_serve_cmd(
         bridge = LiveBridge(LiveSpec.from_meta(meta), cfg).open()
         try:
             bridge.start()
+            if bridge.port != wsp:  # --ws-port 0: the port the system gave, for the page and Node
+                wsp = bridge.port
+                write_live_address(data, bridge.url)
             httpd = serve(web, data, host=host, port=port)
         except BaseException:
             bridge.stop()

@@ -89,7 +89,7 @@ def test_live_page_and_node_decode_a_headset_sim_stream(bundle, browser, data_di
     node = shutil.which("node")
     assert node and (NODE / "node_modules" / "ws").is_dir(), "run `npm ci` in apps/node (.ci/run does)"
     name, go = unique_name("live"), tmp_path / "go"
-    port, wsp = _free_port(), _free_port()
+    port = _free_port()  # the bridge takes any free port (--ws-port 0) and tells the page: no race for a second one
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     sim_log, srv_log = tmp_path / "sim.log", tmp_path / "serve.log"
     # the model is a signed release: the server, the page and Node each verify it against the public key
@@ -107,7 +107,7 @@ def test_live_page_and_node_decode_a_headset_sim_stream(bundle, browser, data_di
         stdout=sim_log.open("w"), stderr=subprocess.STDOUT, env=env)
     srv = subprocess.Popen(
         [sys.executable, "-m", "neurofed.cli", "app", "serve", "--model", str(signed / "model.onnx"), "--stream",
-         name, "--public-key", str(pub), "--port", str(port), "--ws-port", str(wsp), "--timeout", "30", "--duration", "300",
+         name, "--public-key", str(pub), "--port", str(port), "--ws-port", "0", "--timeout", "30", "--duration", "300",
          "--stats-out", str(tmp_path / "bridge.json")],
         stdout=srv_log.open("w"), stderr=subprocess.STDOUT, env=env)
     node_proc = None
