@@ -69,8 +69,7 @@ def app_serve_cmd(
     import tempfile
     import threading
 
-    # lazy: onnx, onnxruntime, torch (keeps --help fast)
-    from neurofed.export.apps import live_data, serve, write_live_address
+    from neurofed.export.apps import live_data, serve, write_live_address  # lazy: onnx, onnxruntime, torch
 
     stop = threading.Event()
     if stream is None:
