@@ -72,7 +72,8 @@ def simulate(
     weight_decay: Annotated[float | None, typer.Option(help="[default: preset's]")] = None,
     augment: Annotated[str | None, typer.Option(
         help="data augmentation in local training only, seeded: 'mi' (shift:0.05,scale:0.1,dropout:0.1,mixup:0.2) "
-             "or NAME:VALUE,... with NAME in shift, scale, noise, dropout, mixup (neurofed.trainer.fl.augment) "
+             "or NAME:VALUE,... with NAME in mirror (left/right channel reflection, label swapped), shift, scale, noise, "
+             "dropout, mixup (neurofed.trainer.fl.augment) "
              "[default: off]")] = None,
     distill_from: Annotated[str | None, typer.Option(
         help="ensemble distillation: comma list of run directories trained with --save-models on the same subjects, "

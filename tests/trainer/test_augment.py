@@ -1,5 +1,5 @@
 """Augmentation in local training (``--augment``, :mod:`neurofed.trainer.fl.augment`): seeded, shape- and
-label-preserving, the same in both engines, and off by default (every earlier configuration unchanged)."""
+label-preserving (the mirror: the other hand's label), the same in both engines, and off by default (every earlier configuration unchanged)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 import torch
 
+from neurofed.trainer.data.config import SENSORIMOTOR_21
+from neurofed.trainer.errors import NeuroFedError
 from neurofed.trainer.experiments.runner import run_federated
+from neurofed.trainer.experiments.simulate import local_config
 from neurofed.trainer.experiments.spec import SpecError, parse_options
-from neurofed.trainer.fl.augment import RECIPES, Augment, mixed_ce
+from neurofed.trainer.fl.augment import RECIPES, Augment, mirror_channels, mirror_classes, mixed_ce
 from neurofed.trainer.fl.local import LocalConfig, batches
 from neurofed.trainer.fl.strategies import get_strategy
 
@@ -22,7 +25,7 @@ def _batch(seed: int = 0, b: int = 8, c: int = 21, t: int = 320):
 def test_parse_recipe_and_errors():
     assert Augment.parse("mi") == Augment.parse(RECIPES["mi"]) == Augment(shift=0.05, scale=0.1, dropout=0.1, mixup=0.2)
     assert not Augment.parse("").on and not Augment.parse(None).on
-    for bad in ("warp:0.1", "shift", "shift:x", "shift:0.6", "dropout:-0.1", "scale:1.0"):
+    for bad in ("warp:0.1", "shift", "shift:x", "shift:0.6", "dropout:-0.1", "scale:1.0", "mirror:1.5"):
         with pytest.raises(ValueError, match="augment"):
             Augment.parse(bad)
 
@@ -110,3 +113,62 @@ def test_engines_agree_and_augment_changes_training(subjects4, name):
     assert any(not torch.allclose(seq[k].double(), off[k].double()) for k in seq if seq[k].is_floating_point())
     again = _fed(subjects4, "sequential", "mi", name)
     assert all(torch.equal(seq[k], again[k]) for k in seq)
+
+
+def test_mirror_maps_hemispheres_and_classes():
+    perm = mirror_channels(SENSORIMOTOR_21)
+    names = list(SENSORIMOTOR_21)
+    pairs = {names[i]: names[j] for i, j in enumerate(perm)}
+    assert pairs["C3"] == "C4" and pairs["C4"] == "C3" and pairs["FC5"] == "FC6" and pairs["CP1"] == "CP2"
+    assert all(pairs[n] == n for n in ("FCz", "Cz", "CPz"))
+    assert [perm[j] for j in perm] == list(range(len(perm)))  # an involution
+    assert mirror_channels(["C3..", "Cz..", "C4.."]) == (2, 1, 0)  # EDF's trailing dots
+    with pytest.raises(ValueError, match="no mirror partner"):
+        mirror_channels(["C3", "Cz"])
+    with pytest.raises(ValueError, match="not a 10-10 position"):
+        mirror_channels(["C3", "C4", "EXG1x"])
+    assert mirror_classes(("left_fist", "right_fist")) == (1, 0)
+    assert mirror_classes(("both_fists", "feet")) == (0, 1)  # no side: each class its own mirror
+    with pytest.raises(ValueError, match="no mirror class"):
+        mirror_classes(("left_fist", "feet"))
+
+
+def test_mirror_swaps_channels_and_labels():
+    x, y = _batch(b=64)
+    aug = Augment.parse("mirror:0.5")
+    with pytest.raises(ValueError, match="bind"):
+        aug(x, y, aug.rng(0))
+    aug = aug.bind(SENSORIMOTOR_21, ("left_fist", "right_fist"))
+    perm = list(mirror_channels(SENSORIMOTOR_21))
+    x0 = x.clone()
+    xm, ym, y2, lam = aug(x, y, aug.rng(0))
+    assert torch.equal(x, x0) and y2 is None and lam == 1.0
+    flipped = ym != y
+    assert 16 < int(flipped.sum()) < 48  # about half of 64
+    assert torch.equal(xm[flipped], x[flipped][:, perm]) and torch.equal(xm[~flipped], x[~flipped])
+    assert torch.equal(ym[flipped], 1 - y[flipped])
+    soft = torch.tensor([[0.9, 0.1]] * 64)  # distillation's soft targets: the columns trade places
+    _, ys, *_ = aug(x, soft, aug.rng(0))
+    assert torch.equal(ys[flipped], soft[flipped].flip(-1)) and torch.equal(ys[~flipped], soft[~flipped])
+    assert Augment.parse("mirror:0.5").bind(SENSORIMOTOR_21, ("a", "b")) == Augment(mirror=0.5)  # same spec
+
+
+def test_mirror_needs_names_and_one_montage(subjects4):
+    cfg = LocalConfig(augment="mirror:0.5")  # the names come later, from the data
+    with pytest.raises(ValueError, match="channel and class names"):
+        cfg.augmentation()
+    bound = local_config({"augment": "mirror:0.5"}, subjects4)
+    assert bound.channels == tuple(subjects4[0].ch_names) and bound.classes == tuple(subjects4[0].classes)
+    assert bound.to_dict()["channels"] == list(bound.channels)
+    assert "channels" not in local_config({"augment": "mi"}, subjects4).to_dict()  # only a mirror needs them
+    other = subjects4[1].__class__(**{**subjects4[1].__dict__, "ch_names": list(subjects4[1].ch_names)[::-1]})
+    with pytest.raises(NeuroFedError, match="one montage"):
+        local_config({"augment": "mirror:0.5"}, [subjects4[0], other])
+
+
+def test_mirror_engines_agree(subjects4):
+    clients = {sd.subject: sd for sd in subjects4}
+    cfg = local_config({"augment": "mirror:0.5,shift:0.05", "local_epochs": 1}, subjects4)
+    states = [run_federated(clients, "eegnet", get_strategy("fedbs"), cfg, 2, 0.5, 3, engine=e)[0].state_dict()
+              for e in ("sequential", "vectorised")]
+    assert max(float((states[0][k].double() - states[1][k].double()).abs().max()) for k in states[0]) <= 2e-6

@@ -40,6 +40,7 @@ from neurofed.trainer.experiments.runner import (
     run_centralised,
     run_federated,
 )
+from neurofed.trainer.fl.augment import Augment
 from neurofed.trainer.fl.byzantine import Byzantine
 from neurofed.trainer.fl.distill import soft_targets, teacher_probabilities
 from neurofed.trainer.fl.local import LocalConfig
@@ -159,6 +160,28 @@ def per_profile_summary(cfg: SimConfig, per_subject: dict[str, dict[str, float]]
 RoundFn = Callable[[int, int, int, int, dict], None]
 
 
+def local_config(local: dict, train: list) -> LocalConfig:
+    """The clients' local configuration; an augmentation that mirrors is given the trials' channel and class names.
+
+    Raises
+    ------
+    NeuroFedError
+        ``mirror`` over training subjects with different montages (``--profiles``), or a montage it cannot mirror.
+    """
+    cfg = LocalConfig(**local)
+    if not train or Augment.parse(cfg.augment).mirror <= 0:
+        return cfg
+    names = {(tuple(sd.ch_names), tuple(sd.classes)) for sd in train}
+    if len(names) != 1:
+        raise NeuroFedError("--augment mirror needs one montage and one class list across the training subjects "
+                            "(not with --profiles)")
+    (channels, classes), = names
+    try:
+        return replace(cfg, channels=channels, classes=classes)
+    except ValueError as exc:
+        raise NeuroFedError(str(exc)) from None
+
+
 def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out_path: str, threads: int,
          on_round: RoundFn | None = None) -> dict:
     """One (fold, seed): train, evaluate, write its JSON atomically. Runs in a worker process.
@@ -200,18 +223,18 @@ def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out
     if cfg.mode == "async":
         if cfg.byzantine or groups:
             raise NeuroFedError("--mode async does not combine with --byzantine or --profiles yet")
-        local = LocalConfig(**cfg.local)
+        local = local_config(cfg.local, train)
         clients = partition_clients(train, cfg.partition, seed)
         model, info = run_async(clients, cfg.model, strategy, local, cfg.rounds, cfg.async_config(), seed,
                                 (lambda m: float(np.mean([r["bca"] for r in evaluate_subjects(m, replace(spec, attacks=()), seed).values()])))
                                 if test else None, cfg.eval_every, log_round)
         info["client_classes"] = class_counts(clients)
     elif strategy.centralised:
-        local = LocalConfig(**{**cfg.local, "batch_size": cfg.ct_batch_size})
+        local = local_config({**cfg.local, "batch_size": cfg.ct_batch_size}, train)
         fit = distilled(cfg, fold_idx, train, test, teachers_used) if cfg.distill_from else train
         model, info = run_centralised(fit, cfg.model, strategy, local, cfg.rounds, seed, spec, log_round)
     else:
-        local = LocalConfig(**cfg.local)
+        local = local_config(cfg.local, train)
         byz = Byzantine.parse(cfg.byzantine, seed) if cfg.byzantine else None
         if groups and cfg.partition != "subject":
             raise NeuroFedError("--partition with --profiles is not supported yet (clients are split within subjects)")

@@ -9,6 +9,14 @@ transforms at the strengths EEG augmentation studies use (Rommel et al., J. Neur
 
 Transforms, applied to each mini-batch (trials, channels, times) in this order, every trial drawn afresh:
 
+``mirror:P``
+    channel reflection (Wang et al., "Channel reflection: knowledge-driven data augmentation for EEG-based
+    brain-computer interfaces", Neural Networks 2024): with probability P a trial's left- and right-hemisphere
+    channels trade places (10-10 names: odd numbers left, even right, ``z`` the midline; C3 <-> C4, FC5 <-> FC6)
+    and its label turns into the mirrored class (``left_fist`` <-> ``right_fist``; a class naming neither side
+    keeps its label). Needs the trials' channel names and class names (:meth:`Augment.bind`); every channel must
+    have its partner in the montage. A whitened (EA) trial stays whitened: the reflection is a permutation.
+
 ``shift:F``
     each trial moved in time by a whole number of samples drawn uniformly in [-F*T, F*T] (T: samples per trial),
     the vacated samples set to 0 (the aligned, band-passed signal's mean); 0.05 at 4 s = up to +-0.2 s.
@@ -31,7 +39,9 @@ augmentations. Augmentation happens only in local training: evaluation, export a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import torch
@@ -48,11 +58,14 @@ RECIPES = {"mi": "shift:0.05,scale:0.1,dropout:0.1,mixup:0.2"}
 class Augment:
     """A parsed ``--augment`` spec (all 0: off). See the module docstring for each transform."""
 
+    mirror: float = 0.0
     shift: float = 0.0
     scale: float = 0.0
     noise: float = 0.0
     dropout: float = 0.0
     mixup: float = 0.0
+    _channel_perm: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    _class_perm: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     @classmethod
     def parse(cls, spec: str | None) -> Augment:
@@ -65,7 +78,7 @@ class Augment:
         """
         spec = (spec or "").strip()
         spec = RECIPES.get(spec, spec)
-        names = [f.name for f in fields(cls)]
+        names = [f.name for f in fields(cls) if not f.name.startswith("_")]
         vals: dict[str, float] = {}
         for part in (p.strip() for p in spec.split(",") if p.strip()):
             name, _, value = part.partition(":")
@@ -76,15 +89,27 @@ class Augment:
                 v = float(value)
             except ValueError:
                 raise ValueError(f"augment {part!r}: {value!r} is not a number") from None
-            top = 1.0 if name in ("shift", "scale", "dropout") else float("inf")
+            top = 1.0 if name in ("mirror", "shift", "scale", "dropout") else float("inf")
             if not 0.0 <= v < top or (name in ("shift", "dropout") and v >= 0.5):
                 raise ValueError(f"augment {part!r}: {name} must be in [0, {0.5 if name in ('shift', 'dropout') else top})")
             vals[name] = v
         return cls(**vals)
 
+    def bind(self, channels: Sequence[str], classes: Sequence[str]) -> Augment:
+        """This augmentation for trials with these channel and class names (needed by ``mirror`` only).
+
+        Raises
+        ------
+        ValueError
+            ``mirror`` on a montage where a channel's mirror partner is missing, in one line.
+        """
+        if self.mirror <= 0:
+            return self
+        return replace(self, _channel_perm=mirror_channels(channels), _class_perm=mirror_classes(classes))
+
     @property
     def on(self) -> bool:
-        return any(getattr(self, f.name) > 0 for f in fields(self))
+        return any(getattr(self, f.name) > 0 for f in fields(self) if not f.name.startswith("_"))
 
     def rng(self, seed: int) -> np.random.Generator:
         """The augmentation stream of a client's round seed."""
@@ -94,6 +119,17 @@ class Augment:
         """One batch augmented: (x', y, y_partner or None, lambda). ``x`` (B, C, T) is not modified in place."""
         b, c, t = x.shape
         out = x.clone()
+        if self.mirror > 0:
+            if len(self._channel_perm) != c:
+                raise ValueError(f"augment mirror needs the trials' {c} channel names: call Augment.bind first")
+            flip = torch.as_tensor(rng.random(b) < self.mirror)
+            if bool(flip.any()):
+                out[flip] = out[flip][:, list(self._channel_perm)]
+                y = y.clone()
+                if y.ndim == 2:  # soft targets (distillation): the class columns trade places
+                    y[flip] = y[flip][:, list(self._class_perm)]
+                else:
+                    y[flip] = torch.as_tensor(self._class_perm, dtype=y.dtype)[y[flip]]
         if self.shift > 0:
             m = int(round(self.shift * t))
             if m > 0:
@@ -126,6 +162,54 @@ class Augment:
         return out, y, None, 1.0
 
 
+_SIDE = re.compile(r"^([a-z]+?)(\d+|z)$")
+
+
+def mirror_channels(channels: Sequence[str]) -> tuple[int, ...]:
+    """The index of each channel's mirror image across the midline (10-10 names; trailing dots ignored).
+
+    Odd numbers lie over the left hemisphere, even over the right: n <-> n + 1 for odd n; ``z`` (midline) maps to
+    itself.
+
+    Raises
+    ------
+    ValueError
+        A name that is not a 10-10 position, or a channel whose partner is not in ``channels``.
+    """
+    names = [c.strip(".").lower() for c in channels]
+    index = {n: i for i, n in enumerate(names)}
+    perm = []
+    for raw, n in zip(channels, names):
+        m = _SIDE.match(n)
+        if not m:
+            raise ValueError(f"augment mirror: channel {raw!r} is not a 10-10 position (letters + number or z)")
+        head, pos = m.groups()
+        partner = n if pos == "z" else f"{head}{int(pos) + 1 if int(pos) % 2 else int(pos) - 1}"
+        if partner not in index:
+            raise ValueError(f"augment mirror: channel {raw!r} has no mirror partner ({partner}) in the montage")
+        perm.append(index[partner])
+    return tuple(perm)
+
+
+def mirror_classes(classes: Sequence[str]) -> tuple[int, ...]:
+    """The index of each class's mirror image: ``left`` <-> ``right`` in its name; a class naming neither keeps its
+    index.
+
+    Raises
+    ------
+    ValueError
+        A mirrored class name that is not among ``classes``.
+    """
+    names = [c.lower() for c in classes]
+    perm = []
+    for c in names:
+        m = re.sub(r"left|right", lambda g: "right" if g.group(0) == "left" else "left", c)
+        if m not in names:
+            raise ValueError(f"augment mirror: class {c!r} has no mirror class ({m}) among {list(classes)}")
+        perm.append(names.index(m))
+    return tuple(perm)
+
+
 def mixed_ce(logits: Tensor, y: Tensor, y2: Tensor | None, lam: float) -> Tensor:
     """Cross-entropy of a batch, the mixup pair's loss when ``y2`` is given (mean over the batch)."""
     if y2 is None:
@@ -133,4 +217,4 @@ def mixed_ce(logits: Tensor, y: Tensor, y2: Tensor | None, lam: float) -> Tensor
     return lam * F.cross_entropy(logits, y) + (1 - lam) * F.cross_entropy(logits, y2)
 
 
-__all__ = ["AUG_STREAM", "RECIPES", "Augment", "mixed_ce"]
+__all__ = ["AUG_STREAM", "RECIPES", "Augment", "mirror_channels", "mirror_classes", "mixed_ce"]

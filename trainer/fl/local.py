@@ -33,6 +33,10 @@ class LocalConfig:
     augment : str
         Data augmentation of each local mini-batch (:mod:`neurofed.trainer.fl.augment`; ``""``: off, the default,
         and then left out of :meth:`to_dict` so every earlier configuration reads the same).
+    channels, classes : tuple of str
+        The trials' channel and class names, needed only by the ``mirror`` augmentation (which trades left- and
+        right-hemisphere channels and the left and right classes); empty otherwise and then left out of
+        :meth:`to_dict`. The simulation fills them in from the data.
     """
 
     lr: float = 0.05
@@ -41,16 +45,39 @@ class LocalConfig:
     batch_size: int = 8
     local_epochs: int = 2
     augment: str = ""
+    channels: tuple[str, ...] = ()
+    classes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.batch_size < 2 or self.local_epochs < 1:
             raise ValueError(f"invalid local config {self}: need lr > 0, batch_size >= 2, local_epochs >= 1")
-        Augment.parse(self.augment)
+        object.__setattr__(self, "channels", tuple(self.channels))
+        object.__setattr__(self, "classes", tuple(self.classes))
+        aug = Augment.parse(self.augment)
+        if self.channels and self.classes:
+            aug.bind(self.channels, self.classes)
+
+    def augmentation(self) -> Augment:
+        """The parsed ``augment`` spec, bound to ``channels`` and ``classes`` when it mirrors.
+
+        Raises
+        ------
+        ValueError
+            A bad spec, or ``mirror`` without (or with unmirrorable) channel and class names, in one line.
+        """
+        aug = Augment.parse(self.augment)
+        if aug.mirror > 0 and not (self.channels and self.classes):
+            raise ValueError("augment mirror needs the trials' channel and class names (LocalConfig.channels, "
+                             ".classes)")
+        return aug.bind(self.channels, self.classes)
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        if not d["augment"]:
-            del d["augment"]
+        for k in ("augment", "channels", "classes"):
+            if not d[k]:
+                del d[k]
+            elif k != "augment":
+                d[k] = list(d[k])
         return d
 
 
@@ -101,7 +128,7 @@ def train_local(
         hooks = [h for _, h in strategy.local_hooks(model, {}, inputs)]
     features = any(h.needs_features for h in hooks)
     Xt, yt = torch.as_tensor(X), torch.as_tensor(y)
-    aug = Augment.parse(cfg.augment)
+    aug = cfg.augmentation()
     arng = aug.rng(seed) if aug.on else None
     y2: Tensor | None = None
     lam = 1.0

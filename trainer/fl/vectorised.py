@@ -46,7 +46,6 @@ from neurofed.trainer.fl.algorithms.moon import _MoonHook
 from neurofed.trainer.fl.algorithms.safe import _AwpHook, _FatHook
 from neurofed.trainer.fl.algorithms.scaffold import _ScaffoldHook
 from neurofed.trainer.fl.api import Component, LocalHook, Strategy
-from neurofed.trainer.fl.augment import Augment
 from neurofed.trainer.fl.client import ClientState, ClientUpdate, begin_client_round, end_client_round
 from neurofed.trainer.fl.local import LocalConfig, batches
 
@@ -385,7 +384,7 @@ def _train(bm: BatchedModel, model: nn.Module, jobs: Sequence[ClientJob], states
     # each client's batches and dropout generator, drawn as the sequential path draws them
     steps: list[list[np.ndarray]] = []
     gens: list[torch.Generator] = []
-    aug = Augment.parse(cfg.augment)
+    aug = cfg.augmentation()
     arngs: list[np.random.Generator] = []
     for job in jobs:
         rng = np.random.default_rng(job.seed)
