@@ -387,7 +387,8 @@ class EdgeClient:
         start = st.current if st.current is not None else init_client_state(st.init, model, strategy)
         t0 = time.monotonic()
         upd, new_state = client_update(model, down, start, self.data.X[lo:hi], self.data.y[lo:hi], strategy,
-                                       LocalConfig(**task.local), async_seed(task.seed, version, self.cid, k))
+                                       LocalConfig(**task.local).bound(self.data.ch_names, self.data.classes),
+                                       async_seed(task.seed, version, self.cid, k))
         logger.info("%s: trained from version %d on %d trials in %.2f s (loss %.4f)", self.cid, version, hi - lo,
                     time.monotonic() - t0, upd.metrics.get("loss", float("nan")))
         self.state = EdgeState(init=st.init, current=new_state, previous=start, last_round=version, last_base=base,
@@ -504,7 +505,7 @@ class EdgeClient:
                start: ClientState | None) -> tuple[ClientUpdate, ClientState]:
         assert self.spec is not None and self.data is not None
         strategy = get_strategy(task.strategy, **task.strategy_overrides)
-        cfg = LocalConfig(**task.local)
+        cfg = LocalConfig(**task.local).bound(self.data.ch_names, self.data.classes)
         model = self._build_model(strategy)
         if start is None:
             start = init_client_state(self.state.init, model, strategy, self.profile or "")

@@ -157,6 +157,10 @@ def test_mirror_needs_names_and_one_montage(subjects4):
     cfg = LocalConfig(augment="mirror:0.5")  # the names come later, from the data
     with pytest.raises(ValueError, match="channel and class names"):
         cfg.augmentation()
+    plain = LocalConfig(augment="mi")
+    assert plain.bound(SENSORIMOTOR_21, ("left_fist", "right_fist")) is plain  # only a mirror takes the names
+    with pytest.raises(ValueError, match="no mirror partner"):  # an edge client's own montage, checked as it binds
+        cfg.bound(["C3", "Cz"], ("left_fist", "right_fist"))
     bound = local_config({"augment": "mirror:0.5"}, subjects4)
     assert bound.channels == tuple(subjects4[0].ch_names) and bound.classes == tuple(subjects4[0].classes)
     assert bound.to_dict()["channels"] == list(bound.channels)

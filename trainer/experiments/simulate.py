@@ -161,7 +161,8 @@ RoundFn = Callable[[int, int, int, int, dict], None]
 
 
 def local_config(local: dict, train: list) -> LocalConfig:
-    """The clients' local configuration; an augmentation that mirrors is given the trials' channel and class names.
+    """The clients' local configuration, bound to the training subjects' channel and class names
+    (:meth:`LocalConfig.bound`: only an augmentation that mirrors needs them).
 
     Raises
     ------
@@ -177,7 +178,7 @@ def local_config(local: dict, train: list) -> LocalConfig:
                             "(not with --profiles)")
     (channels, classes), = names
     try:
-        return replace(cfg, channels=channels, classes=classes)
+        return cfg.bound(channels, classes)
     except ValueError as exc:
         raise NeuroFedError(str(exc)) from None
 

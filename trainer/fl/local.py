@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -70,6 +70,19 @@ class LocalConfig:
             raise ValueError("augment mirror needs the trials' channel and class names (LocalConfig.channels, "
                              ".classes)")
         return aug.bind(self.channels, self.classes)
+
+    def bound(self, channels: Sequence[str], classes: Sequence[str]) -> LocalConfig:
+        """This configuration for trials with these channel and class names: filled in only when the augmentation
+        mirrors (the one transform that needs them), else ``self`` unchanged.
+
+        Raises
+        ------
+        ValueError
+            A montage or class list the mirror cannot reflect, in one line.
+        """
+        if Augment.parse(self.augment).mirror <= 0:
+            return self
+        return replace(self, channels=tuple(channels), classes=tuple(classes))
 
     def to_dict(self) -> dict:
         d = asdict(self)
