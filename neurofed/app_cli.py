@@ -110,13 +110,12 @@ def app_serve_cmd(
         try:
             bridge.start()
             if bridge.port != wsp:  # --ws-port 0: the port the system gave, for the page and Node
-                wsp = bridge.port
                 write_live_address(data, bridge.url)
             httpd = serve(web, data, host=host, port=port)
         except BaseException:
             bridge.stop()
             raise
-        console.print(f"live: {stream!r} -> ws://{host}:{wsp}; open http://{host}:{port}/live.html "
+        console.print(f"live: {stream!r} -> {bridge.url}; open http://{host}:{port}/live.html "
                       f"(Node: node apps/node/live.mjs --server http://{host}:{port}); Ctrl-C stops")
         try:
             stop.wait(duration)
