@@ -55,3 +55,21 @@ def test_federation_config_and_wire_specs_come_from_the_strategy():
     assert get_strategy("fedavg").upload_specs(m) == {}
     with pytest.raises(ConfigError, match="unknown strategy parameter"):
         config_from_dict({"federation": {"strategy": "fedbs", "strategy_overrides": {"rho": 0.1}}})
+
+
+def test_dropout_is_a_model_argument_the_strategy_carries():
+    """``--dropout`` reaches every builder through Strategy.model_kwargs (simulation, coordinator, edge, checkpoint)."""
+    from torch import nn
+
+    from neurofed.trainer.models import build_model
+
+    assert get_strategy("safe").model_kwargs("eegnet") == {}  # -1: the model's own, nothing recorded
+    kw = get_strategy("safe", dropout=0.25).model_kwargs("eegnet_crop")
+    assert kw == {"dropout": 0.25}
+    net = build_model("eegnet_crop", 21, 2, 320, 80.0, **kw)
+    assert {m.p for m in net.modules() if isinstance(m, nn.Dropout)} == {0.25}
+    assert {m.p for m in build_model("eegnet", 21, 2, 320, 80.0).modules() if isinstance(m, nn.Dropout)} == {0.5}
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
+        get_strategy("safe", dropout=1.0).model_kwargs("eegnet")
+    with pytest.raises(ValueError, match="deep models"):
+        get_strategy("fed-csp-lda", dropout=0.2).model_kwargs("csp_lda")

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from neurofed.trainer.fl.aggregate import StateAggregator, WeightedSum  # StateAggregator: re-exported
+from neurofed.trainer.models import MODELS
 from neurofed.trainer.models.bn import bn_state_keys
 
 BN_MODES = ("standard", "batch_specific")
@@ -385,21 +386,31 @@ class Strategy:
     def bn_sync(self) -> str:
         return self.settings["bn_sync"]
 
-    def model_kwargs(self, model: str) -> dict[str, str]:
-        """Constructor arguments the BN rule gives ``model`` besides ``bn_mode``: ``local_bn_mode`` of
-        ``fleeg_eegnet`` when set (the simulation, the coordinator and the edge clients all build from this).
+    def model_kwargs(self, model: str) -> dict[str, str | float]:
+        """Constructor arguments the strategy gives ``model`` besides ``bn_mode`` (the simulation, the coordinator and
+        the edge clients all build from this; a checkpoint records them): ``local_bn_mode`` of ``fleeg_eegnet`` and
+        ``dropout`` of a deep model, each only when set.
 
         Raises
         ------
         ValueError
-            ``local_bn_mode`` set for a model without a per-device module.
+            ``local_bn_mode`` set for a model without a per-device module; ``dropout`` outside [0, 1) (or -1), or set
+            for a model without dropout layers.
         """
+        out: dict[str, str | float] = {}
         lbn = self.settings.get("local_bn_mode") or ""
-        if not lbn:
-            return {}
-        if model != "fleeg_eegnet":
-            raise ValueError(f"local_bn_mode applies to model fleeg_eegnet only, not {model!r}")
-        return {"local_bn_mode": lbn}
+        if lbn:
+            if model != "fleeg_eegnet":
+                raise ValueError(f"local_bn_mode applies to model fleeg_eegnet only, not {model!r}")
+            out["local_bn_mode"] = lbn
+        p = float(self.settings.get("dropout", -1.0))
+        if p != -1.0:
+            if not 0.0 <= p < 1.0:
+                raise ValueError(f"dropout must be in [0, 1) (or -1: the model's own), got {p:g}")
+            if hasattr(MODELS.get(model), "local_fit"):  # a classical pipeline, fitted from sums: no dropout layer
+                raise ValueError(f"dropout applies to the deep models, not {model!r}")
+            out["dropout"] = p
+        return out
 
     @property
     def group_prefixes(self) -> tuple[str, ...]:

@@ -15,6 +15,10 @@ BN_PARAMS = (
           "or batch_specific; empty = bn_mode", choices=("", *BN_MODES), minimum=None),
     Param("bn_sync", str, "local", "local (paper): a client keeps its BN; stale_global (authors' code): the last "
           "aggregated BN is sent down", choices=BN_SYNC, minimum=None),
+    # a construction parameter of the deep models, carried like local_bn_mode (Strategy.model_kwargs) so that the
+    # simulation, the coordinator, every edge client and the checkpoint build the same network
+    Param("dropout", float, -1.0, "dropout probability of a deep model's dropout layers; -1 = the model's own "
+          "(EEGNet 0.5, Lawhern et al.'s within-subject value; 0.25 is their cross-subject value)", minimum=-1.0),
 )
 
 CT = Algorithm("ct", "centralised training on the pooled trials (the upper reference, not federated)",
