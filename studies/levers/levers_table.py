@@ -41,7 +41,8 @@ METRICS = ("bca", "fgsm@0.03", "pgd@0.03")
 #: without a teacher; the window and cropped-decoding runs' is safe_r100_swa (safe_r200_swa at 200 rounds)
 RECIPE_BASE = {"distill_safe_r100_swa": "safe_r100_swa", "distill_itnet_safe_r100_swa": "safe_r100_swa",
                "safe_r100_swa_t05_45": "safe_r100_swa", "safe_r100_swa_crop": "safe_r100_swa",
-               "safe_r200_swa_crop": "safe_r200_swa", "safe_r100_swa_mirror": "safe_r100_swa"}
+               "safe_r200_swa_crop": "safe_r200_swa", "safe_r100_swa_mirror": "safe_r100_swa",
+               "safe_r100_swa_do25": "safe_r100_swa"}
 REFERENCE = "riemann"  # the best classical reference of table46 (68.8 %): table46 raw, classical/s46/riemann
 JOB = re.compile(r"^(?P<group>[^/]+)/(?P<run>[^/]+)/jobs/seed(?P<seed>\d+)_fold(?P<fold>\d+)\.json$")
 
