@@ -18,12 +18,4 @@ for spec in "eegnet sensorimotor21 80" "eegnet_crop sensorimotor21 80" "itnet se
   neurofed export "$T/$name/jobs/seed0_fold00.safetensors" --standalone -o "$T/$name.onnx" >/dev/null
   graphs+=("$T/$name.onnx")
 done
-python studies/standalone/cost.py "${graphs[@]}" --subject 13 --out studies/levers/window_cost.json
-# the graphs by name, not by this run's temporary folder
-python - "$T" <<'PY'
-import json, sys
-p = "studies/levers/window_cost.json"
-d = json.load(open(p))
-d["graphs"] = {k.replace(sys.argv[1], "$T"): v for k, v in d["graphs"].items()}
-json.dump(d, open(p, "w"), indent=1)
-PY
+python studies/standalone/cost.py "${graphs[@]}" --subject 13 --root "$T" --out studies/levers/window_cost.json

@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--lo", type=int, default=5)
     ap.add_argument("--hi", type=int, default=45)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--root", type=Path, help="name each graph $T/<path relative to ROOT> (e.g. a temporary folder)")
     a = ap.parse_args()
     res: dict = {"load_average_1_5_15": list(os.getloadavg()), "subject": a.subject, "graphs": {}}
     with tempfile.TemporaryDirectory() as t:
@@ -97,7 +98,7 @@ def main() -> None:
             row = {"callgrind_instructions_per_call": (i_hi - i_lo) / (a.hi - a.lo),
                    "callgrind_calls": [a.lo, a.hi], **run_calls(g, feeds, a.calls),
                    "state_float64": int(np.load(feeds)["state"].size)}
-            res["graphs"][str(g)] = row
+            res["graphs"][f"$T/{g.relative_to(a.root)}" if a.root else str(g)] = row
             print(f"{g}: {row['callgrind_instructions_per_call'] / 1e6:.2f} M instructions/call, "
                   f"CPU {row['cpu_ms_per_call']:.3f} ms/call, wall p50 {row['wall_p50_ms']:.3f} ms "
                   f"(load {os.getloadavg()[0]:.1f})", flush=True)

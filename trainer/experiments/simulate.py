@@ -40,7 +40,6 @@ from neurofed.trainer.experiments.runner import (
     run_centralised,
     run_federated,
 )
-from neurofed.trainer.fl.augment import Augment
 from neurofed.trainer.fl.byzantine import Byzantine
 from neurofed.trainer.fl.distill import soft_targets, teacher_probabilities
 from neurofed.trainer.fl.local import LocalConfig
@@ -170,17 +169,17 @@ def local_config(local: dict, train: list) -> LocalConfig:
         ``mirror`` over training subjects with different montages (``--profiles``), or a montage it cannot mirror.
     """
     cfg = LocalConfig(**local)
-    if not train or Augment.parse(cfg.augment).mirror <= 0:
+    if not train:
         return cfg
-    names = {(tuple(sd.ch_names), tuple(sd.classes)) for sd in train}
-    if len(names) != 1:
-        raise NeuroFedError("--augment mirror needs one montage and one class list across the training subjects "
-                            "(not with --profiles)")
-    (channels, classes), = names
     try:
-        return cfg.bound(channels, classes)
+        bound = cfg.bound(train[0].ch_names, train[0].classes)
     except ValueError as exc:
         raise NeuroFedError(str(exc)) from None
+    if bound is not cfg and any((tuple(sd.ch_names), tuple(sd.classes)) != (bound.channels, bound.classes)
+                                for sd in train):
+        raise NeuroFedError("--augment mirror needs one montage and one class list across the training subjects "
+                            "(not with --profiles)")
+    return bound
 
 
 def _job(cfg_dict: dict, fold_idx: int, test_subjects: list[int], seed: int, out_path: str, threads: int,

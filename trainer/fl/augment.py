@@ -64,8 +64,9 @@ class Augment:
     noise: float = 0.0
     dropout: float = 0.0
     mixup: float = 0.0
-    _channel_perm: tuple[int, ...] = field(default=(), repr=False, compare=False)
-    _class_perm: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    # set by bind() only (``mirror``): the channel and class index each one trades places with
+    channel_perm: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
+    class_perm: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
 
     @classmethod
     def parse(cls, spec: str | None) -> Augment:
@@ -78,7 +79,7 @@ class Augment:
         """
         spec = (spec or "").strip()
         spec = RECIPES.get(spec, spec)
-        names = [f.name for f in fields(cls) if not f.name.startswith("_")]
+        names = [f.name for f in fields(cls) if f.init]
         vals: dict[str, float] = {}
         for part in (p.strip() for p in spec.split(",") if p.strip()):
             name, _, value = part.partition(":")
@@ -105,11 +106,14 @@ class Augment:
         """
         if self.mirror <= 0:
             return self
-        return replace(self, _channel_perm=mirror_channels(channels), _class_perm=mirror_classes(classes))
+        out = replace(self)
+        object.__setattr__(out, "channel_perm", mirror_channels(channels))
+        object.__setattr__(out, "class_perm", mirror_classes(classes))
+        return out
 
     @property
     def on(self) -> bool:
-        return any(getattr(self, f.name) > 0 for f in fields(self) if not f.name.startswith("_"))
+        return any(getattr(self, f.name) > 0 for f in fields(self) if f.init)
 
     def rng(self, seed: int) -> np.random.Generator:
         """The augmentation stream of a client's round seed."""
@@ -120,16 +124,16 @@ class Augment:
         b, c, t = x.shape
         out = x.clone()
         if self.mirror > 0:
-            if len(self._channel_perm) != c:
+            if len(self.channel_perm) != c:
                 raise ValueError(f"augment mirror needs the trials' {c} channel names: call Augment.bind first")
             flip = torch.as_tensor(rng.random(b) < self.mirror)
             if bool(flip.any()):
-                out[flip] = out[flip][:, list(self._channel_perm)]
+                out[flip] = out[flip][:, list(self.channel_perm)]
                 y = y.clone()
                 if y.ndim == 2:  # soft targets (distillation): the class columns trade places
-                    y[flip] = y[flip][:, list(self._class_perm)]
+                    y[flip] = y[flip][:, list(self.class_perm)]
                 else:
-                    y[flip] = torch.as_tensor(self._class_perm, dtype=y.dtype)[y[flip]]
+                    y[flip] = torch.as_tensor(self.class_perm, dtype=y.dtype)[y[flip]]
         if self.shift > 0:
             m = int(round(self.shift * t))
             if m > 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -53,9 +54,14 @@ class LocalConfig:
             raise ValueError(f"invalid local config {self}: need lr > 0, batch_size >= 2, local_epochs >= 1")
         object.__setattr__(self, "channels", tuple(self.channels))
         object.__setattr__(self, "classes", tuple(self.classes))
+        self._augment  # noqa: B018 - parsed (and bound when the names are known) here: a bad spec fails at once
+
+    @cached_property
+    def _augment(self) -> Augment:
+        """The parsed ``augment`` spec, bound to ``channels`` and ``classes`` when they are known (once per
+        configuration; not a dataclass field, so neither compared nor serialised)."""
         aug = Augment.parse(self.augment)
-        if self.channels and self.classes:
-            aug.bind(self.channels, self.classes)
+        return aug.bind(self.channels, self.classes) if self.channels and self.classes else aug
 
     def augmentation(self) -> Augment:
         """The parsed ``augment`` spec, bound to ``channels`` and ``classes`` when it mirrors.
@@ -63,13 +69,13 @@ class LocalConfig:
         Raises
         ------
         ValueError
-            A bad spec, or ``mirror`` without (or with unmirrorable) channel and class names, in one line.
+            ``mirror`` without the trials' channel and class names, in one line (a bad spec or an unmirrorable
+            montage fails when the configuration is made).
         """
-        aug = Augment.parse(self.augment)
-        if aug.mirror > 0 and not (self.channels and self.classes):
+        if self._augment.mirror > 0 and not self._augment.channel_perm:
             raise ValueError("augment mirror needs the trials' channel and class names (LocalConfig.channels, "
                              ".classes)")
-        return aug.bind(self.channels, self.classes)
+        return self._augment
 
     def bound(self, channels: Sequence[str], classes: Sequence[str]) -> LocalConfig:
         """This configuration for trials with these channel and class names: filled in only when the augmentation
@@ -80,7 +86,7 @@ class LocalConfig:
         ValueError
             A montage or class list the mirror cannot reflect, in one line.
         """
-        if Augment.parse(self.augment).mirror <= 0:
+        if self._augment.mirror <= 0:
             return self
         return replace(self, channels=tuple(channels), classes=tuple(classes))
 
