@@ -478,7 +478,8 @@ def grid(
                                                    "(default: the spec's name)")] = None,
     results: Annotated[Path | None, typer.Option(help="results root, or a study's raw.jsonl.gz (unpacked into "
                                                  "runs/studies/results, finished jobs added back into it); default: "
-                                                 "the raw.jsonl.gz beside the spec if there is one, else runs/grid")]
+                                                 "the raw.jsonl.gz beside the spec if there is one or the spec is a study's "
+                                                 "(studies/NAME/spec.toml: the file is created), else runs/grid")]
     = None,
     only: Annotated[str | None, typer.Option(help="only these runs, e.g. 'fedbs,safe' (several grids: 'table46/safe')")]
     = None,
@@ -502,18 +503,19 @@ def grid(
 
     A study's spec (studies/NAME/spec.toml) reads and extends the study's committed raw.jsonl.gz: its jobs are
     unpacked into runs/studies/results first, so finished jobs are skipped (and --reproduce checks re-runs against
-    them); jobs finished by this run are added back into the raw file."""
+    them); jobs finished by this run are added back into the raw file (a new study's first run creates it)."""
     from neurofed.trainer.experiments import raw as study_raw  # lazy
     from neurofed.trainer.experiments.grid import parse_spec, run_grid, select_seeds  # lazy: Ray
     raw_file = None
     if results is None:
         beside = spec.parent / study_raw.RAW_NAME
-        results = beside if beside.is_file() else Path("runs/grid")
+        in_study = spec.name == "spec.toml" and spec.resolve().parent.parent == study_raw.STUDIES.resolve()
+        results = beside if beside.is_file() or in_study else Path("runs/grid")
     if study_raw.is_raw(results):
         raw_file, _ = study_raw.split_ref(results)
         results = study_raw.WORK / "results"
     runs = parse_spec(spec, results, group, parse_name_list(only) or None)  # a bad spec fails before any unpacking
-    if raw_file is not None:
+    if raw_file is not None and raw_file.is_file():
         # --reproduce compares against the committed jobs: unpack them over any local copy
         study_raw.unpack(raw_file, results, overwrite=reproduce)
         console.print(f"{raw_file}: unpacked into {results}")

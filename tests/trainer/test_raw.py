@@ -112,6 +112,26 @@ def test_toml_spec_reads_like_the_line_spec(env):
         parse_spec(env / "broken.toml", env / "res")
 
 
+def test_a_new_study_s_first_grid_creates_its_raw_file(env, monkeypatch):
+    study = env / "studies" / "new"
+    study.mkdir(parents=True)
+    (study / "spec.toml").write_text(TOML)
+    import neurofed.trainer.experiments.grid as grid_mod
+
+    monkeypatch.setattr(grid_mod, "run_grid", lambda *a, **k: run_grid(*a, **{**k, "job_fn": fake_job}))
+    trainer_cli.grid(study / "spec.toml", group="g", results=None, only="a", backend="pool", address=None,
+                     workers=1, reproduce=False, seeds=None, scratch=None, match=None)
+    entries = raw.read(study / raw.RAW_NAME)  # not runs/grid: the study's own file, made by its first run
+    assert sorted(e for e in entries if "/jobs/" in e) == [f"g/a/jobs/seed{s}_fold{f:02d}.json"
+                                                         for s in (0, 1) for f in (0, 1)]
+    assert not (env / "runs" / "grid").exists()
+    # a spec outside studies/ keeps the plain results folder
+    (env / "elsewhere.toml").write_text(TOML)
+    trainer_cli.grid(env / "elsewhere.toml", group="g", results=None, only="a", backend="pool", address=None,
+                     workers=1, reproduce=False, seeds=None, scratch=None, match=None)
+    assert (env / "runs" / "grid" / "g" / "a" / "results.json").is_file()
+
+
 def test_grid_cli_reads_and_extends_a_study_raw_file(env, monkeypatch):
     study = env / "studies" / "s"
     study.mkdir(parents=True)
