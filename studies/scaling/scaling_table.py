@@ -1,7 +1,7 @@
 """How the best deployable recipe's held-out BCA grows with the number of training subjects (study `scaling`).
 
-Reads this study's raw file (``scaling/safe_r100_swa_k2``, ``_k3`` and, once finished, ``_k10``: subject-wise 2-, 3-
-and 10-fold), the levers study's ``levers/safe_r100_swa`` (5-fold) and table46's Riemannian tangent space (5-fold,
+Reads this study's raw file (``scaling/safe_r100_swa_k2``, ``_k3``: subject-wise 2- and 3-fold; ``_fs1``: the 5-fold
+with fold seed 1), the levers study's ``levers/safe_r100_swa`` (5-fold) and table46's Riemannian tangent space (5-fold,
 the best classical reference), fold seed 0 over the same 46 subjects; each run's seeds that finished every fold,
 each subject's BCA averaged over them. Every subject is scored once per protocol, so the protocols pair by subject.
 Writes ``table.md``, ``summary.json`` and ``scaling.png`` beside this file:
@@ -36,13 +36,13 @@ TARGET = 0.75
 #: protocol label -> (raw file, group, run)
 RUNS = {"2-fold": (HERE / "raw.jsonl.gz", "scaling", "safe_r100_swa_k2"),
         "3-fold": (HERE / "raw.jsonl.gz", "scaling", "safe_r100_swa_k3"),
-        "5-fold": (REPO / "studies" / "levers" / "raw.jsonl.gz", "levers", "safe_r100_swa"),
-        "10-fold": (HERE / "raw.jsonl.gz", "scaling", "safe_r100_swa_k10")}
-OPTIONAL = {"10-fold"}  # shown once a seed has finished all its folds
+        "5-fold": (REPO / "studies" / "levers" / "raw.jsonl.gz", "levers", "safe_r100_swa")}
+#: the yardstick: the 5-fold with another fold draw (fold seed 1), against fold seed 0, both training seed 0
+YARDSTICK = (HERE / "raw.jsonl.gz", "scaling", "safe_r100_swa_fs1")
 REFERENCE = (REPO / "studies" / "table46" / "raw.jsonl.gz", "classical/s46", "riemann")
 
 
-def protocol(raw: Path, group: str, run: str) -> dict:
+def protocol(raw: Path, group: str, run: str, only: tuple[int, ...] = ()) -> dict:
     """A run's jobs of every seed that finished all its folds: per-subject BCA (mean over those seeds), seeds,
     training subjects per job, folds, seconds."""
     if "/" in group:  # a nested group (table46's classical/s46): its jobs by path
@@ -51,12 +51,14 @@ def protocol(raw: Path, group: str, run: str) -> dict:
     else:
         jobs = jobs_of(raw, group).get(run, {})
     folds = {f for _, f in jobs}
-    seeds = [s for s in sorted({s for s, _ in jobs}) if all((s, f) in jobs for f in folds)]
+    seeds = [s for s in sorted({s for s, _ in jobs}) if all((s, f) in jobs for f in folds) and (not only or s in only)]
     if not seeds:
         raise SystemExit(f"{raw}: no seed of {group}/{run} finished every fold (run the grid first: see spec.toml)")
     keys = [k for k in sorted(jobs) if k[0] in seeds]
     n_train = [len(jobs[k].get("participation", {})) for k in keys]  # the job's training clients
-    return {"bca": per_subject(jobs, keys, "bca"), "folds": len(folds), "seeds": seeds,
+    by_seed = {s: float(np.mean(list(per_subject(jobs, [k for k in keys if k[0] == s], "bca").values())))
+               for s in seeds}
+    return {"bca": per_subject(jobs, keys, "bca"), "folds": len(folds), "seeds": seeds, "by_seed": by_seed,
             "train_subjects_mean": float(np.mean(n_train)),
             "seconds_mean": float(np.mean([jobs[k]["seconds"] for k in keys]))}
 
@@ -73,26 +75,21 @@ def fit(xs: np.ndarray, ys: np.ndarray) -> tuple[float, float]:
 
 
 def main() -> None:
-    prots = {}
-    for name, where in RUNS.items():
-        try:
-            prots[name] = protocol(*where)
-        except SystemExit:
-            if name not in OPTIONAL:
-                raise
+    prots = {name: protocol(*where) for name, where in RUNS.items()}
     ref = protocol(*REFERENCE)
     subs = sorted(set.intersection(*(set(p["bca"]) for p in prots.values())))
     summary: dict = {"question": "held-out BCA of the best deployable recipe (levers/safe_r100_swa) against the number "
                                  "of training subjects per model", "subjects": len(subs),
                      "target": TARGET, "protocols": {}, "vs_5fold": {}}
-    lines = ["| protocol | training subjects per model (mean) | folds | seeds | BCA % (95 % CI) | s per job |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| protocol | training subjects per model (mean) | folds | seeds | BCA % (95 % CI) | per seed | s per job |",
+             "|---|---|---|---|---|---|---|"]
     for name, p in prots.items():
         m, lo, hi = mean_ci(np.array([p["bca"][s] for s in subs]))
         summary["protocols"][name] = {"train_subjects_mean": p["train_subjects_mean"], "folds": p["folds"],
-                                      "seeds": p["seeds"], "bca": m, "ci95": [lo, hi], "seconds_mean": p["seconds_mean"]}
+                                      "seeds": p["seeds"], "bca_by_seed": p["by_seed"], "bca": m, "ci95": [lo, hi], "seconds_mean": p["seconds_mean"]}
         lines.append(f"| {name} | {p['train_subjects_mean']:.1f} | {p['folds']} | {','.join(map(str, p['seeds']))} | {100 * m:.1f} "
-                     f"({100 * lo:.1f} to {100 * hi:.1f}) | {p['seconds_mean']:.0f} |")
+                     f"({100 * lo:.1f} to {100 * hi:.1f}) | {' / '.join(f'{100 * v:.1f}' for v in p['by_seed'].values())} | "
+                     f"{p['seconds_mean']:.0f} |")
     lines += ["", "Against the 5-fold (paired by subject; points):", "",
               "| protocol | delta (95 % CI) | better / worse | p (t / Wilcoxon) |", "|---|---|---|---|"]
     for name in (n for n in prots if n != "5-fold"):
@@ -100,6 +97,16 @@ def main() -> None:
         summary["vs_5fold"][name] = c
         lines.append(f"| {name} | {c['delta']:+.2f} ({c['ci'][0]:+.1f} to {c['ci'][1]:+.1f}) | {c['better']} / "
                      f"{c['worse']} | {c['p_t']:.2g} / {c['p_wilcoxon']:.2g} |")
+    try:
+        draw = protocol(*YARDSTICK, only=(0,))
+    except SystemExit:
+        draw = None
+    if draw is not None:
+        c = pair_stats(draw["bca"], protocol(*RUNS["5-fold"], only=(0,))["bca"])
+        summary["fold_draw"] = {"what": "5-fold, fold seed 1 against fold seed 0 (training seed 0 both)", **c}
+        lines.append(f"| 5-fold, fold seed 1 (yardstick: another draw of the same size; seed 0 against seed 0) | "
+                     f"{c['delta']:+.2f} ({c['ci'][0]:+.1f} to {c['ci'][1]:+.1f}) | {c['better']} / {c['worse']} | "
+                     f"{c['p_t']:.2g} / {c['p_wilcoxon']:.2g} |")
     ref_c = pair_stats(prots["5-fold"]["bca"], ref["bca"])
     summary["five_fold_vs_riemann"] = ref_c
 
