@@ -203,6 +203,15 @@ def sample_std(values) -> float:
     return float(v.std(ddof=1)) if len(v) > 1 else 0.0
 
 
+def mean_ci95(x: np.ndarray) -> tuple[float, float, float]:
+    """Mean of ``x`` and its 95 % t-interval (lower, upper); NaN bounds for fewer than two values."""
+    x = np.asarray(x, dtype=float)
+    n = len(x)
+    half = float(stats.t.ppf(0.975, n - 1) * x.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+    mean = float(x.mean())
+    return mean, mean - half, mean + half
+
+
 def paired_comparison(x: Mapping[str, float], y: Mapping[str, float], min_n: int = 3) -> dict | None:
     """Compare two per-subject scores (subject -> value) over the subjects both hold.
 

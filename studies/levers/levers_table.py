@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
 from neurofed.trainer.experiments.raw import read
+from neurofed.trainer.report import mean_ci95
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -44,13 +46,20 @@ RECIPE_BASE = {"distill_safe_r100_swa": "safe_r100_swa", "distill_itnet_safe_r10
                "safe_r200_swa_crop": "safe_r200_swa", "safe_r100_swa_mirror": "safe_r100_swa",
                "safe_r100_swa_do25": "safe_r100_swa"}
 REFERENCE = "riemann"  # the best classical reference of table46 (68.8 %): table46 raw, classical/s46/riemann
-JOB = re.compile(r"^(?P<group>[^/]+)/(?P<run>[^/]+)/jobs/seed(?P<seed>\d+)_fold(?P<fold>\d+)\.json$")
+#: a job's path; a group may be nested (table46's ``classical/s46``)
+JOB = re.compile(r"^(?P<group>.+)/(?P<run>[^/]+)/jobs/seed(?P<seed>\d+)_fold(?P<fold>\d+)\.json$")
+
+
+@lru_cache(maxsize=None)
+def entries(raw: Path) -> dict[str, dict]:
+    """A raw file's entries, read once per process (several tables read the same files)."""
+    return read(raw)
 
 
 def jobs_of(raw: Path, group: str) -> dict[str, dict[tuple[int, int], dict]]:
     """``{run: {(seed, fold): job}}`` of a group in a raw file."""
     out: dict[str, dict[tuple[int, int], dict]] = {}
-    for path, js in read(raw).items():
+    for path, js in entries(raw).items():
         m = JOB.match(path)
         if m and m["group"] == group:
             out.setdefault(m["run"], {})[(int(m["seed"]), int(m["fold"]))] = js
@@ -76,8 +85,8 @@ def pair_stats(a: dict[str, float], b: dict[str, float]) -> dict:
            "base": 100 * float(y.mean()), "base_sd": 100 * float(y.std(ddof=1)),
            "delta": 100 * float(d.mean()), "better": int((d > 0).sum()), "worse": int((d < 0).sum())}
     if len(subs) > 1 and np.any(d != 0):
-        half = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
-        out.update(ci=[100 * (float(d.mean()) - half), 100 * (float(d.mean()) + half)],
+        _, lo, hi = mean_ci95(d)
+        out.update(ci=[100 * lo, 100 * hi],
                    p_t=float(stats.ttest_rel(x, y).pvalue), p_wilcoxon=float(stats.wilcoxon(x, y).pvalue))
     return out
 
@@ -167,9 +176,7 @@ def describe(cfg: dict) -> str:
 
 def reference_jobs() -> dict[tuple[int, int], dict]:
     """table46's best classical reference (:data:`REFERENCE`), its jobs by (seed, fold)."""
-    pat = re.compile(rf"^classical/s46/{REFERENCE}/jobs/seed(\d+)_fold(\d+)\.json$")
-    return {(int(m[1]), int(m[2])): js for p, js in read(REPO / "studies/table46/raw.jsonl.gz").items()
-            if (m := pat.match(p))}
+    return jobs_of(REPO / "studies/table46/raw.jsonl.gz", "classical/s46")[REFERENCE]
 
 
 def fmt_p(e: dict) -> str:
@@ -180,7 +187,7 @@ def main() -> None:
     table46 = jobs_of(REPO / "studies/table46/raw.jsonl.gz", "table46")
     ref = reference_jobs()
     runs = jobs_of(HERE / "raw.jsonl.gz", "levers")
-    configs = {p.split("/")[1]: js for p, js in read(HERE / "raw.jsonl.gz").items()
+    configs = {p.split("/")[1]: js for p, js in entries(HERE / "raw.jsonl.gz").items()
                if p.startswith("levers/") and p.endswith("/config.json")}
     summary = {"base": "studies/table46/raw.jsonl.gz: table46/<the run's algorithm>",
                "reference": f"studies/table46/raw.jsonl.gz: classical/s46/{REFERENCE}", "runs": {}}
@@ -236,7 +243,7 @@ def main() -> None:
                     lines.append(f"| {run} | {what} | {len(e['seeds'])} x {len(e['folds'])} | {e['lever']:.1f} | "
                                  f"{e['base']:.1f} | {e['delta']:+.2f}{ci} | {e['better']} / {e['worse']} | "
                                  f"{fmt_p(e)} |")
-    hybrid = hybrid_rows(read(HERE / "raw.jsonl.gz"), runs)
+    hybrid = hybrid_rows(entries(HERE / "raw.jsonl.gz"), runs)
     if hybrid:
         summary["hybrid"] = hybrid
         lines += ["", "Hybrid (`neurofed ensemble`: the mean of the members' softmax outputs, one fold's members "

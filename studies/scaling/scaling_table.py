@@ -18,19 +18,17 @@ Run from the repository root: ``python studies/scaling/scaling_table.py``.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "studies" / "levers"))
 from levers_table import jobs_of, pair_stats, per_subject  # noqa: E402 - the levers study's pairing, one place
 
-from neurofed.trainer.experiments.raw import read  # noqa: E402
+from neurofed.trainer.report import mean_ci95  # noqa: E402
 
 TARGET = 0.75
 #: protocol label -> (raw file, group, run)
@@ -45,11 +43,7 @@ REFERENCE = (REPO / "studies" / "table46" / "raw.jsonl.gz", "classical/s46", "ri
 def protocol(raw: Path, group: str, run: str, only: tuple[int, ...] = ()) -> dict:
     """A run's jobs of every seed that finished all its folds: per-subject BCA (mean over those seeds), seeds,
     training subjects per job, folds, seconds."""
-    if "/" in group:  # a nested group (table46's classical/s46): its jobs by path
-        pat = re.compile(rf"^{re.escape(group)}/{re.escape(run)}/jobs/seed(\d+)_fold(\d+)\.json$")
-        jobs = {(int(m[1]), int(m[2])): j for p, j in read(raw).items() if (m := pat.match(p))}
-    else:
-        jobs = jobs_of(raw, group).get(run, {})
+    jobs = jobs_of(raw, group).get(run, {})
     folds = {f for _, f in jobs}
     seeds = [s for s in sorted({s for s, _ in jobs}) if all((s, f) in jobs for f in folds) and (not only or s in only)]
     if not seeds:
@@ -61,11 +55,6 @@ def protocol(raw: Path, group: str, run: str, only: tuple[int, ...] = ()) -> dic
     return {"bca": per_subject(jobs, keys, "bca"), "folds": len(folds), "seeds": seeds, "by_seed": by_seed,
             "train_subjects_mean": float(np.mean(n_train)),
             "seconds_mean": float(np.mean([jobs[k]["seconds"] for k in keys]))}
-
-
-def mean_ci(v: np.ndarray) -> tuple[float, float, float]:
-    half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
-    return float(v.mean()), float(v.mean()) - half, float(v.mean()) + half
 
 
 def fit(xs: np.ndarray, ys: np.ndarray) -> tuple[float, float]:
@@ -81,15 +70,16 @@ def main() -> None:
     summary: dict = {"question": "held-out BCA of the best deployable recipe (levers/safe_r100_swa) against the number "
                                  "of training subjects per model", "subjects": len(subs),
                      "target": TARGET, "protocols": {}, "vs_5fold": {}}
-    lines = ["| protocol | training subjects per model (mean) | folds | seeds | BCA % (95 % CI) | per seed | s per job |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| protocol | training subjects per model (mean) | folds | seeds | BCA % (95 % CI) | per seed | "
+             "s per job |", "|---|---|---|---|---|---|---|"]
     for name, p in prots.items():
-        m, lo, hi = mean_ci(np.array([p["bca"][s] for s in subs]))
+        m, lo, hi = mean_ci95(np.array([p["bca"][s] for s in subs]))
         summary["protocols"][name] = {"train_subjects_mean": p["train_subjects_mean"], "folds": p["folds"],
-                                      "seeds": p["seeds"], "bca_by_seed": p["by_seed"], "bca": m, "ci95": [lo, hi], "seconds_mean": p["seconds_mean"]}
-        lines.append(f"| {name} | {p['train_subjects_mean']:.1f} | {p['folds']} | {','.join(map(str, p['seeds']))} | {100 * m:.1f} "
-                     f"({100 * lo:.1f} to {100 * hi:.1f}) | {' / '.join(f'{100 * v:.1f}' for v in p['by_seed'].values())} | "
-                     f"{p['seconds_mean']:.0f} |")
+                                      "seeds": p["seeds"], "bca_by_seed": p["by_seed"], "bca": m, "ci95": [lo, hi],
+                                      "seconds_mean": p["seconds_mean"]}
+        per_seed = " / ".join(f"{100 * v:.1f}" for v in p["by_seed"].values())
+        lines.append(f"| {name} | {p['train_subjects_mean']:.1f} | {p['folds']} | {','.join(map(str, p['seeds']))} | "
+                     f"{100 * m:.1f} ({100 * lo:.1f} to {100 * hi:.1f}) | {per_seed} | {p['seconds_mean']:.0f} |")
     lines += ["", "Against the 5-fold (paired by subject; points):", "",
               "| protocol | delta (95 % CI) | better / worse | p (t / Wilcoxon) |", "|---|---|---|---|"]
     for name in (n for n in prots if n != "5-fold"):
@@ -97,16 +87,11 @@ def main() -> None:
         summary["vs_5fold"][name] = c
         lines.append(f"| {name} | {c['delta']:+.2f} ({c['ci'][0]:+.1f} to {c['ci'][1]:+.1f}) | {c['better']} / "
                      f"{c['worse']} | {c['p_t']:.2g} / {c['p_wilcoxon']:.2g} |")
-    try:
-        draw = protocol(*YARDSTICK, only=(0,))
-    except SystemExit:
-        draw = None
-    if draw is not None:
-        c = pair_stats(draw["bca"], protocol(*RUNS["5-fold"], only=(0,))["bca"])
-        summary["fold_draw"] = {"what": "5-fold, fold seed 1 against fold seed 0 (training seed 0 both)", **c}
-        lines.append(f"| 5-fold, fold seed 1 (yardstick: another draw of the same size; seed 0 against seed 0) | "
-                     f"{c['delta']:+.2f} ({c['ci'][0]:+.1f} to {c['ci'][1]:+.1f}) | {c['better']} / {c['worse']} | "
-                     f"{c['p_t']:.2g} / {c['p_wilcoxon']:.2g} |")
+    c = pair_stats(protocol(*YARDSTICK, only=(0,))["bca"], protocol(*RUNS["5-fold"], only=(0,))["bca"])
+    summary["fold_draw"] = {"what": "5-fold, fold seed 1 against fold seed 0 (training seed 0 both)", **c}
+    lines.append(f"| 5-fold, fold seed 1 (yardstick: another draw of the same size; seed 0 against seed 0) | "
+                 f"{c['delta']:+.2f} ({c['ci'][0]:+.1f} to {c['ci'][1]:+.1f}) | {c['better']} / {c['worse']} | "
+                 f"{c['p_t']:.2g} / {c['p_wilcoxon']:.2g} |")
     ref_c = pair_stats(prots["5-fold"]["bca"], ref["bca"])
     summary["five_fold_vs_riemann"] = ref_c
 
@@ -156,7 +141,7 @@ def plot(prots: dict, subs: list[str], a: float, b: float) -> None:
         ax.annotate(f"{n} (seeds {seeds})", (xv, 100 * v.mean()), textcoords="offset points", xytext=(6, -12),
                     fontsize=7)
         if n != "5-fold":
-            m, lo, hi = mean_ci(v - five)
+            m, lo, hi = mean_ci95(v - five)
             bx.errorbar([xv], [100 * m], yerr=[[100 * (m - lo)], [100 * (hi - m)]], fmt="o", capsize=4, color="C0")
             bx.annotate(n, (xv, 100 * m), textcoords="offset points", xytext=(6, 4), fontsize=7)
     grid = np.linspace(min(xs), 110, 100)
