@@ -28,6 +28,7 @@ import numpy as np
 from scipy import stats
 
 from neurofed.trainer.experiments.raw import read, run_results
+from neurofed.trainer.report import mean_ci95
 
 HERE = Path(__file__).parent
 TABLE46 = HERE.parent / "table46" / "raw.jsonl.gz"
@@ -99,8 +100,8 @@ def _paired(a, b) -> dict:
     d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
     out = _mean_se(d)
     if len(d) > 1:
-        half = float(stats.t.ppf(0.975, len(d) - 1)) * out["se"]
-        out.update(ci95=[out["mean"] - half, out["mean"] + half], p_t=float(stats.ttest_rel(a, b).pvalue),
+        _, lo, hi = mean_ci95(d)
+        out.update(ci95=[lo, hi], p_t=float(stats.ttest_rel(a, b).pvalue),
                    p_wilcoxon=float(stats.wilcoxon(d).pvalue) if np.any(d != 0) else 1.0)
     return out
 
